@@ -1,0 +1,93 @@
+"""Small helpers that read settings from the environment and fail loudly on bad values."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+
+class ImproperlyConfiguredEnv(ValueError):
+    """A setting in the environment has a value Berth cannot use."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_bool(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    environ = os.environ if environ is None else environ
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected one of true/false, yes/no, on/off, 1/0")
+
+
+def env_int(
+    name: str,
+    default: int,
+    minimum: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    environ = os.environ if environ is None else environ
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected a whole number") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: must be at least {minimum}")
+    return value
+
+
+def env_float(
+    name: str,
+    default: float,
+    minimum: float | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> float:
+    environ = os.environ if environ is None else environ
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected a number") from None
+    if value != value or (minimum is not None and value < minimum):
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: must be a number of at least {minimum}")
+    return value
+
+
+def env_list(name: str, default: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    environ = os.environ if environ is None else environ
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    items = [item.strip() for item in raw.split(",")]
+    if any(not item for item in items):
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: a comma-separated list with no empty items")
+    return items
+
+
+def env_url(
+    name: str,
+    schemes: tuple[str, ...],
+    environ: Mapping[str, str] | None = None,
+) -> str | None:
+    """Return the URL in `name`, or None when unset; reject a URL of another scheme."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    scheme, sep, rest = raw.partition("://")
+    if not sep or scheme.lower() not in schemes or not rest:
+        expected = ", ".join(f"{s}://" for s in schemes)
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected a URL starting with {expected}")
+    return raw

@@ -1,0 +1,207 @@
+"""Berth settings, read from the environment (see docs/configuration.md).
+
+Embedded defaults (no DATABASE_URL): SQLite in the data folder, in-memory channel layer,
+debug on, a secret key generated once and kept in the data folder.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from berth.env import env_bool, env_float, env_int, env_list, env_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("BERTH_DATA_DIR", "").strip() or BASE_DIR / "data")
+
+DATABASE_URL = env_url("DATABASE_URL", ("postgres", "postgresql", "sqlite"))
+REDIS_URL = env_url("REDIS_URL", ("redis", "rediss", "unix"))
+EMBEDDED = DATABASE_URL is None
+
+DEBUG = env_bool("BERTH_DEBUG", default=EMBEDDED)
+
+
+def _secret_key() -> str:
+    key = os.environ.get("BERTH_SECRET_KEY", "").strip()
+    if key:
+        return key
+    if not DEBUG:
+        raise ImproperlyConfigured("BERTH_SECRET_KEY is required when BERTH_DEBUG is off")
+    # Embedded/debug: generate once and keep it, so sessions survive restarts.
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("BERTH_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("BERTH_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "django_htmx",
+    "template_partials",
+    "scheduler",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "berth.urls"
+ASGI_APPLICATION = "berth.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    }
+]
+
+
+def _databases() -> dict[str, Any]:
+    if DATABASE_URL is None:
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        db: dict[str, Any] = {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "berth.sqlite3",
+        }
+    else:
+        db = dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        # WAL lets the web server read while the scheduler loop writes; IMMEDIATE takes
+        # the write lock at BEGIN so two writers queue instead of failing mid-transaction.
+        db["OPTIONS"] = {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        }
+    # Lets several test runs share one PostgreSQL server without clashing.
+    test_name = os.environ.get("BERTH_TEST_DB_NAME", "").strip()
+    if test_name:
+        db["TEST"] = {"NAME": test_name}
+    return {"default": db}
+
+
+DATABASES = _databases()
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": os.environ.get("BERTH_CHANNEL_PREFIX", "berth")},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = DATA_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "scheduler.api.parsers.YAMLParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "scheduler.api.pagination.Pagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "scheduler.api.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Berth API",
+    "DESCRIPTION": "Batch and GPU cluster scheduler",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "berth": {"handlers": ["console"], "level": "INFO", "propagate": False},
+    },
+}
+
+# Berth's own knobs.
+BERTH_JOIN_TOKEN = os.environ.get("BERTH_JOIN_TOKEN", "").strip()
+BERTH_HEARTBEAT_INTERVAL = env_float("BERTH_HEARTBEAT_INTERVAL", 2.0, minimum=0.05)
+BERTH_HEARTBEAT_TIMEOUT = env_float("BERTH_HEARTBEAT_TIMEOUT", 30.0, minimum=0.1)
+BERTH_KILL_GRACE_SECONDS = env_float("BERTH_KILL_GRACE_SECONDS", 10.0, minimum=0.0)
+BERTH_SCHEDULER_INTERVAL = env_float("BERTH_SCHEDULER_INTERVAL", 1.0, minimum=0.01)
+BERTH_LOG_CHUNK_BYTES = env_int("BERTH_LOG_CHUNK_BYTES", 64 * 1024, minimum=1024)
+BERTH_LOG_MAX_BYTES = env_int("BERTH_LOG_MAX_BYTES", 8 * 1024 * 1024, minimum=1024)

@@ -1,0 +1,17 @@
+"""One error shape for the API: DRF's field errors as they are, other errors under `detail`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    response = drf_exception_handler(exc, context)
+    if response is None and isinstance(exc, IntegrityError):
+        # A race lost against a constraint (e.g. a duplicate name) is the client's conflict.
+        return Response({"detail": f"conflict: {exc}"}, status=409)
+    return response

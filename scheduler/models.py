@@ -1,0 +1,350 @@
+"""Berth's domain: queues, nodes and devices, templates, flows, jobs, tasks, allocations, events.
+
+Resources are stored as integers: cpu in millicores, memory in bytes, gpu as whole devices.
+Invariants the database can guarantee are constraints here (a device is held by at most one
+task; names unique; resources non-negative), so no code path can break them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q, QuerySet
+
+from scheduler.states import (
+    FlowState,
+    JobRequest,
+    JobState,
+    NodeState,
+    StepState,
+    TaskState,
+)
+
+NAME_RE = r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$"
+NAME_HELP = "lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or digit, at most 63 characters"
+name_validator = RegexValidator(NAME_RE, f"must be {NAME_HELP}")
+
+
+class OwnedQuerySet(QuerySet[Any]):
+    def visible_to(self, user: Any) -> OwnedQuerySet:
+        """What `user` may see: staff see all, others their own, anonymous nothing."""
+        if not user or not user.is_authenticated:
+            return self.none()
+        if user.is_staff:
+            return self
+        return self.filter(owner=user)
+
+
+class Queue(models.Model):
+    name = models.CharField(max_length=63, unique=True, validators=[name_validator])
+    weight = models.FloatField(default=1.0)
+    # Max resources the queue's running jobs may hold: {"cpu": milli, "memory": bytes, "gpu": n};
+    # a missing key or null means unlimited in that dimension.
+    capability = models.JSONField(null=True, blank=True)
+    reclaimable = models.BooleanField(default=True)
+    priority = models.IntegerField(default=0)
+    open = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.CheckConstraint(condition=Q(weight__gt=0), name="queue_weight_positive")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=63, unique=True, validators=[name_validator])
+    labels = models.JSONField(default=dict, blank=True)
+    cpu = models.BigIntegerField(help_text="millicores")
+    memory = models.BigIntegerField(help_text="bytes")
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.READY)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    token_hash = models.CharField(max_length=64, unique=True, null=True, blank=True, editable=False)
+    agent_version = models.CharField(max_length=64, blank=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    usage = models.JSONField(default=dict, blank=True)  # last usage the agent reported
+    registered_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(cpu__gte=0), name="node_cpu_nonnegative"),
+            models.CheckConstraint(condition=Q(memory__gte=0), name="node_memory_nonnegative"),
+        ]
+        indexes = [models.Index(fields=["state", "last_heartbeat"], name="node_state_heartbeat")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def issue_token(self) -> str:
+        """Make a new node token; only its hash is kept."""
+        token = secrets.token_urlsafe(32)
+        self.token_hash = hash_token(token)
+        return token
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == NodeState.READY
+
+
+class Device(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=128, blank=True)
+    model = models.CharField(max_length=128, blank=True)
+    memory = models.BigIntegerField(default=0, help_text="bytes")
+    healthy = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["node_id", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="device_unique_index_per_node"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index}"
+
+
+class JobTemplate(models.Model):
+    name = models.CharField(max_length=63, unique=True, validators=[name_validator])
+    description = models.TextField(blank=True)
+    spec = models.JSONField(help_text="a job spec without name")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Flow(models.Model):
+    name = models.CharField(max_length=63, validators=[name_validator])
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="flows")
+    spec = models.JSONField()
+    parallelism = models.PositiveIntegerField(null=True, blank=True, help_text="null: unlimited")
+    fail_fast = models.BooleanField(default=False)
+    state = models.CharField(max_length=16, choices=FlowState.choices, default=FlowState.PENDING)
+    reason = models.CharField(max_length=64, blank=True)
+    message = models.TextField(blank=True)
+    ttl_seconds_after_finished = models.PositiveIntegerField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(parallelism__isnull=True) | Q(parallelism__gte=1),
+                name="flow_parallelism_positive",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["owner", "-id"], name="flow_owner"),
+            # The flow controller reconciles active flows; TTL scans finished ones.
+            models.Index(fields=["state", "finished_at"], name="flow_state_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.pk})"
+
+
+class FlowStep(models.Model):
+    flow = models.ForeignKey(Flow, on_delete=models.CASCADE, related_name="steps")
+    name = models.CharField(max_length=63, validators=[name_validator])
+    position = models.PositiveIntegerField()
+    template = models.ForeignKey(JobTemplate, on_delete=models.PROTECT, related_name="+")
+    depends_on = models.JSONField(default=list, blank=True)
+    overrides = models.JSONField(default=dict, blank=True)
+    items = models.JSONField(null=True, blank=True)  # list of env dicts, or null: one job
+    state = models.CharField(max_length=16, choices=StepState.choices, default=StepState.PENDING)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["flow_id", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["flow", "name"], name="flowstep_unique_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.flow_id}/{self.name}"
+
+
+class Job(models.Model):
+    name = models.CharField(max_length=63, validators=[name_validator])
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="jobs")
+    priority = models.IntegerField(default=0)
+    preemptible = models.BooleanField(default=True)
+    min_available = models.PositiveIntegerField(default=1)
+    spec = models.JSONField(help_text="the normalized job spec")
+    labels = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    reason = models.CharField(max_length=64, blank=True)
+    message = models.TextField(blank=True)
+    # Why a pending job waits, as the scheduler last saw it, and when it expects to start.
+    pending_reasons = models.JSONField(default=list, blank=True)
+    estimated_start_at = models.DateTimeField(null=True, blank=True)
+    requested_action = models.CharField(
+        max_length=16, choices=JobRequest.choices, default=JobRequest.NONE, blank=True
+    )
+    requested_at = models.DateTimeField(null=True, blank=True)
+    walltime = models.PositiveIntegerField(null=True, blank=True, help_text="seconds")
+    ttl_seconds_after_finished = models.PositiveIntegerField(null=True, blank=True)
+    active_deadline_seconds = models.PositiveIntegerField(null=True, blank=True)
+    max_retry = models.PositiveIntegerField(default=0)
+    retries = models.PositiveIntegerField(default=0)
+    flow = models.ForeignKey(Flow, on_delete=models.CASCADE, null=True, blank=True, related_name="jobs")
+    step = models.ForeignKey(
+        FlowStep, on_delete=models.CASCADE, null=True, blank=True, related_name="jobs"
+    )
+    item_index = models.PositiveIntegerField(null=True, blank=True)
+    template = models.ForeignKey(
+        JobTemplate, on_delete=models.SET_NULL, null=True, blank=True, related_name="jobs"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(min_available__gte=1), name="job_min_available_positive"),
+        ]
+        indexes = [
+            # The store adapter loads active jobs by state every cycle.
+            models.Index(fields=["state", "queue"], name="job_state_queue"),
+            # The jobs page lists a user's jobs newest first.
+            models.Index(fields=["owner", "-id"], name="job_owner"),
+            # TTL cleanup scans finished jobs by finish time.
+            models.Index(fields=["state", "finished_at"], name="job_state_finished"),
+            models.Index(fields=["flow", "step"], name="job_flow_step"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.pk})"
+
+    @property
+    def suspend_requested(self) -> bool:
+        return self.requested_action == JobRequest.SUSPEND
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class Task(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="tasks")
+    group = models.CharField(max_length=63)
+    index = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=TaskState.choices, default=TaskState.PENDING)
+    node = models.ForeignKey(Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="tasks")
+    cpu = models.BigIntegerField(default=0, help_text="millicores")
+    memory = models.BigIntegerField(default=0, help_text="bytes")
+    gpu = models.PositiveIntegerField(default=0)
+    exit_code = models.IntegerField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+    # Set when the server wants the task stopped; resources stay held until the agent confirms.
+    kill_requested = models.BooleanField(default=False)
+    message = models.TextField(blank=True)
+    assigned_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "group", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "group", "index"], name="task_unique_per_job"),
+            models.CheckConstraint(
+                condition=Q(cpu__gte=0) & Q(memory__gte=0), name="task_resources_nonnegative"
+            ),
+        ]
+        indexes = [
+            # Heartbeats look up a node's tasks; the snapshot loads tasks on nodes.
+            models.Index(fields=["node", "state"], name="task_node_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.group}-{self.index}"
+
+
+class Allocation(models.Model):
+    """One row while a task holds a device; the unique device makes double-booking impossible."""
+
+    device = models.OneToOneField(Device, on_delete=models.CASCADE, related_name="allocation")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="allocations")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["device_id"]
+
+    def __str__(self) -> str:
+        return f"{self.device} -> task {self.task_id}"
+
+
+class TaskLog(models.Model):
+    """A chunk of a task's output; (task, attempt, offset) makes re-sent chunks harmless."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="logs")
+    attempt = models.PositiveIntegerField(default=0)
+    offset = models.BigIntegerField()
+    data = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["task_id", "attempt", "offset"]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "attempt", "offset"], name="tasklog_unique_chunk"),
+        ]
+
+
+class Event(models.Model):
+    time = models.DateTimeField(auto_now_add=True, db_index=True)
+    kind = models.CharField(max_length=32)  # e.g. JobStateChanged, TaskStarted, NodeNotReady
+    reason = models.CharField(max_length=64, blank=True)
+    message = models.TextField(blank=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, null=True, blank=True, related_name="events")
+    flow = models.ForeignKey(Flow, on_delete=models.CASCADE, null=True, blank=True, related_name="events")
+    node = models.ForeignKey(Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="events")
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["job", "-id"], name="event_job"),
+            models.Index(fields=["flow", "-id"], name="event_flow"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.reason}"
+
+    @classmethod
+    def visible_to(cls, user: Any) -> QuerySet[Event]:
+        """Events of the user's own jobs and flows, and cluster events (nodes); staff see all."""
+        if not user or not user.is_authenticated:
+            return cls.objects.none()
+        if user.is_staff:
+            return cls.objects.all()
+        return cls.objects.filter(
+            Q(job__owner=user) | Q(flow__owner=user) | (Q(job__isnull=True) & Q(flow__isnull=True))
+        )
