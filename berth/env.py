@@ -24,7 +24,9 @@ def env_bool(name: str, default: bool, environ: Mapping[str, str] | None = None)
         return True
     if value in _FALSE:
         return False
-    raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected one of true/false, yes/no, on/off, 1/0")
+    raise ImproperlyConfiguredEnv(
+        f"{name}={raw!r}: expected one of true/false, yes/no, on/off, 1/0"
+    )
 
 
 def env_int(

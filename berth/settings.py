@@ -105,7 +105,7 @@ def _databases() -> dict[str, Any]:
             "NAME": DATA_DIR / "berth.sqlite3",
         }
     else:
-        db = dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+        db = dict(dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True))
     if db["ENGINE"] == "django.db.backends.sqlite3":
         # WAL lets the web server read while the scheduler loop writes; IMMEDIATE takes
         # the write lock at BEGIN so two writers queue instead of failing mid-transaction.
@@ -128,7 +128,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": os.environ.get("BERTH_CHANNEL_PREFIX", "berth")},
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "prefix": os.environ.get("BERTH_CHANNEL_PREFIX", "berth"),
+            },
         }
     }
 else:

@@ -26,7 +26,10 @@ from scheduler.states import (
 )
 
 NAME_RE = r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$"
-NAME_HELP = "lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or digit, at most 63 characters"
+NAME_HELP = (
+    "lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or digit,"
+    " at most 63 characters"
+)
 name_validator = RegexValidator(NAME_RE, f"must be {NAME_HELP}")
 
 
@@ -53,7 +56,9 @@ class Queue(models.Model):
 
     class Meta:
         ordering = ["name"]
-        constraints = [models.CheckConstraint(condition=Q(weight__gt=0), name="queue_weight_positive")]
+        constraints = [
+            models.CheckConstraint(condition=Q(weight__gt=0), name="queue_weight_positive")
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -69,6 +74,15 @@ class Node(models.Model):
     cpu = models.BigIntegerField(help_text="millicores")
     memory = models.BigIntegerField(help_text="bytes")
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.READY)
+    # What an operator asked for (cordon/drain), kept apart from health so that a node that
+    # goes NotReady and comes back is still cordoned.
+    admin_state = models.CharField(
+        max_length=16,
+        choices=[("", "Schedulable")]
+        + [(s.value, s.label) for s in (NodeState.CORDONED, NodeState.DRAINING, NodeState.DRAINED)],
+        default="",
+        blank=True,
+    )
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     token_hash = models.CharField(max_length=64, unique=True, null=True, blank=True, editable=False)
     agent_version = models.CharField(max_length=64, blank=True)
@@ -96,6 +110,12 @@ class Node(models.Model):
     @property
     def schedulable(self) -> bool:
         return self.state == NodeState.READY
+
+    def derive_state(self, alive: bool) -> str:
+        """The shown state: NotReady when the agent is silent, else the operator's choice."""
+        if not alive:
+            return NodeState.NOT_READY
+        return self.admin_state or NodeState.READY
 
 
 class Device(models.Model):
@@ -135,7 +155,9 @@ class JobTemplate(models.Model):
 
 class Flow(models.Model):
     name = models.CharField(max_length=63, validators=[name_validator])
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="flows")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="flows"
+    )
     spec = models.JSONField()
     parallelism = models.PositiveIntegerField(null=True, blank=True, help_text="null: unlimited")
     fail_fast = models.BooleanField(default=False)
@@ -191,7 +213,9 @@ class FlowStep(models.Model):
 
 class Job(models.Model):
     name = models.CharField(max_length=63, validators=[name_validator])
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs"
+    )
     queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="jobs")
     priority = models.IntegerField(default=0)
     preemptible = models.BooleanField(default=True)
@@ -208,12 +232,17 @@ class Job(models.Model):
         max_length=16, choices=JobRequest.choices, default=JobRequest.NONE, blank=True
     )
     requested_at = models.DateTimeField(null=True, blank=True)
+    # Non-empty: the job may not be scheduled yet, e.g. "waiting for a parallelism slot" in its
+    # flow. The store adapter leaves held jobs out of the snapshot.
+    hold_reason = models.CharField(max_length=200, blank=True)
     walltime = models.PositiveIntegerField(null=True, blank=True, help_text="seconds")
     ttl_seconds_after_finished = models.PositiveIntegerField(null=True, blank=True)
     active_deadline_seconds = models.PositiveIntegerField(null=True, blank=True)
     max_retry = models.PositiveIntegerField(default=0)
     retries = models.PositiveIntegerField(default=0)
-    flow = models.ForeignKey(Flow, on_delete=models.CASCADE, null=True, blank=True, related_name="jobs")
+    flow = models.ForeignKey(
+        Flow, on_delete=models.CASCADE, null=True, blank=True, related_name="jobs"
+    )
     step = models.ForeignKey(
         FlowStep, on_delete=models.CASCADE, null=True, blank=True, related_name="jobs"
     )
@@ -230,7 +259,9 @@ class Job(models.Model):
     class Meta:
         ordering = ["-id"]
         constraints = [
-            models.CheckConstraint(condition=Q(min_available__gte=1), name="job_min_available_positive"),
+            models.CheckConstraint(
+                condition=Q(min_available__gte=1), name="job_min_available_positive"
+            ),
         ]
         indexes = [
             # The store adapter loads active jobs by state every cycle.
@@ -259,7 +290,9 @@ class Task(models.Model):
     group = models.CharField(max_length=63)
     index = models.PositiveIntegerField()
     state = models.CharField(max_length=16, choices=TaskState.choices, default=TaskState.PENDING)
-    node = models.ForeignKey(Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="tasks")
+    node = models.ForeignKey(
+        Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="tasks"
+    )
     cpu = models.BigIntegerField(default=0, help_text="millicores")
     memory = models.BigIntegerField(default=0, help_text="bytes")
     gpu = models.PositiveIntegerField(default=0)
@@ -315,7 +348,9 @@ class TaskLog(models.Model):
     class Meta:
         ordering = ["task_id", "attempt", "offset"]
         constraints = [
-            models.UniqueConstraint(fields=["task", "attempt", "offset"], name="tasklog_unique_chunk"),
+            models.UniqueConstraint(
+                fields=["task", "attempt", "offset"], name="tasklog_unique_chunk"
+            ),
         ]
 
 
@@ -324,9 +359,15 @@ class Event(models.Model):
     kind = models.CharField(max_length=32)  # e.g. JobStateChanged, TaskStarted, NodeNotReady
     reason = models.CharField(max_length=64, blank=True)
     message = models.TextField(blank=True)
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, null=True, blank=True, related_name="events")
-    flow = models.ForeignKey(Flow, on_delete=models.CASCADE, null=True, blank=True, related_name="events")
-    node = models.ForeignKey(Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="events")
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, null=True, blank=True, related_name="events"
+    )
+    flow = models.ForeignKey(
+        Flow, on_delete=models.CASCADE, null=True, blank=True, related_name="events"
+    )
+    node = models.ForeignKey(
+        Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="events"
+    )
 
     class Meta:
         ordering = ["-id"]

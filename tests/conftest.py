@@ -31,7 +31,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[Any]:
-    outcome = yield
+    outcome: Any = yield
     report = outcome.get_result()
     needs_part = item.get_closest_marker("postgres") or item.get_closest_marker("browser")
     if CI and needs_part and report.skipped:
@@ -56,7 +56,9 @@ def outsider(db: None) -> User:
 
 @pytest.fixture
 def staff(db: None) -> User:
-    return User.objects.create_user("admin", password="admin-pass-123", is_staff=True, is_superuser=True)
+    return User.objects.create_user(
+        "admin", password="admin-pass-123", is_staff=True, is_superuser=True
+    )
 
 
 @pytest.fixture
