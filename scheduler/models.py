@@ -223,6 +223,9 @@ class Job(models.Model):
     spec = models.JSONField(help_text="the normalized job spec")
     labels = models.JSONField(default=dict, blank=True)
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    # Where a Terminating job goes once its tasks are confirmed stopped: a final state, or
+    # Pending for a restart after a task failure (retries).
+    terminal_state = models.CharField(max_length=16, choices=JobState.choices, blank=True)
     reason = models.CharField(max_length=64, blank=True)
     message = models.TextField(blank=True)
     # Why a pending job waits, as the scheduler last saw it, and when it expects to start.
