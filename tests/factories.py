@@ -1,0 +1,92 @@
+"""Rows as the scheduler would leave them, for tests of the loop's own units."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from scheduler.models import Allocation, Device, Job, Node, Queue, Task
+from scheduler.states import JobState, TaskState
+
+GI = 1024**3
+
+
+def make_node(
+    name: str = "node-1",
+    *,
+    gpus: int = 0,
+    cpu: int = 8000,
+    memory: int = 32 * GI,
+    labels: dict[str, str] | None = None,
+    **fields: Any,
+) -> Node:
+    fields.setdefault("last_heartbeat", timezone.now())
+    node = Node.objects.create(name=name, cpu=cpu, memory=memory, labels=labels or {}, **fields)
+    for index in range(gpus):
+        Device.objects.create(node=node, index=index, uuid=f"{name}-gpu{index}", model="test")
+    return node
+
+
+def make_job(
+    owner: User,
+    name: str = "job",
+    *,
+    replicas: int = 1,
+    cpu: int = 1000,
+    memory: int = GI,
+    gpu: int = 0,
+    command: str = "true",
+    queue: str = "default",
+    **fields: Any,
+) -> Job:
+    """A job with one task group of `replicas` tasks, all Pending."""
+    spec = {
+        "name": name,
+        "queue": queue,
+        "tasks": [
+            {
+                "name": "main",
+                "replicas": replicas,
+                "command": command,
+                "env": {},
+                "resources": {"cpu": str(cpu // 1000), "memory": "1Gi", "gpu": gpu},
+                "node_selector": fields.pop("node_selector", {}),
+            }
+        ],
+    }
+    fields.setdefault("min_available", replicas)
+    job = Job.objects.create(
+        name=name, owner=owner, queue=Queue.objects.get(name=queue), spec=spec, **fields
+    )
+    for index in range(replicas):
+        Task.objects.create(job=job, group="main", index=index, cpu=cpu, memory=memory, gpu=gpu)
+    return job
+
+
+def place(job: Job, node: Node, *, state: str = TaskState.RUNNING, devices: int = 0) -> None:
+    """Put every task of `job` on `node` as the scheduler and an agent would."""
+    free = list(Device.objects.filter(node=node, allocation__isnull=True).order_by("index"))
+    now = timezone.now()
+    for task in job.tasks.all():
+        task.state = state
+        task.node = node
+        task.assigned_at = now
+        task.started_at = now if state == TaskState.RUNNING else None
+        task.save()
+        for _ in range(devices):
+            Allocation.objects.create(device=free.pop(0), task=task)
+    if state == TaskState.RUNNING:
+        job.state = JobState.RUNNING
+        job.started_at = now
+        job.save()
+
+
+def finish_task(task: Task, state: str, exit_code: int | None = None) -> None:
+    """What an agent's heartbeat does when a task stops: final state, devices released."""
+    task.state = state
+    task.exit_code = exit_code
+    task.finished_at = timezone.now()
+    task.save()
+    Allocation.objects.filter(task=task).delete()
