@@ -1,0 +1,112 @@
+"""What the core is fed: a snapshot of nodes, devices, queues and jobs with their tasks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.core.resources import Resources
+
+ACTIONS = ("enqueue", "allocate", "preempt", "reclaim", "backfill")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    index: int
+    uuid: str = ""
+    model: str = ""
+    healthy: bool = True
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    name: str
+    allocatable: Resources
+    labels: dict[str, str] = field(default_factory=dict)
+    state: str = "Ready"  # Ready | NotReady | Cordoned | Draining | Drained; only Ready takes tasks
+    devices: list[DeviceInfo] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class QueueInfo:
+    name: str
+    weight: float = 1.0
+    capability: Resources | None = None
+    reclaimable: bool = True
+    priority: int = 0
+    open: bool = True
+
+
+@dataclass(slots=True)
+class TaskInfo:
+    id: int
+    group: str
+    index: int
+    resources: Resources
+    node_selector: dict[str, str] = field(default_factory=dict)
+    # Pending | Assigned | Running | Releasing (asked to stop, holds resources until confirmed)
+    state: str = "Pending"
+    node: str | None = None
+    devices: tuple[int, ...] = ()
+    started_at: float | None = None
+
+
+@dataclass(slots=True)
+class JobInfo:
+    id: int
+    name: str
+    queue: str
+    owner: str
+    priority: int
+    preemptible: bool
+    min_available: int
+    created_at: float
+    walltime: float | None
+    state: str  # Pending | Suspended (candidates) | Running (holds its placed tasks)
+    tasks: list[TaskInfo]
+    suspend_requested: bool = False
+
+    @property
+    def is_candidate(self) -> bool:
+        return self.state in ("Pending", "Suspended") and not self.suspend_requested
+
+
+@dataclass(slots=True)
+class Snapshot:
+    now: float
+    nodes: list[NodeInfo]
+    queues: list[QueueInfo]
+    jobs: list[JobInfo]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Which actions run and how. `strict_order`: allocate stops at the first job that is
+    blocked by resources (later jobs may only start through backfill, if it runs)."""
+
+    actions: tuple[str, ...] = ACTIONS
+    node_order: str = "binpack"  # binpack | spread
+    strict_order: bool = True
+    fair_share: bool = True
+    extra_plugins: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.actions if a not in ACTIONS]
+        if unknown:
+            raise ValueError(f"unknown actions: {', '.join(unknown)}")
+        if self.node_order not in ("binpack", "spread"):
+            raise ValueError(f"node_order must be binpack or spread, got {self.node_order!r}")
+
+    @classmethod
+    def default(cls) -> SchedulerConfig:
+        return cls()
+
+    @classmethod
+    def fcfs(cls) -> SchedulerConfig:
+        """First come, first served: strict order, no backfill, no preemption."""
+        return cls(actions=("enqueue", "allocate"))
+
+    @classmethod
+    def easy(cls) -> SchedulerConfig:
+        """EASY backfill: strict order plus one reservation, no preemption."""
+        return cls(actions=("enqueue", "allocate", "backfill"))
