@@ -1,0 +1,97 @@
+"""manage.py run_scheduler: the scheduler loop, leader-elected."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import close_old_connections
+
+from scheduler.leader import LeaderLock, leader_lock
+from scheduler.loop import run_cycle_once
+
+log = logging.getLogger("berth.scheduler")
+
+
+def positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise CommandError(f"--interval: {value!r} is not a number") from None
+    if not number > 0:
+        raise CommandError(f"--interval: must be greater than 0, got {value}")
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the scheduler loop: each cycle carries out user requests, places jobs (enqueue,"
+        " allocate, preempt, reclaim, backfill), reconciles flows and runs the lifecycle"
+        " (retries, deadlines, node health, TTL). One leader at a time: on PostgreSQL an"
+        " advisory lock, on SQLite a file lock; other instances wait as hot standbys."
+        " SIGTERM finishes the current cycle and exits."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--once", action="store_true", help="run one cycle and exit")
+        parser.add_argument(
+            "--interval",
+            type=positive_float,
+            default=None,
+            help="seconds between cycle starts (default: BERTH_SCHEDULER_INTERVAL, 1.0)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from django.conf import settings
+
+        interval = options["interval"] or settings.BERTH_SCHEDULER_INTERVAL
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            log.info("signal %s: finishing the current cycle", signum)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        lock = leader_lock()
+        try:
+            if options["once"]:
+                if not lock.try_acquire():
+                    raise CommandError("another scheduler is the leader; not running a cycle")
+                report = run_cycle_once()
+                self.stdout.write(report.line())
+                return
+            run_loop(lock, interval, stop)
+        finally:
+            lock.release()
+
+
+def run_loop(lock: LeaderLock, interval: float, stop: threading.Event) -> None:
+    """Lead when the lock is ours, else wait as a standby; one cycle per interval."""
+    leading = False
+    while not stop.is_set():
+        started = time.monotonic()
+        if not leading:
+            leading = lock.try_acquire()
+            if leading:
+                log.info("this scheduler is now the leader")
+            else:
+                stop.wait(interval)
+                continue
+        elif not lock.still_held():
+            log.warning("lost the leader lock; standing by")
+            leading = False
+            continue
+        try:
+            report = run_cycle_once()
+            log.info(report.line())
+        except Exception:  # a crash in one cycle is logged; the loop goes on
+            log.exception("scheduler cycle failed")
+        finally:
+            close_old_connections()
+        stop.wait(max(0.0, interval - (time.monotonic() - started)))
