@@ -57,8 +57,9 @@ def _phase(report: CycleReport, name: str, fn: Callable[[], Any]) -> Any:
 
 
 def _load() -> store.Loaded:
+    outermost = not connection.in_atomic_block
     with transaction.atomic():
-        if connection.vendor == "postgresql":
+        if outermost and connection.vendor == "postgresql":
             # One consistent view of every table for the whole snapshot.
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
