@@ -345,18 +345,21 @@ def backfill(session: Session) -> None:
     """EASY backfill: the first job blocked by resources gets a reservation at the earliest
     time running tasks' walltimes free enough for its whole gang; a later job starts now only
     if it ends before that time or uses only what the reservation does not need."""
-    memo = _Memo()
-    holder = (
-        session.blocked if session.blocked and session.blocked.id not in session.pipelined else None
-    )
+    # Free resources and the reservation's spare only shrink during backfill, so a shape
+    # that failed stays failed: one memo for unconstrained jobs, one for those that must fit
+    # around the reservation.
+    free_memo, spare_memo = _Memo(), _Memo()
+    delays: dict[object, bool] = {}
+    blocked = session.blocked
+    holder = blocked if blocked is not None and blocked.id not in session.pipelined else None
     if holder is not None:
         _reserve(session, holder)
 
     def skip(job: JobInfo) -> bool:
-        if job.id in session.placed or job.id in session.pipelined:
+        if job.id in session.placed or job.id in session.pipelined or job is holder:
             return True
         failure = session.failures.get(job.id)
-        return failure is not None and not failure.blocked_by_resources or job is holder
+        return failure is not None and not failure.blocked_by_resources
 
     for job in _in_order(session, skip=skip):
 
@@ -364,9 +367,11 @@ def backfill(session: Session) -> None:
             nonlocal holder
             reservation = session.reservation
             fits = _fits_around(session, job, reservation) if reservation else None
-            failure = place(session, job, "backfill", memo if fits is None else _Memo(), fits)
+            failure = place(
+                session, job, "backfill", free_memo if fits is None else spare_memo, fits
+            )
             if failure is None:
-                if reservation is not None:
+                if reservation is not None and fits is not None:
                     _consume_spare(session, job, reservation)
                 return
             session.failures[job.id] = failure
@@ -374,16 +379,21 @@ def backfill(session: Session) -> None:
                 holder = job
                 _reserve(session, job)
                 return
-            if reservation is not None and place_ignoring_reservation(session, job):
-                session.set_pending(
-                    job,
-                    PendingInfo(
-                        "WaitingForReservation",
-                        f"would delay job {reservation.job.id}, which holds the reservation",
-                    ),
-                )
-            else:
-                session.set_pending(job, PendingInfo(failure.reason, failure.message))
+            shape = _Memo.shape(job, session.pending_tasks(job))
+            if fits is not None and failure.blocked_by_resources:
+                if shape is None or shape not in delays:
+                    delays[shape] = place_ignoring_reservation(session, job)
+                if delays[shape]:
+                    assert reservation is not None
+                    session.set_pending(
+                        job,
+                        PendingInfo(
+                            "WaitingForReservation",
+                            f"would delay job {reservation.job.id}, which holds the reservation",
+                        ),
+                    )
+                    return
+            session.set_pending(job, PendingInfo(failure.reason, failure.message))
 
         _guarded(session, job, work)
 
@@ -423,13 +433,12 @@ def _fits_around(session: Session, job: JobInfo, reservation: Reservation) -> Fi
 
 
 def _consume_spare(session: Session, job: JobInfo, reservation: Reservation) -> None:
-    if job.walltime is not None and reservation.start is not None:
-        if session.now + job.walltime <= reservation.start:
-            return  # it ends before the reservation starts
-    for bind in session.binds:
+    """A backfilled job that runs past the reservation's start uses up spare where it runs."""
+    tasks = {t.id: t for t in job.tasks}
+    for bind in reversed(session.binds):
         if bind.job_id != job.id:
-            continue
-        task = next(t for t in job.tasks if t.id == bind.task_id)
+            break
+        task = tasks[bind.task_id]
         if bind.node in reservation.spare:
             reservation.spare[bind.node] = reservation.spare[bind.node] - task.resources
 

@@ -1,0 +1,204 @@
+"""Time one full scheduler cycle of the core on a synthetic cluster and backlog.
+
+    python bench/cycle.py --nodes 1000 --gpus-per-node 8 --jobs 10000 --seed 1
+    python bench/cycle.py --sweep          # 1k/10k/100k jobs on 1,000 nodes; 100/1k/10k nodes
+
+The cluster has GPU nodes of two models (labels) and some CPU-only nodes; a third of the GPUs
+are held by running jobs with walltimes (so preemption and backfill have work). The backlog
+mixes CPU-only, 1/2/4/8-GPU and multi-node gang jobs over several queues and priorities, with a
+few unplaceable jobs (a selector no node matches, more GPUs than any node has). Prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduler.core.cycle import run_cycle  # noqa: E402
+from scheduler.core.model import (  # noqa: E402
+    DeviceInfo,
+    JobInfo,
+    NodeInfo,
+    QueueInfo,
+    SchedulerConfig,
+    Snapshot,
+    TaskInfo,
+)
+from scheduler.core.resources import Resources  # noqa: E402
+
+GI = 1 << 30
+NOW = 1_000_000.0
+
+
+def build(nodes: int, gpus: int, jobs: int, seed: int, queues: int) -> Snapshot:
+    rng = random.Random(seed)
+    node_infos = []
+    for i in range(nodes):
+        cpu_only = i % 10 == 9
+        node_infos.append(
+            NodeInfo(
+                name=f"node-{i:05d}",
+                allocatable=Resources(cpu=64_000, memory=512 * GI, gpu=0 if cpu_only else gpus),
+                labels={} if cpu_only else {"gpu-model": "h100" if i % 3 else "a100"},
+                devices=[] if cpu_only else [DeviceInfo(d) for d in range(gpus)],
+            )
+        )
+    queue_infos = [QueueInfo(name=f"q{i}", weight=float(i + 1)) for i in range(queues)]
+    job_infos: list[JobInfo] = []
+    task_id = 0
+    next_id = 1
+
+    def job(state: str, **kw: Any) -> JobInfo:
+        nonlocal task_id, next_id
+        replicas = kw.pop("replicas", 1)
+        gpu = kw.pop("gpu", 0)
+        selector = kw.pop("selector", {})
+        placed = kw.pop("placed", None)
+        tasks = []
+        for r in range(replicas):
+            task_id += 1
+            node, devices = placed[r] if placed else (None, ())
+            tasks.append(
+                TaskInfo(
+                    id=task_id,
+                    group="main",
+                    index=r,
+                    resources=Resources(cpu=4000, memory=32 * GI, gpu=gpu),
+                    node_selector=selector,
+                    state="Running" if placed else "Pending",
+                    node=node,
+                    devices=devices,
+                    started_at=NOW - rng.randint(0, 3600) if placed else None,
+                )
+            )
+        info = JobInfo(
+            id=next_id,
+            name=f"job-{next_id}",
+            queue=kw.pop("queue"),
+            owner=f"user-{next_id % 37}",
+            priority=kw.pop("priority", 0),
+            preemptible=kw.pop("preemptible", True),
+            min_available=replicas,
+            created_at=NOW - 100_000 + next_id,
+            walltime=kw.pop("walltime", 7200.0),
+            state=state,
+            tasks=tasks,
+        )
+        next_id += 1
+        return info
+
+    # Running work: a third of each GPU node's devices, one 1-GPU job per device.
+    for node in node_infos:
+        if not node.devices:
+            continue
+        for d in range(max(1, gpus // 3)):
+            job_infos.append(
+                job(
+                    "Running",
+                    gpu=1,
+                    placed=[(node.name, (d,))],
+                    queue=f"q{rng.randrange(queues)}",
+                    priority=rng.choice((0, 1, 2)),
+                )
+            )
+
+    for _ in range(jobs):
+        roll = rng.random()
+        queue = f"q{rng.randrange(queues)}"
+        priority = rng.choice((0, 0, 1, 5, 10))
+        if roll < 0.01:
+            job_infos.append(job("Pending", gpu=1, selector={"gpu-model": "tpu"}, queue=queue))
+        elif roll < 0.02:
+            job_infos.append(job("Pending", gpu=gpus * 2, queue=queue))
+        elif roll < 0.25:
+            job_infos.append(job("Pending", gpu=0, queue=queue, priority=priority))
+        elif roll < 0.85:
+            job_infos.append(
+                job(
+                    "Pending",
+                    gpu=rng.choice((1, 1, 1, 2, 4)),
+                    queue=queue,
+                    priority=priority,
+                    selector=rng.choice(({}, {}, {"gpu-model": "h100"})),
+                )
+            )
+        else:
+            job_infos.append(
+                job(
+                    "Pending",
+                    gpu=gpus,
+                    replicas=rng.choice((2, 4)),
+                    queue=queue,
+                    priority=priority,
+                    walltime=rng.choice((None, 3600.0, 86400.0)),
+                )
+            )
+    return Snapshot(now=NOW, nodes=node_infos, queues=queue_infos, jobs=job_infos)
+
+
+def measure(
+    nodes: int, gpus: int, jobs: int, seed: int, queues: int, repeat: int
+) -> dict[str, Any]:
+    snapshot = build(nodes, gpus, jobs, seed, queues)
+    best: dict[str, Any] | None = None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = run_cycle(snapshot, SchedulerConfig())
+        total = time.perf_counter() - started
+        if best is None or total < best["total_s"]:
+            best = {
+                "nodes": nodes,
+                "gpus_per_node": gpus,
+                "pending_jobs": jobs,
+                "queues": queues,
+                "total_s": round(total, 4),
+                "actions_s": {k: round(v, 4) for k, v in result.timings.items() if k != "total"},
+                "binds": len(result.binds),
+                "jobs_placed": len({b.job_id for b in result.binds}),
+                "evictions": len(result.evictions),
+                "pending": len(result.pending),
+            }
+    assert best is not None
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--queues", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=3, help="runs; the fastest is reported")
+    parser.add_argument("--sweep", action="store_true", help="the growth series of the issue")
+    args = parser.parse_args()
+    for name in ("nodes", "gpus_per_node", "jobs", "queues", "repeat"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not args.sweep:
+        print(
+            json.dumps(
+                measure(
+                    args.nodes, args.gpus_per_node, args.jobs, args.seed, args.queues, args.repeat
+                ),
+                indent=1,
+            )
+        )
+        return
+    series = []
+    for jobs in (1_000, 10_000, 100_000):
+        series.append(measure(1000, args.gpus_per_node, jobs, args.seed, args.queues, 1))
+    for nodes in (100, 10_000):
+        series.append(measure(nodes, args.gpus_per_node, 10_000, args.seed, args.queues, 1))
+    print(json.dumps(series, indent=1))
+
+
+if __name__ == "__main__":
+    main()
