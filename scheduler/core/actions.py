@@ -122,9 +122,10 @@ def place(
     if first_miss is None or session.job_ready(job, placed):
         statement.commit(action)
         return None
-    statement.discard()
     assert first_miss is not None
+    # Explain while the gang's own placements still stand: that is the state it failed in.
     failure = _failure(session, job, first_miss, placed)
+    statement.discard()
     if shape is not None:
         memo.max_placeable[shape] = (placed, failure)
     return failure

@@ -303,7 +303,7 @@ class Session:
                 reason = "reserved for a preempting job" if node.name in self.nominated else ""
                 if not reason:
                     short = task.resources.short_of(node.free())
-                    reason = f"insufficient {short[0]}" if short else "reserved by backfill"
+                    reason = f"insufficient {short[0]}" if short else "held for the reservation"
                 could_fit = True
             counts[reason] += 1
         parts = ", ".join(

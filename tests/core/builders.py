@@ -1,0 +1,95 @@
+"""Small builders for core tests: clusters and jobs in one line each."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from scheduler.core.model import DeviceInfo, JobInfo, NodeInfo, QueueInfo, Snapshot, TaskInfo
+from scheduler.core.resources import Resources
+
+GI = 1 << 30
+NOW = 10_000.0
+_task_ids = itertools.count(1)
+
+
+def node(
+    name: str,
+    gpus: int = 0,
+    cpu: int = 8,
+    memory_gi: int = 64,
+    labels: dict[str, str] | None = None,
+    state: str = "Ready",
+) -> NodeInfo:
+    return NodeInfo(
+        name=name,
+        allocatable=Resources(cpu * 1000, memory_gi * GI, gpus),
+        labels=labels or {},
+        state=state,
+        devices=[DeviceInfo(i) for i in range(gpus)],
+    )
+
+
+def job(
+    id: int,
+    *,
+    gpu: int = 0,
+    cpu: float = 1,
+    memory_gi: int = 1,
+    replicas: int = 1,
+    min_available: int | None = None,
+    priority: int = 0,
+    queue: str = "default",
+    selector: dict[str, str] | None = None,
+    walltime: float | None = 3600.0,
+    preemptible: bool = True,
+    created_at: float | None = None,
+    running_on: list[tuple[str, tuple[int, ...]]] | None = None,
+    started_at: float = NOW - 100,
+    state: str | None = None,
+    **extra: Any,
+) -> JobInfo:
+    """A job; `running_on` places its tasks (node, devices) and makes it Running."""
+    tasks = []
+    for i in range(replicas):
+        placed = running_on[i] if running_on and i < len(running_on) else None
+        tasks.append(
+            TaskInfo(
+                id=next(_task_ids),
+                group="main",
+                index=i,
+                resources=Resources(int(cpu * 1000), memory_gi * GI, gpu),
+                node_selector=selector or {},
+                state="Running" if placed else "Pending",
+                node=placed[0] if placed else None,
+                devices=placed[1] if placed else (),
+                started_at=started_at if placed else None,
+            )
+        )
+    return JobInfo(
+        id=id,
+        name=f"job-{id}",
+        queue=queue,
+        owner="u",
+        priority=priority,
+        preemptible=preemptible,
+        min_available=replicas if min_available is None else min_available,
+        created_at=float(id) if created_at is None else created_at,
+        walltime=walltime,
+        state=state or ("Running" if running_on else "Pending"),
+        tasks=tasks,
+        **extra,
+    )
+
+
+def snapshot(
+    nodes: list[NodeInfo],
+    jobs: list[JobInfo],
+    queues: list[QueueInfo] | None = None,
+    now: float = NOW,
+) -> Snapshot:
+    return Snapshot(now=now, nodes=nodes, queues=queues or [QueueInfo("default")], jobs=jobs)
+
+
+def placed_jobs(result: Any) -> set[int]:
+    return {b.job_id for b in result.binds}

@@ -1,0 +1,176 @@
+"""Properties over random clusters, queues and jobs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.core.cycle import CycleResult, run_cycle
+from scheduler.core.model import JobInfo, QueueInfo, SchedulerConfig, Snapshot
+from tests.core.builders import NOW, job, node
+
+QUEUES = [QueueInfo("default", weight=1), QueueInfo("research", weight=2)]
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> Snapshot:
+    nodes = [
+        node(
+            f"n{i}",
+            gpus=draw(st.integers(0, 4)),
+            cpu=draw(st.integers(1, 8)),
+            memory_gi=draw(st.integers(1, 16)),
+            labels=draw(st.sampled_from([{}, {"zone": "a"}, {"zone": "b"}])),
+            state=draw(st.sampled_from(["Ready", "Ready", "Ready", "Cordoned", "NotReady"])),
+        )
+        for i in range(draw(st.integers(1, 6)))
+    ]
+    jobs = [random_job(draw, i) for i in range(1, draw(st.integers(1, 14)))]
+    first = Snapshot(NOW - 500, nodes, QUEUES, jobs)
+    # Run what fits for a while, then add a new wave of jobs: running work to preempt,
+    # reserve around and backfill next to.
+    running = _apply(first, run_cycle(first), started=NOW - 500)
+    wave = [random_job(draw, i) for i in range(100, 100 + draw(st.integers(1, 14)))]
+    return Snapshot(NOW, nodes, QUEUES, running + wave)
+
+
+def random_job(draw: st.DrawFn, id: int) -> JobInfo:
+    replicas = draw(st.integers(1, 3))
+    return job(
+        id,
+        gpu=draw(st.integers(0, 3)),
+        cpu=draw(st.sampled_from([0.5, 1, 2, 4])),
+        memory_gi=draw(st.integers(1, 8)),
+        replicas=replicas,
+        min_available=draw(st.integers(1, replicas)),
+        priority=draw(st.integers(0, 3)),
+        queue=draw(st.sampled_from(["default", "research"])),
+        selector=draw(st.sampled_from([{}, {}, {"zone": "a"}, {"zone": "c"}])),
+        walltime=draw(st.sampled_from([None, 50.0, 300.0, 2000.0])),
+        preemptible=draw(st.booleans()),
+        created_at=float(id),
+    )
+
+
+def _apply(snapshot: Snapshot, result: CycleResult, started: float) -> list[JobInfo]:
+    """The snapshot's jobs with the result's binds as running tasks (placed jobs only)."""
+    by_task = {b.task_id: b for b in result.binds}
+    out = []
+    for j in snapshot.jobs:
+        tasks = []
+        for t in j.tasks:
+            bind = by_task.get(t.id)
+            if bind is not None:
+                t = dataclasses.replace(
+                    t, state="Running", node=bind.node, devices=bind.devices, started_at=started
+                )
+            tasks.append(t)
+        placed = any(t.node for t in tasks)
+        out.append(dataclasses.replace(j, tasks=tasks, state="Running" if placed else j.state))
+    return out
+
+
+CONFIGS = st.sampled_from([SchedulerConfig(), SchedulerConfig.easy(), SchedulerConfig.fcfs()])
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(clusters(), CONFIGS)
+def test_no_node_or_device_is_ever_over_allocated(snap: Snapshot, config: SchedulerConfig):
+    result = run_cycle(snap, config)
+    cpu: dict[str, int] = defaultdict(int)
+    memory: dict[str, int] = defaultdict(int)
+    devices: dict[str, list[int]] = defaultdict(list)
+    requests = {t.id: t.resources for j in snap.jobs for t in j.tasks}
+    for j in snap.jobs:
+        for t in j.tasks:
+            if t.node:
+                cpu[t.node] += t.resources.cpu
+                memory[t.node] += t.resources.memory
+                devices[t.node] += list(t.devices)
+    for b in result.binds:
+        cpu[b.node] += requests[b.task_id].cpu
+        memory[b.node] += requests[b.task_id].memory
+        devices[b.node] += list(b.devices)
+        assert len(b.devices) == requests[b.task_id].gpu
+    for n in snap.nodes:
+        assert cpu[n.name] <= n.allocatable.cpu
+        assert memory[n.name] <= n.allocatable.memory
+        assert len(devices[n.name]) == len(set(devices[n.name]))
+        assert set(devices[n.name]) <= {d.index for d in n.devices}
+    assert all(snap_node(snap, b.node).state == "Ready" for b in result.binds)
+
+
+def snap_node(snap: Snapshot, name: str):
+    return next(n for n in snap.nodes if n.name == name)
+
+
+@FAST
+@given(clusters(), CONFIGS)
+def test_gangs_start_whole_and_every_waiting_job_says_why(snap: Snapshot, config):
+    result = run_cycle(snap, config)
+    bound: dict[int, int] = defaultdict(int)
+    for b in result.binds:
+        bound[b.job_id] += 1
+    for j in snap.jobs:
+        if not j.is_candidate:
+            assert j.id not in bound
+            continue
+        if j.id in bound:
+            assert bound[j.id] >= j.min_available
+            assert j.id not in result.pending
+        else:
+            info = result.pending[j.id]
+            assert info.reason and info.message
+            assert info.reason not in ("SchedulerError", "NothingToPlace")
+
+
+@FAST
+@given(clusters())
+def test_preemption_only_evicts_what_it_may(snap: Snapshot):
+    result = run_cycle(snap, SchedulerConfig())
+    jobs = {j.id: j for j in snap.jobs}
+    for e in result.evictions:
+        victim, preemptor = jobs[e.job_id], jobs[e.preemptor_job_id]
+        assert victim.state == "Running" and victim.preemptible
+        if e.reason == "Preempted":
+            assert victim.queue == preemptor.queue
+            assert victim.priority < preemptor.priority
+        else:
+            assert e.reason == "Reclaimed" and victim.queue != preemptor.queue
+
+
+@FAST
+@given(clusters(), CONFIGS)
+def test_the_same_snapshot_gives_the_same_decisions(snap: Snapshot, config):
+    first, second = run_cycle(snap, config), run_cycle(snap, config)
+    assert (first.binds, first.evictions, first.pending) == (
+        second.binds,
+        second.evictions,
+        second.pending,
+    )
+
+
+@FAST
+@given(clusters())
+def test_a_backfilled_job_never_delays_the_reservation(snap: Snapshot):
+    result = run_cycle(snap, SchedulerConfig.easy())
+    reserved = [i for i, p in result.pending.items() if p.reason == "Reserved"]
+    backfilled = {b.job_id for b in result.binds if b.action == "backfill"}
+    if not reserved or not backfilled:
+        return
+    (holder,) = reserved
+    promised = result.pending[holder].estimated_start
+    # Start the jobs placed this cycle, leave only the reserved job waiting, and plan again.
+    after = _apply(snap, result, started=snap.now)
+    jobs = [j for j in after if j.state == "Running" or j.id == holder]
+    again = run_cycle(Snapshot(snap.now, snap.nodes, snap.queues, jobs), SchedulerConfig.easy())
+    if holder in {b.job_id for b in again.binds}:
+        return  # it starts now: not delayed
+    replanned = again.pending[holder].estimated_start
+    if promised is None:
+        return
+    assert replanned is not None and replanned <= promised
