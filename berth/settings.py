@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
 from berth.env import env_bool, env_float, env_int, env_list, env_url
+
+# Lets admin and DRF classes be written ModelAdmin[Job] at run time, as the type checker reads them.
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("BERTH_DATA_DIR", "").strip() or BASE_DIR / "data")
@@ -188,6 +192,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "scheduler.states.JobState",
+        "TaskStateEnum": "scheduler.states.TaskState",
+        "NodeStateEnum": "scheduler.states.NodeState",
+        "FlowStateEnum": "scheduler.states.FlowState",
+        "StepStateEnum": "scheduler.states.StepState",
+    },
 }
 
 LOGGING = {

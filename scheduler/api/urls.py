@@ -1,5 +1,15 @@
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from rest_framework.routers import DefaultRouter
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from scheduler.api import views
+
+router = DefaultRouter()
+router.register("queues", views.QueueViewSet, basename="queue")
+router.register("nodes", views.NodeViewSet, basename="node")
+router.register("templates", views.TemplateViewSet, basename="template")
+router.register("jobs", views.JobViewSet, basename="job")
+router.register("flows", views.FlowViewSet, basename="flow")
+router.register("events", views.EventViewSet, basename="event")
+
+urlpatterns = router.urls

@@ -1,0 +1,227 @@
+"""How the API shows Berth's objects. Writes go through scheduler/specs.py and submit.py, so a
+spec is validated the same way everywhere (REST, forms, flows)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from scheduler.core.quantity import (
+    format_cpu,
+    format_memory,
+    parse_cpu,
+    parse_gpu,
+    parse_memory,
+)
+from scheduler.models import Event, Flow, Job, JobTemplate, Node, Queue, Task
+
+PARSERS = {"cpu": parse_cpu, "memory": parse_memory, "gpu": parse_gpu}
+FORMATS: dict[str, Callable[[int], Any]] = {"cpu": format_cpu, "memory": format_memory, "gpu": int}
+
+
+def show_resources(data: dict[str, Any] | None) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    return {k: (FORMATS[k](v) if v is not None else None) for k, v in data.items() if k in FORMATS}
+
+
+class QueueSerializer(serializers.ModelSerializer[Queue]):
+    capability = serializers.JSONField(required=False, allow_null=True)
+
+    class Meta:
+        model = Queue
+        fields = ["name", "weight", "capability", "reclaimable", "priority", "open", "created_at"]
+        read_only_fields = ["created_at"]
+
+    def validate_weight(self, value: float) -> float:
+        if not value > 0:
+            raise serializers.ValidationError("must be greater than 0")
+        return value
+
+    def validate_capability(self, value: Any) -> dict[str, int | None] | None:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("must be a mapping with cpu, memory, gpu (or null)")
+        unknown = set(value) - set(PARSERS)
+        if unknown:
+            raise serializers.ValidationError(f"unknown keys: {', '.join(sorted(unknown))}")
+        out: dict[str, int | None] = {}
+        for key, raw in value.items():
+            try:
+                out[key] = None if raw is None else PARSERS[key](raw)
+            except ValueError as exc:
+                raise serializers.ValidationError({key: str(exc)}) from None
+        return out
+
+    def to_representation(self, instance: Queue) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["capability"] = show_resources(instance.capability)
+        return data
+
+
+class NodeSerializer(serializers.ModelSerializer[Node]):
+    cpu = serializers.SerializerMethodField()
+    memory = serializers.SerializerMethodField()
+    devices = serializers.SerializerMethodField()
+    allocated = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = [
+            "name", "state", "admin_state", "labels", "cpu", "memory", "devices", "allocated",
+            "last_heartbeat", "hostname", "agent_version", "usage", "registered_at",
+        ]  # fmt: skip
+        read_only_fields = [f for f in fields if f != "labels"]
+
+    def validate_labels(self, value: Any) -> dict[str, str]:
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise serializers.ValidationError("must be a mapping of strings to strings")
+        return value
+
+    def get_cpu(self, node: Node) -> str:
+        return format_cpu(node.cpu)
+
+    def get_memory(self, node: Node) -> str:
+        return format_memory(node.memory)
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_devices(self, node: Node) -> list[dict[str, Any]]:
+        return [
+            {
+                "index": d.index,
+                "uuid": d.uuid,
+                "model": d.model,
+                "healthy": d.healthy,
+                "job": d.allocation.task.job_id if hasattr(d, "allocation") else None,
+            }
+            for d in node.devices.all()
+        ]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_allocated(self, node: Node) -> dict[str, Any]:
+        cpu = memory = gpu = 0
+        for task in node.tasks.all():
+            if task.state in ("Assigned", "Running"):
+                cpu, memory, gpu = cpu + task.cpu, memory + task.memory, gpu + task.gpu
+        return {"cpu": format_cpu(cpu), "memory": format_memory(memory), "gpu": gpu}
+
+
+class TemplateSerializer(serializers.ModelSerializer[JobTemplate]):
+    owner: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
+
+    class Meta:
+        model = JobTemplate
+        fields = ["name", "description", "spec", "owner", "created_at", "updated_at"]
+
+
+class TaskSerializer(serializers.ModelSerializer[Task]):
+    node: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    devices = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Task
+        fields = [
+            "id", "group", "index", "node", "devices", "state", "exit_code", "attempt",
+            "kill_requested", "message", "assigned_at", "started_at", "finished_at",
+        ]  # fmt: skip
+
+    def get_devices(self, task: Task) -> list[int]:
+        return sorted(a.device.index for a in task.allocations.all())
+
+
+class JobSerializer(serializers.ModelSerializer[Job]):
+    owner: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
+    queue: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    template: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    step: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    tasks = TaskSerializer(many=True, read_only=True)
+    pending_reasons = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "name", "owner", "queue", "priority", "preemptible", "min_available",
+            "walltime", "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry",
+            "retries", "labels", "spec", "state", "reason", "message", "pending_reasons",
+            "estimated_start_at", "requested_action", "flow", "template", "step", "item_index",
+            "tasks", "created_at", "started_at", "finished_at",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+    def get_pending_reasons(self, job: Job) -> list[str]:
+        reasons = list(job.pending_reasons or [])
+        if job.hold_reason:
+            reasons.insert(0, job.hold_reason)
+        return reasons
+
+
+class JobListSerializer(JobSerializer):
+    class Meta(JobSerializer.Meta):
+        fields = [f for f in JobSerializer.Meta.fields if f not in ("tasks", "spec")]
+        read_only_fields = fields
+
+
+class FlowSerializer(serializers.ModelSerializer[Flow]):
+    owner: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
+    steps = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Flow
+        fields = [
+            "id", "name", "owner", "parallelism", "fail_fast", "ttl_seconds_after_finished",
+            "spec", "state", "reason", "message", "cancel_requested", "steps",
+            "created_at", "started_at", "finished_at",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_steps(self, flow: Flow) -> list[dict[str, Any]]:
+        # Only this flow's own jobs, by foreign key: never another flow's (behaviour 1).
+        jobs: dict[int, list[int]] = {}
+        for job in flow.jobs.all():
+            if job.step_id is not None:
+                jobs.setdefault(job.step_id, []).append(job.pk)
+        return [
+            {
+                "name": step.name,
+                "state": step.state,
+                "template": step.template.name,
+                "depends_on": step.depends_on,
+                "items": len(step.items) if step.items else None,
+                "message": step.message,
+                "jobs": sorted(jobs.get(step.pk, [])),
+            }
+            for step in flow.steps.all()
+        ]
+
+
+class EventSerializer(serializers.ModelSerializer[Event]):
+    node: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+
+    class Meta:
+        model = Event
+        fields = ["id", "time", "kind", "reason", "message", "job", "flow", "node"]
+        read_only_fields = fields

@@ -1,0 +1,344 @@
+"""The REST API (/api/v1/). Ownership: users see and act on their own jobs and flows (others
+get 404, not 403, so nothing leaks); staff on all. Queues, nodes and templates are readable by
+every signed-in user and writable by staff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch, ProtectedError, QuerySet
+from django_filters import rest_framework as filters
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, permissions, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
+
+from scheduler import operations
+from scheduler.api.serializers import (
+    EventSerializer,
+    FlowSerializer,
+    JobListSerializer,
+    JobSerializer,
+    NodeSerializer,
+    QueueSerializer,
+    TemplateSerializer,
+)
+from scheduler.models import Allocation, Device, Event, Flow, Job, JobTemplate, Node, Queue, Task
+from scheduler.specs import SpecError
+from scheduler.states import FLOW_FINAL
+from scheduler.submit import create_flow, save_template, submit_job
+
+NAME_LOOKUP = r"[^/]+"
+
+
+class StaffWritesOnly(permissions.BasePermission):
+    """Reads for every signed-in user, writes for staff."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        return request.method in permissions.SAFE_METHODS or bool(request.user.is_staff)
+
+
+def spec_errors(exc: SpecError) -> ValidationError:
+    return ValidationError(exc.errors)
+
+
+def paginated_events(view: viewsets.GenericViewSet[Any], events: QuerySet[Event]) -> Response:
+    paginator = view.paginator
+    assert paginator is not None
+    page = paginator.paginate_queryset(events.select_related("node"), view.request, view=view)
+    return paginator.get_paginated_response(EventSerializer(page, many=True).data)
+
+
+def conflict(exc: Exception) -> Response:
+    return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+
+
+class QueueViewSet(viewsets.ModelViewSet[Queue]):
+    queryset = Queue.objects.all()
+    serializer_class = QueueSerializer
+    permission_classes = [StaffWritesOnly]
+    lookup_field = "name"
+    lookup_value_regex = NAME_LOOKUP
+
+    def perform_destroy(self, instance: Queue) -> None:
+        try:
+            instance.delete()
+        except ProtectedError:
+            raise ValidationError({"name": ["the queue still has jobs"]}) from None
+
+
+class NodeViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet[Node],
+):
+    serializer_class = NodeSerializer
+    permission_classes = [StaffWritesOnly]
+    lookup_field = "name"
+    lookup_value_regex = NAME_LOOKUP
+    filterset_fields = ["state"]
+    http_method_names = ["get", "patch", "post", "delete", "head", "options"]
+
+    def get_queryset(self) -> QuerySet[Node]:
+        return Node.objects.prefetch_related(
+            Prefetch(
+                "devices",
+                queryset=Device.objects.select_related("allocation__task").order_by("index"),
+            ),
+            Prefetch("tasks", queryset=Task.objects.filter(state__in=("Assigned", "Running"))),
+        )
+
+    def _operate(self, fn: Any) -> Response:
+        node = fn(self.get_object(), self.request.user)
+        return Response(self.get_serializer(self.get_queryset().get(pk=node.pk)).data)
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def cordon(self, request: Request, name: str) -> Response:
+        """Stop placing new tasks on the node; running ones go on."""
+        return self._operate(operations.cordon_node)
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request: Request, name: str) -> Response:
+        return self._operate(operations.uncordon_node)
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def drain(self, request: Request, name: str) -> Response:
+        """Stop placing new tasks; once the running jobs finish the node is Drained."""
+        return self._operate(operations.drain_node)
+
+
+class TemplateViewSet(viewsets.ModelViewSet[JobTemplate]):
+    queryset = JobTemplate.objects.select_related("owner")
+    serializer_class = TemplateSerializer
+    permission_classes = [StaffWritesOnly]
+    lookup_field = "name"
+    lookup_value_regex = NAME_LOOKUP
+    http_method_names = ["get", "post", "put", "delete", "head", "options"]
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: TemplateSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            template = save_template(request.user, request.data)
+        except SpecError as exc:
+            raise spec_errors(exc) from None
+        return Response(self.get_serializer(template).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=TemplateSerializer)
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            template = save_template(request.user, request.data, instance=self.get_object())
+        except SpecError as exc:
+            raise spec_errors(exc) from None
+        return Response(self.get_serializer(template).data)
+
+    def perform_destroy(self, instance: JobTemplate) -> None:
+        try:
+            instance.delete()
+        except ProtectedError:
+            raise ValidationError({"name": ["flows still use this template"]}) from None
+
+
+class JobFilter(filters.FilterSet):
+    state = filters.CharFilter()
+    queue = filters.CharFilter(field_name="queue__name")
+    owner = filters.CharFilter(field_name="owner__username")
+    flow = filters.NumberFilter(field_name="flow_id")
+
+    class Meta:
+        model = Job
+        fields = ["state", "queue", "owner", "flow"]
+
+
+class JobViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet[Job],
+):
+    filterset_class = JobFilter
+    ordering_fields = ["id", "priority", "created_at"]
+
+    def get_queryset(self) -> QuerySet[Job]:
+        jobs = Job.objects.visible_to(self.request.user).select_related(
+            "owner", "queue", "template", "step"
+        )
+        if self.action != "list":
+            jobs = jobs.prefetch_related(
+                Prefetch(
+                    "tasks",
+                    queryset=Task.objects.select_related("node").prefetch_related(
+                        Prefetch(
+                            "allocations", queryset=Allocation.objects.select_related("device")
+                        )
+                    ),
+                )
+            )
+        return jobs
+
+    def get_serializer_class(self) -> type[BaseSerializer[Job]]:
+        return JobListSerializer if self.action == "list" else JobSerializer
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: JobSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Submit a job (JSON, or YAML with Content-Type: application/yaml)."""
+        try:
+            job = submit_job(request.user, request.data)
+        except SpecError as exc:
+            raise spec_errors(exc) from None
+        return Response(
+            JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED
+        )
+
+    def _request(self, action_name: str) -> Response:
+        try:
+            job = operations.request_job_action(self.get_object(), action_name, self.request.user)
+        except operations.OperationError as exc:
+            return conflict(exc)
+        data = JobSerializer(self.get_queryset().get(pk=job.pk)).data
+        return Response(data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        return self._request("cancel")
+
+    @extend_schema(request=None, responses={202: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def suspend(self, request: Request, pk: str) -> Response:
+        return self._request("suspend")
+
+    @extend_schema(request=None, responses={202: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str) -> Response:
+        return self._request("resume")
+
+    @extend_schema(responses=EventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str) -> Response:
+        return paginated_events(self, Event.objects.filter(job=self.get_object()))
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("task", int, description="only this task's output"),
+            OpenApiParameter("attempt", int, description="this attempt (default: the latest)"),
+            OpenApiParameter("after", int, description="output after this byte offset"),
+        ],
+        responses=OpenApiTypes.OBJECT,
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request: Request, pk: str) -> Response:
+        """Each task's output, in order, for one attempt."""
+        job = self.get_object()
+        params: dict[str, int] = {}
+        for name in ("task", "attempt", "after"):
+            raw = request.query_params.get(name)
+            if raw is None or raw == "":
+                continue
+            try:
+                params[name] = int(raw)
+            except ValueError:
+                raise ValidationError({name: [f"must be a whole number, got {raw!r}"]}) from None
+        tasks = job.tasks.all()
+        if "task" in params:
+            tasks = tasks.filter(pk=params["task"])
+        out = []
+        for task in tasks.order_by("group", "index"):
+            attempt = params.get("attempt", task.attempt)
+            chunks = task.logs.filter(attempt=attempt, offset__gte=params.get("after", 0))
+            data = "".join(c.data for c in chunks.order_by("offset"))
+            last = chunks.order_by("-offset").first()
+            out.append(
+                {
+                    "id": task.pk,
+                    "group": task.group,
+                    "index": task.index,
+                    "attempt": attempt,
+                    "data": data,
+                    "next_offset": (last.offset + len(last.data.encode())) if last else 0,
+                }
+            )
+        return Response({"job": job.pk, "tasks": out})
+
+
+class FlowFilter(filters.FilterSet):
+    state = filters.CharFilter()
+    owner = filters.CharFilter(field_name="owner__username")
+
+    class Meta:
+        model = Flow
+        fields = ["state", "owner"]
+
+
+class FlowViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet[Flow],
+):
+    serializer_class = FlowSerializer
+    filterset_class = FlowFilter
+
+    def get_queryset(self) -> QuerySet[Flow]:
+        return (
+            Flow.objects.visible_to(self.request.user)
+            .select_related("owner")
+            .prefetch_related(
+                "steps__template",
+                Prefetch("jobs", queryset=Job.objects.only("id", "flow_id", "step_id")),
+            )
+        )
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: FlowSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Start a flow (JSON or YAML). Its jobs are created by the scheduler loop."""
+        try:
+            flow = create_flow(request.user, request.data)
+        except SpecError as exc:
+            raise spec_errors(exc) from None
+        return Response(
+            self.get_serializer(self.get_queryset().get(pk=flow.pk)).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Delete a finished flow with its own jobs (never another flow's)."""
+        flow = self.get_object()
+        if flow.state not in FLOW_FINAL:
+            return conflict(Exception(f"flow {flow.pk} is {flow.state}: cancel it first"))
+        flow.delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses={202: FlowSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        try:
+            flow = operations.request_flow_cancel(self.get_object(), request.user)
+        except operations.OperationError as exc:
+            return conflict(exc)
+        data = self.get_serializer(self.get_queryset().get(pk=flow.pk)).data
+        return Response(data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=EventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str) -> Response:
+        return paginated_events(self, Event.objects.filter(flow=self.get_object()))
+
+
+class EventViewSet(viewsets.ReadOnlyModelViewSet[Event]):
+    serializer_class = EventSerializer
+    filterset_fields = ["job", "flow", "kind"]
+
+    def get_queryset(self) -> QuerySet[Event]:
+        return Event.visible_to(self.request.user).select_related("node")

@@ -1,0 +1,91 @@
+"""What users ask of jobs, flows and nodes: recorded now, carried out by the scheduler loop.
+
+Each function checks that the request makes sense in the object's current state and raises
+OperationError (HTTP 409) with the reason when it does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from scheduler import notify
+from scheduler.events import record
+from scheduler.models import Flow, Job, Node
+from scheduler.states import FLOW_FINAL, JOB_FINAL, JobRequest, JobState, NodeState
+from scheduler.submit import submit_job
+
+
+class OperationError(Exception):
+    """The request does not fit the object's state."""
+
+
+def request_job_action(job: Job, action: str, user: Any) -> Job:
+    if action not in (JobRequest.CANCEL, JobRequest.SUSPEND, JobRequest.RESUME):
+        raise OperationError(f"unknown action {action!r}")
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.state in JOB_FINAL:
+            raise OperationError(f"job {job.pk} is {job.state}: nothing to {action}")
+        if action == JobRequest.SUSPEND and job.state == JobState.SUSPENDED:
+            raise OperationError(f"job {job.pk} is already Suspended")
+        if action == JobRequest.RESUME and not (
+            job.state == JobState.SUSPENDED or job.requested_action == JobRequest.SUSPEND
+        ):
+            raise OperationError(f"job {job.pk} is {job.state}, not Suspended: nothing to resume")
+        if action == JobRequest.RESUME and job.requested_action == JobRequest.SUSPEND:
+            job.requested_action = JobRequest.NONE  # withdraw a suspension not yet carried out
+        elif job.requested_action == JobRequest.CANCEL and action != JobRequest.CANCEL:
+            raise OperationError(f"job {job.pk} is being cancelled")
+        else:
+            job.requested_action = action
+        job.requested_at = timezone.now()
+        job.save(update_fields=["requested_action", "requested_at"])
+        who = getattr(user, "username", "") or "system"
+        record(f"Job{action.capitalize()}Requested", "UserRequest", f"by {who}", job=job)
+        notify.changed(jobs=[job.pk])
+    return job
+
+
+def request_flow_cancel(flow: Flow, user: Any) -> Flow:
+    with transaction.atomic():
+        flow = Flow.objects.select_for_update().get(pk=flow.pk)
+        if flow.state in FLOW_FINAL:
+            raise OperationError(f"flow {flow.pk} is {flow.state}: nothing to cancel")
+        flow.cancel_requested = True
+        flow.save(update_fields=["cancel_requested"])
+        record("FlowCancelRequested", "UserRequest", f"by {user.username}", flow=flow)
+        notify.changed(flows=[flow.pk])
+    return flow
+
+
+def _set_admin_state(node: Node, admin_state: str, kind: str, user: Any) -> Node:
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        node.admin_state = admin_state
+        node.state = node.derive_state(alive=node.state != NodeState.NOT_READY)
+        node.save(update_fields=["admin_state", "state"])
+        record(kind, "Operator", f"by {getattr(user, 'username', 'system')}", node=node)
+        notify.changed(nodes=[node.pk])
+    return node
+
+
+def cordon_node(node: Node, user: Any) -> Node:
+    """No new task lands on the node; running ones go on."""
+    return _set_admin_state(node, NodeState.CORDONED, "NodeCordoned", user)
+
+
+def uncordon_node(node: Node, user: Any) -> Node:
+    return _set_admin_state(node, "", "NodeUncordoned", user)
+
+
+def drain_node(node: Node, user: Any) -> Node:
+    """No new task; running jobs finish; then the node is Drained."""
+    return _set_admin_state(node, NodeState.DRAINING, "NodeDraining", user)
+
+
+def resubmit_job(job: Job, user: Any) -> Job:
+    """A new job from the old one's spec, owned by the same user."""
+    return submit_job(job.owner, job.spec)

@@ -1,0 +1,373 @@
+"""Validation of job, template and flow specs: every bad field named with its reason.
+
+Pure functions, no database: `normalize_*` returns the spec in canonical form (resources
+printed the way users write them) or raises SpecError with every problem found, keyed by the
+field's path (`tasks.0.resources.gpu`). Existence of queues and templates is checked where
+objects are created (scheduler/submit.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from scheduler.core.quantity import format_cpu, format_memory, parse_cpu, parse_gpu, parse_memory
+
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
+NAME_RULE = "must be lowercase letters, digits, '-', '_' or '.', start and end with a letter or digit, at most 63 characters"  # noqa: E501
+ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+JOB_FIELDS = {
+    "name", "queue", "priority", "preemptible", "min_available", "walltime",
+    "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry", "labels", "tasks",
+}  # fmt: skip
+TASK_FIELDS = {"name", "replicas", "command", "env", "resources", "node_selector"}
+RESOURCE_FIELDS = {"cpu", "memory", "gpu"}
+FLOW_FIELDS = {"name", "parallelism", "fail_fast", "ttl_seconds_after_finished", "steps"}
+STEP_FIELDS = {"name", "template", "depends_on", "overrides", "items"}
+# What a flow step may override in its template's spec: job-level and per-task fields.
+OVERRIDE_JOB = {"priority", "queue", "walltime", "max_retry", "preemptible", "min_available",
+                "active_deadline_seconds"}  # fmt: skip
+OVERRIDE_TASK = {"command", "env", "resources", "node_selector", "replicas"}
+MAX_REPLICAS = 1000
+
+
+class SpecError(Exception):
+    """A spec with problems; `errors` maps each field path to what is wrong with it."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__("; ".join(f"{k}: {', '.join(v)}" for k, v in errors.items()))
+        self.errors = errors
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.errors: dict[str, list[str]] = {}
+
+    def add(self, path: str, message: str) -> None:
+        self.errors.setdefault(path or "spec", []).append(message)
+
+    def raise_if_any(self) -> None:
+        if self.errors:
+            raise SpecError(self.errors)
+
+
+def _path(prefix: str, key: str | int) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _int(
+    errors: _Errors, data: dict[str, Any], key: str, path: str, *,
+    default: int | None, minimum: int | None = None, maximum: int | None = None,
+) -> int | None:  # fmt: skip
+    value = data.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        errors.add(path, f"must be a whole number, got {value!r}")
+        return default
+    if minimum is not None and value < minimum:
+        errors.add(path, f"must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        errors.add(path, f"must be at most {maximum}, got {value}")
+    return value
+
+
+def _bool(errors: _Errors, data: dict[str, Any], key: str, path: str, default: bool) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        errors.add(path, f"must be true or false, got {value!r}")
+        return default
+    return value
+
+
+def _name(errors: _Errors, value: object, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        errors.add(
+            path, "is required" if value in (None, "") else f"must be a string, got {value!r}"
+        )
+        return ""
+    if not NAME_RE.match(value):
+        errors.add(path, f"{value!r} {NAME_RULE}")
+    return value
+
+
+def _str_map(errors: _Errors, value: object, path: str, *, env: bool = False) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        errors.add(path, f"must be a mapping of names to values, got {type(value).__name__}")
+        return {}
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key:
+            errors.add(path, f"keys must be non-empty strings, got {key!r}")
+            continue
+        if env and not ENV_RE.match(key):
+            errors.add(_path(path, key), "is not a valid environment variable name")
+        if isinstance(item, bool):
+            item = "true" if item else "false"
+        if not isinstance(item, str | int | float):
+            errors.add(_path(path, key), f"must be a string or number, got {type(item).__name__}")
+            continue
+        out[key] = str(item)
+    return out
+
+
+def _unknown(errors: _Errors, data: dict[str, Any], allowed: set[str], path: str) -> None:
+    for key in sorted(set(data) - allowed, key=str):
+        errors.add(_path(path, str(key)), f"unknown field (allowed: {', '.join(sorted(allowed))})")
+
+
+def _resources(errors: _Errors, value: object, path: str) -> dict[str, Any]:
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        errors.add(path, f"must be a mapping with cpu, memory, gpu, got {type(value).__name__}")
+        return {"cpu": "0", "memory": "0", "gpu": 0}
+    _unknown(errors, value, RESOURCE_FIELDS, path)
+    out: dict[str, Any] = {"cpu": "0", "memory": "0", "gpu": 0}
+    for key, parse, fmt in (
+        ("cpu", parse_cpu, format_cpu),
+        ("memory", parse_memory, format_memory),
+        ("gpu", parse_gpu, int),
+    ):
+        if key not in value:
+            continue
+        try:
+            out[key] = fmt(parse(value[key]))
+        except ValueError as exc:
+            errors.add(_path(path, key), str(exc))
+    return out
+
+
+def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str, Any]:
+    """A job spec in canonical form, or SpecError naming every bad field."""
+    errors = _Errors()
+    if not isinstance(data, dict):
+        raise SpecError({"spec": [f"must be a mapping, got {type(data).__name__}"]})
+    _unknown(errors, data, JOB_FIELDS, "")
+    spec: dict[str, Any] = {}
+    if name_required or data.get("name") is not None:
+        spec["name"] = _name(errors, data.get("name"), "name")
+    queue = data.get("queue", "default")
+    spec["queue"] = _name(errors, queue, "queue")
+    spec["priority"] = _int(errors, data, "priority", "priority", default=0,
+                            minimum=-1_000_000, maximum=1_000_000)  # fmt: skip
+    spec["preemptible"] = _bool(errors, data, "preemptible", "preemptible", True)
+    spec["walltime"] = _int(errors, data, "walltime", "walltime", default=None, minimum=1)
+    spec["ttl_seconds_after_finished"] = _int(
+        errors, data, "ttl_seconds_after_finished", "ttl_seconds_after_finished",
+        default=None, minimum=0,
+    )  # fmt: skip
+    spec["active_deadline_seconds"] = _int(
+        errors, data, "active_deadline_seconds", "active_deadline_seconds", default=None, minimum=1
+    )
+    spec["max_retry"] = _int(errors, data, "max_retry", "max_retry", default=0, minimum=0,
+                             maximum=100)  # fmt: skip
+    spec["labels"] = _str_map(errors, data.get("labels"), "labels")
+
+    tasks = data.get("tasks")
+    spec["tasks"] = []
+    if not isinstance(tasks, list) or not tasks:
+        errors.add("tasks", "must be a non-empty list of task groups")
+        tasks = []
+    seen: set[str] = set()
+    total = 0
+    for i, task in enumerate(tasks):
+        path = f"tasks.{i}"
+        if not isinstance(task, dict):
+            errors.add(path, f"must be a mapping, got {type(task).__name__}")
+            continue
+        _unknown(errors, task, TASK_FIELDS, path)
+        name = _name(errors, task.get("name", "main" if len(tasks) == 1 else None), f"{path}.name")
+        if name and name in seen:
+            errors.add(f"{path}.name", f"{name!r} is used by another task group of this job")
+        seen.add(name)
+        replicas = _int(errors, task, "replicas", f"{path}.replicas", default=1, minimum=1,
+                        maximum=MAX_REPLICAS) or 1  # fmt: skip
+        total += replicas
+        command = task.get("command")
+        if not isinstance(command, str) or not command.strip():
+            errors.add(f"{path}.command", "is required: a shell command to run")
+            command = ""
+        spec["tasks"].append(
+            {
+                "name": name,
+                "replicas": replicas,
+                "command": command,
+                "env": _str_map(errors, task.get("env"), f"{path}.env", env=True),
+                "resources": _resources(errors, task.get("resources"), f"{path}.resources"),
+                "node_selector": _str_map(
+                    errors, task.get("node_selector"), f"{path}.node_selector"
+                ),
+            }
+        )
+    min_available = _int(errors, data, "min_available", "min_available", default=None, minimum=1)
+    if min_available is not None and total and min_available > total:
+        errors.add(
+            "min_available", f"must be at most the total replicas ({total}), got {min_available}"
+        )  # noqa: E501
+    spec["min_available"] = min_available if min_available is not None else max(total, 1)
+    errors.raise_if_any()
+    return spec
+
+
+def normalize_template_spec(data: object) -> dict[str, Any]:
+    errors = _Errors()
+    if not isinstance(data, dict):
+        raise SpecError({"spec": [f"must be a mapping, got {type(data).__name__}"]})
+    _unknown(errors, data, {"name", "description", "spec"}, "")
+    name = _name(errors, data.get("name"), "name")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        errors.add("description", "must be a string")
+        description = ""
+    spec: dict[str, Any] = {}
+    if not isinstance(data.get("spec"), dict):
+        errors.add("spec", "is required: a job spec without name")
+    else:
+        if "name" in data["spec"]:
+            errors.add("spec.name", "a template's job takes its name from the flow step")
+        try:
+            spec = normalize_job_spec(
+                {k: v for k, v in data["spec"].items() if k != "name"}, name_required=False
+            )
+        except SpecError as exc:
+            for path, messages in exc.errors.items():
+                for message in messages:
+                    errors.add(f"spec.{path}", message)
+    errors.raise_if_any()
+    return {"name": name, "description": description, "spec": spec}
+
+
+def normalize_flow_spec(data: object) -> dict[str, Any]:
+    errors = _Errors()
+    if not isinstance(data, dict):
+        raise SpecError({"spec": [f"must be a mapping, got {type(data).__name__}"]})
+    _unknown(errors, data, FLOW_FIELDS, "")
+    flow: dict[str, Any] = {
+        "name": _name(errors, data.get("name"), "name"),
+        "parallelism": _int(errors, data, "parallelism", "parallelism", default=None, minimum=1),
+        "fail_fast": _bool(errors, data, "fail_fast", "fail_fast", False),
+        "ttl_seconds_after_finished": _int(
+            errors,
+            data,
+            "ttl_seconds_after_finished",
+            "ttl_seconds_after_finished",
+            default=None,
+            minimum=0,
+        ),  # fmt: skip
+        "steps": [],
+    }
+    steps = data.get("steps")
+    if not isinstance(steps, list) or not steps:
+        errors.add("steps", "must be a non-empty list of steps")
+        steps = []
+    names: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        path = f"steps.{i}"
+        if not isinstance(step, dict):
+            errors.add(path, f"must be a mapping, got {type(step).__name__}")
+            continue
+        _unknown(errors, step, STEP_FIELDS, path)
+        name = _name(errors, step.get("name"), f"{path}.name")
+        if name in names:
+            errors.add(f"{path}.name", f"{name!r} repeats the name of step {names[name]}")
+        elif name:
+            names[name] = i
+        template = _name(errors, step.get("template"), f"{path}.template")
+        depends = step.get("depends_on", [])
+        if not isinstance(depends, list) or not all(isinstance(d, str) for d in depends):
+            errors.add(f"{path}.depends_on", "must be a list of step names")
+            depends = []
+        overrides = step.get("overrides", {})
+        if not isinstance(overrides, dict):
+            errors.add(f"{path}.overrides", "must be a mapping")
+            overrides = {}
+        _unknown(errors, overrides, OVERRIDE_JOB | OVERRIDE_TASK, f"{path}.overrides")
+        items = step.get("items")
+        if items is not None:
+            if not isinstance(items, list) or not items:
+                errors.add(f"{path}.items", "must be a non-empty list of objects (one job each)")
+                items = None
+            else:
+                cleaned = []
+                for j, item in enumerate(items):
+                    if not isinstance(item, dict):
+                        errors.add(
+                            f"{path}.items.{j}", f"must be an object, got {type(item).__name__}"
+                        )  # noqa: E501
+                        continue
+                    cleaned.append(_str_map(errors, item, f"{path}.items.{j}", env=True))
+                items = cleaned
+        flow["steps"].append(
+            {"name": name, "template": template, "depends_on": list(depends),
+             "overrides": overrides, "items": items}
+        )  # fmt: skip
+    for i, step in enumerate(flow["steps"]):
+        for dep in step["depends_on"]:
+            if dep not in names:
+                errors.add(f"steps.{i}.depends_on", f"unknown step {dep!r}")
+            elif dep == step["name"]:
+                errors.add(f"steps.{i}.depends_on", f"step {dep!r} depends on itself")
+    cycle = find_cycle({s["name"]: s["depends_on"] for s in flow["steps"] if s["name"]})
+    if cycle:
+        errors.add("steps", f"cycle {' -> '.join(cycle)}")
+    errors.raise_if_any()
+    return flow
+
+
+def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    """A dependency cycle as a closed path (a -> b -> a), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        stack.append(name)
+        for dep in graph.get(name, []):
+            if dep not in graph or dep == name:
+                continue
+            if state.get(dep) == 1:
+                return stack[stack.index(dep) :] + [dep]
+            if dep not in state:
+                found = visit(dep)
+                if found:
+                    return found
+        stack.pop()
+        state[name] = 2
+        return None
+
+    for name in graph:
+        if name not in state:
+            found = visit(name)
+            if found:
+                return found
+    return None
+
+
+def step_job_spec(
+    template_spec: dict[str, Any], overrides: dict[str, Any], item: dict[str, str] | None,
+    *, name: str,
+) -> dict[str, Any]:  # fmt: skip
+    """A flow step's job: the template's spec, then the step's overrides, then the item's
+    keys as environment variables of every task."""
+    spec = copy.deepcopy(template_spec)
+    spec["name"] = name
+    for key in OVERRIDE_JOB & set(overrides):
+        spec[key] = overrides[key]
+    for task in spec.get("tasks", []):
+        for key in OVERRIDE_TASK & set(overrides):
+            if key == "env":
+                task["env"] = {**task.get("env", {}), **overrides["env"]}
+            elif key == "resources":
+                task["resources"] = {**task.get("resources", {}), **overrides["resources"]}
+            else:
+                task[key] = copy.deepcopy(overrides[key])
+        if item:
+            task["env"] = {**task.get("env", {}), **item}
+    if "replicas" in overrides and "min_available" not in overrides:
+        spec.pop("min_available", None)  # recomputed from the new replica count
+    return normalize_job_spec(spec)
