@@ -1,5 +1,11 @@
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from django.urls import path
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from scheduler.agent import views
+
+urlpatterns = [
+    path("register/", views.RegisterView.as_view(), name="agent-register"),
+    path("heartbeat/", views.HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("tasks/<int:task_id>/log/", views.TaskLogView.as_view(), name="agent-task-log"),
+]

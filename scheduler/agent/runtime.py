@@ -1,0 +1,409 @@
+"""The node agent: runs tasks as real processes and speaks the agent protocol over HTTP.
+
+It never touches the database (it runs on other machines). Each task runs as
+`/bin/sh -c command` in its own process group; its output goes to a file that the agent ships
+to the server by byte offset, and a small wrapper writes the exit code to a file. Because both
+live on disk and the agent keeps a state file (its token and its tasks), an agent that
+restarts re-adopts the processes that still run, keeps shipping their output and still learns
+their exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("berth.agent")
+VERSION = "berth-agent/1"
+# $1 is the command, $2 the file that receives its exit code.
+WRAPPER = '/bin/sh -c "$1"; code=$?; echo "$code" > "$2"; exit "$code"'
+LOG_CHUNK = 60 * 1024
+
+
+class ServerError(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]}")
+        self.status = status
+
+
+def discover_resources() -> tuple[int, int]:
+    """Cores (as millicores) this process may use, and the machine's memory in bytes."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    memory = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory = int(line.split()[1]) * 1024
+    except OSError:
+        memory = 0
+    return cores * 1000, memory
+
+
+def discover_gpus(fake: int, name: str) -> list[dict[str, Any]]:
+    """GPUs through NVML when present; otherwise `fake` fake devices."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            gpus = []
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+                model = pynvml.nvmlDeviceGetName(handle)
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+                gpus.append({
+                    "index": index,
+                    "uuid": uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                    "model": model.decode() if isinstance(model, bytes) else str(model),
+                    "memory": int(memory),
+                    "healthy": True,
+                })  # fmt: skip
+            if gpus:
+                return gpus
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library, no device: fall back
+        pass
+    return [
+        {"index": i, "uuid": f"fake-{name}-{i}", "model": "fake", "memory": 0, "healthy": True}
+        for i in range(fake)
+    ]
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    labels = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise ValueError(f"label {part!r} is not key=value")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+@dataclass
+class RunningTask:
+    id: int
+    attempt: int
+    pid: int
+    dir: str
+    shipped: int = 0  # bytes of output the server has
+    exit_code: int | None = None
+    state: str = "Running"  # Running | Succeeded | Failed | Killed
+    kill_at: float | None = None  # when SIGKILL follows the SIGTERM
+    killed: bool = False
+    message: str = ""
+    reported_final: bool = False
+    proc: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def output(self) -> Path:
+        return Path(self.dir) / "output.log"
+
+    @property
+    def exit_file(self) -> Path:
+        return Path(self.dir) / "exit_code"
+
+
+class Agent:
+    """One machine's agent. `run(stop)` loops until `stop` is set."""
+
+    def __init__(
+        self,
+        server: str,
+        join_token: str,
+        name: str | None = None,
+        labels: str | dict[str, str] = "",
+        fake_gpus: int = 0,
+        work_dir: Path | str = "berth-agent",
+        state_file: Path | str | None = None,
+        kill_on_exit: bool = False,
+        timeout: float = 10.0,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self.join_token = join_token
+        self.name = name or socket.gethostname().split(".")[0].lower()
+        self.labels = parse_labels(labels) if isinstance(labels, str) else dict(labels)
+        self.fake_gpus = fake_gpus
+        self.work_dir = Path(work_dir)
+        self.state_file = Path(state_file) if state_file else self.work_dir / "state.json"
+        self.kill_on_exit = kill_on_exit
+        self.timeout = timeout
+        self.token = ""
+        self.interval = 2.0
+        self.grace = 10.0
+        self.tasks: dict[int, RunningTask] = {}
+
+    # --- HTTP ------------------------------------------------------------------------
+
+    def _post(self, path: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{self.server}/api/v1/agent/{path}",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "Authorization": auth},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return dict(json.loads(response.read() or b"{}"))
+        except urllib.error.HTTPError as exc:
+            raise ServerError(exc.code, exc.read().decode(errors="replace")) from None
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def register(self) -> None:
+        cpu, memory = discover_resources()
+        answer = self._post(
+            "register/",
+            {
+                "name": self.name,
+                "cpu": cpu,
+                "memory": memory,
+                "labels": self.labels,
+                "devices": discover_gpus(self.fake_gpus, self.name),
+                "hostname": socket.gethostname(),
+                "version": VERSION,
+            },
+            f"Bearer {self.join_token}",
+        )
+        self.token = answer["token"]
+        self.interval = float(answer.get("heartbeat_interval", self.interval))
+        self.grace = float(answer.get("kill_grace_seconds", self.grace))
+        self._save()
+        log.info("registered as node %s", self.name)
+
+    def run(self, stop: threading.Event) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._load()
+        backoff = 0.5
+        while not stop.is_set():
+            try:
+                if not self.token:
+                    self.register()
+                self.step()
+                backoff = 0.5
+                stop.wait(self.interval)
+            except ServerError as exc:
+                if exc.status == 401:
+                    log.warning("the server does not know our token; registering again")
+                    self.token = ""
+                    continue
+                log.warning("server refused a request: %s", exc)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 30)
+            except (OSError, urllib.error.URLError) as exc:
+                # The server is unreachable: tasks keep running; try again later.
+                log.warning("server unreachable (%s); retrying in %.1fs", exc, backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 30)
+            except Exception:  # an agent keeps its tasks and goes on, whatever happened
+                log.exception("agent step failed; retrying in %.1fs", backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 30)
+        if self.kill_on_exit:
+            for task in self.tasks.values():
+                self._signal(task, signal.SIGKILL)
+        self._save()
+
+    def step(self) -> None:
+        """One heartbeat: check processes, ship output, report, act on the answer."""
+        self._poll()
+        self._ship_logs()
+        reported = list(self.tasks.values())
+        answer = self._post(
+            "heartbeat/",
+            {
+                "tasks": [
+                    {
+                        "id": t.id,
+                        "attempt": t.attempt,
+                        "state": t.state,
+                        "exit_code": t.exit_code,
+                        "message": t.message,
+                    }
+                    for t in reported
+                ],
+                "usage": {"load": os.getloadavg()[0], "tasks": len(self.tasks)},
+            },
+            f"Node {self.token}",
+        )
+        self.interval = float(answer.get("heartbeat_interval", self.interval))
+        for task in reported:
+            if task.state != "Running":
+                task.reported_final = True
+        for order in answer.get("kill", []):
+            target = self.tasks.get(int(order["id"]))
+            if target is not None and target.attempt == int(order["attempt"]):
+                self.kill(target, float(order.get("grace_seconds", self.grace)))
+        for order in answer.get("start", []):
+            self.start(order)
+        # Forget what the server has been told is over and whose output is all shipped.
+        for task in list(self.tasks.values()):
+            if task.reported_final and task.shipped >= _size(task.output):
+                del self.tasks[task.id]
+        self._save()
+
+    # --- processes -------------------------------------------------------------------
+
+    def start(self, order: dict[str, Any]) -> None:
+        task_id, attempt = int(order["id"]), int(order["attempt"])
+        current = self.tasks.get(task_id)
+        if current is not None and current.attempt == attempt:
+            return  # already running: a start message repeated until we report it
+        directory = self.work_dir / f"task-{task_id}-{attempt}"
+        directory.mkdir(parents=True, exist_ok=True)
+        output = open(directory / "output.log", "ab")  # noqa: SIM115 - the child keeps it
+        env = {**os.environ, **{k: str(v) for k, v in order.get("env", {}).items()}}
+        try:
+            proc = subprocess.Popen(
+                [
+                    "/bin/sh",
+                    "-c",
+                    WRAPPER,
+                    "berth-task",
+                    order["command"],
+                    str(directory / "exit_code"),
+                ],  # fmt: skip
+                cwd=directory,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, killed as a whole
+            )
+        finally:
+            output.close()
+        self.tasks[task_id] = RunningTask(task_id, attempt, proc.pid, str(directory), proc=proc)
+        log.info("started task %s (attempt %s) as pid %s", task_id, attempt, proc.pid)
+
+    def kill(self, task: RunningTask, grace: float) -> None:
+        if task.state != "Running" or task.killed:
+            return
+        task.killed = True
+        task.kill_at = time.monotonic() + grace
+        self._signal(task, signal.SIGTERM)
+
+    def _signal(self, task: RunningTask, sig: int) -> None:
+        try:
+            os.killpg(task.pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            log.warning("not allowed to signal task %s (pid %s)", task.id, task.pid)
+
+    def _poll(self) -> None:
+        for task in self.tasks.values():
+            if task.state != "Running":
+                continue
+            code = self._exit_code(task)
+            if code is None:
+                if task.kill_at is not None and time.monotonic() >= task.kill_at:
+                    self._signal(task, signal.SIGKILL)
+                    task.kill_at = None
+                continue
+            task.exit_code = code
+            if task.killed:
+                task.state = "Killed"
+                task.message = "stopped on the server's request"
+            else:
+                task.state = "Succeeded" if code == 0 else "Failed"
+            # Nothing of the group may outlive the task (a child left in the background).
+            self._signal(task, signal.SIGKILL)
+
+    def _exit_code(self, task: RunningTask) -> int | None:
+        if task.proc is not None:
+            code = task.proc.poll()
+            if code is None:
+                return None
+            return int(code) if code >= 0 else 128 - int(code)
+        # Adopted after a restart: not our child; the wrapper's exit file tells.
+        if _alive(task.pid):
+            return None
+        try:
+            return int(task.exit_file.read_text().strip())
+        except (OSError, ValueError):
+            task.message = "ended while the agent was down; exit code unknown"
+            return 137 if task.killed else -1
+
+    def _ship_logs(self) -> None:
+        for task in self.tasks.values():
+            size = _size(task.output)
+            while task.shipped < size:
+                with task.output.open("rb") as handle:
+                    handle.seek(task.shipped)
+                    chunk = handle.read(min(LOG_CHUNK, size - task.shipped))
+                if not chunk:
+                    break
+                self._post(
+                    f"tasks/{task.id}/log/",
+                    {"attempt": task.attempt, "offset": task.shipped,
+                     "data": chunk.decode(errors="replace")},
+                    f"Node {self.token}",
+                )  # fmt: skip
+                task.shipped += len(chunk)
+
+    # --- state file ------------------------------------------------------------------
+
+    def _save(self) -> None:
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        data = {
+            "name": self.name,
+            "token": self.token,
+            "server": self.server,
+            "tasks": [
+                {f.name: getattr(t, f.name) for f in fields(t) if f.name != "proc"}
+                for t in self.tasks.values()
+            ],
+        }
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.state_file)
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return
+        if data.get("name") != self.name or data.get("server") != self.server:
+            return
+        self.token = data.get("token", "")
+        for item in data.get("tasks", []):
+            task = RunningTask(**{k: v for k, v in item.items() if k != "kill_at"})
+            self.tasks[task.id] = task
+            if task.state == "Running":
+                log.info("re-adopted task %s (pid %s) after a restart", task.id, task.pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is gone for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

@@ -1,0 +1,59 @@
+"""manage.py run_simagent: many fake nodes in one process, for demos and benchmarks."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from scheduler.agent.runtime import parse_labels
+from scheduler.agent.sim import SimCluster
+from scheduler.core.quantity import parse_cpu, parse_memory
+
+
+class Command(BaseCommand):
+    help = (
+        "Run N fake nodes in one process over the agent protocol. A task 'runs' for"
+        " BERTH_SIM_DURATION seconds from its env (default: half its walltime, or 1 s) and"
+        " exits with BERTH_SIM_EXIT (default 0)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--server", required=True)
+        parser.add_argument("--join-token", required=True)
+        parser.add_argument("--nodes", type=int, required=True, help="how many fake nodes")
+        parser.add_argument("--gpus", type=int, default=0, help="GPUs per node")
+        parser.add_argument("--cpu", default="8", help="cpu per node, e.g. 64 or 500m")
+        parser.add_argument("--memory", default="64Gi", help="memory per node, e.g. 512Gi")
+        parser.add_argument("--prefix", default="sim", help="node names: PREFIX-0000, ...")
+        parser.add_argument("--labels", default="", help="labels of every node, k=v,k=v")
+        parser.add_argument("--workers", type=int, default=8, help="concurrent HTTP requests")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["nodes"] < 1:
+            raise CommandError("--nodes: must be at least 1")
+        if options["gpus"] < 0 or options["workers"] < 1:
+            raise CommandError("--gpus must be 0 or more and --workers at least 1")
+        try:
+            cpu = parse_cpu(options["cpu"])
+            memory = parse_memory(options["memory"])
+            labels = parse_labels(options["labels"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        cluster = SimCluster(
+            options["server"], options["join_token"], options["nodes"], options["gpus"], cpu,
+            memory, prefix=options["prefix"], labels=labels, workers=options["workers"],
+        )  # fmt: skip
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        cluster.run(stop)

@@ -1,0 +1,136 @@
+"""A real cluster for end-to-end tests: a live server, `run_scheduler` and `run_agent` as
+separate processes on the PostgreSQL test database, jobs submitted over REST."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from rest_framework.authtoken.models import Token
+
+from scheduler.models import Queue
+
+ROOT = Path(__file__).resolve().parents[2]
+JOIN_TOKEN = "e2e-join-token"
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll `check` until it returns something truthy; fail with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+@dataclass
+class Cluster:
+    url: str
+    env: dict[str, str]
+    tmp: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def _start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def scheduler(self, name: str = "scheduler", interval: float = 0.2) -> subprocess.Popen[bytes]:
+        return self._start(name, "run_scheduler", "--interval", str(interval))
+
+    def agent(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
+        work = self.tmp / f"agent-{name}"
+        return self._start(
+            f"agent-{name}",
+            "run_agent",
+            "--server",
+            self.url,
+            "--join-token",
+            JOIN_TOKEN,
+            "--name",
+            name,
+            "--work-dir",
+            str(work),
+            "--state-file",
+            str(work / "state.json"),
+            *extra,
+        )
+
+    def simagent(self, *args: str) -> subprocess.Popen[bytes]:
+        return self._start(
+            "simagent", "run_simagent", "--server", self.url, "--join-token", JOIN_TOKEN, *args
+        )
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def cluster(
+    transactional_db: None, live_server: Any, settings: Any, tmp_path: Path
+) -> Iterator[Cluster]:
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL: the agents and the scheduler share the test database")
+    # Transactional tests flush every table, the migration's default queue too.
+    Queue.objects.get_or_create(name="default")
+    settings.BERTH_JOIN_TOKEN = JOIN_TOKEN
+    settings.BERTH_HEARTBEAT_INTERVAL = 0.2
+    settings.BERTH_KILL_GRACE_SECONDS = 1.0
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DATABASE_URL": (
+            f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        ),
+        "BERTH_SECRET_KEY": "e2e",
+        "BERTH_SCHEDULER_INTERVAL": "0.2",
+        "BERTH_HEARTBEAT_INTERVAL": "0.2",
+        "BERTH_HEARTBEAT_TIMEOUT": "3",
+        "BERTH_KILL_GRACE_SECONDS": "1",
+        "BERTH_DATA_DIR": str(tmp_path / "data"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("BERTH_TEST_DB_NAME", None)
+    c = Cluster(url=live_server.url, env=env, tmp=tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()
+        # Let the live server's threads finish before the test database is flushed.
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def token(owner: Any) -> str:
+    return Token.objects.create(user=owner).key
