@@ -26,8 +26,10 @@ from typing import Any
 
 log = logging.getLogger("berth.agent")
 VERSION = "berth-agent/1"
-# $1 is the command, $2 the file that receives its exit code.
-WRAPPER = '/bin/sh -c "$1"; code=$?; echo "$code" > "$2"; exit "$code"'
+# $1 is the command, $2 the file that receives its exit code. The wrapper outlives a SIGTERM
+# (a handler, unlike an ignored signal, is not inherited: the command still gets SIGTERM) so
+# that the command has its grace period and its exit code is recorded.
+WRAPPER = 'trap ":" TERM; /bin/sh -c "$1"; code=$?; echo "$code" > "$2"; exit "$code"'
 LOG_CHUNK = 60 * 1024
 
 
@@ -171,7 +173,7 @@ class Agent:
             "register/",
             {
                 "name": self.name,
-                "cpu": cpu,
+                "cpu": f"{cpu}m",  # the protocol reads cpu as users write it
                 "memory": memory,
                 "labels": self.labels,
                 "devices": discover_gpus(self.fake_gpus, self.name),

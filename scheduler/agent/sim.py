@@ -67,7 +67,7 @@ class SimCluster:
             "register/",
             {
                 "name": node.agent.name,
-                "cpu": node.cpu,
+                "cpu": f"{node.cpu}m",
                 "memory": node.memory,
                 "labels": node.agent.labels,
                 "devices": [
