@@ -31,6 +31,14 @@ class CycleReport:
     counts: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
 
+    @property
+    def busy(self) -> bool:
+        """Did the cycle change anything (or fail somewhere)?"""
+        c = self.counts
+        keys = ("requests", "placed", "backfilled", "preempted", "reclaimed", "pipelined",
+                "stale", "jobs_changed", "ttl_deleted")  # fmt: skip
+        return bool(self.errors) or any(c[k] for k in keys)
+
     def line(self) -> str:
         phases = " ".join(f"{k}={v * 1000:.1f}ms" for k, v in self.durations.items())
         c = self.counts

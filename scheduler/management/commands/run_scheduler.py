@@ -71,8 +71,11 @@ class Command(BaseCommand):
             lock.release()
 
 
-def run_loop(lock: LeaderLock, interval: float, stop: threading.Event) -> None:
-    """Lead when the lock is ours, else wait as a standby; one cycle per interval."""
+def run_loop(
+    lock: LeaderLock, interval: float, stop: threading.Event, log_idle: bool = True
+) -> None:
+    """Lead when the lock is ours, else wait as a standby; one cycle per interval.
+    With `log_idle` off, only cycles that changed something are logged."""
     leading = False
     while not stop.is_set():
         started = time.monotonic()
@@ -89,7 +92,8 @@ def run_loop(lock: LeaderLock, interval: float, stop: threading.Event) -> None:
             continue
         try:
             report = run_cycle_once()
-            log.info(report.line())
+            if log_idle or report.busy:
+                log.info(report.line())
         except Exception:  # a crash in one cycle is logged; the loop goes on
             log.exception("scheduler cycle failed")
         finally:
