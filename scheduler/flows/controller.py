@@ -1,0 +1,173 @@
+"""The flow controller: run in every scheduler cycle, it moves each active flow forward.
+
+Everything is read through the flow's own foreign keys (flow.steps, flow.jobs), never by name,
+template or label, so two flows made from the same templates never see each other's jobs and
+one's finished jobs can never end the other early (Volcano JobFlow's bug).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from django.db import transaction
+from django.utils import timezone
+
+from scheduler import notify
+from scheduler.events import record
+from scheduler.flows.graph import ACTIVE, JobView, Plan, StepView, plan
+from scheduler.lifecycle import terminate_job
+from scheduler.models import Flow, FlowStep, Job
+from scheduler.specs import SpecError, step_job_spec
+from scheduler.states import FlowState, JobState
+from scheduler.submit import submit_job
+
+log = logging.getLogger("berth.flows")
+HELD = "waiting for a parallelism slot"
+
+
+def reconcile_flows() -> int:
+    """One pass over active flows; returns how many changed. A failure in one flow is
+    logged and the other flows are still reconciled."""
+    changed = 0
+    ids = Flow.objects.filter(state__in=(FlowState.PENDING, FlowState.RUNNING)).values_list(
+        "id", flat=True
+    )
+    for flow_id in list(ids):
+        try:
+            with transaction.atomic():
+                if reconcile_flow(flow_id):
+                    changed += 1
+        except Exception:
+            log.exception("reconciling flow %s failed", flow_id)
+    return changed
+
+
+def _job_name(flow: Flow, step: FlowStep, item: int | None) -> str:
+    base = f"{flow.name}-{step.name}"
+    suffix = f"-{item}" if item is not None else ""
+    return (base[: 63 - len(suffix)].rstrip("-_.") + suffix) or f"flow-{flow.pk}"
+
+
+def reconcile_flow(flow_id: int) -> bool:
+    flow = Flow.objects.select_for_update().filter(pk=flow_id).first()
+    if flow is None or flow.state not in (FlowState.PENDING, FlowState.RUNNING):
+        return False
+    now = timezone.now()
+    steps = list(flow.steps.select_related("template").order_by("position"))
+    jobs = list(flow.jobs.only("id", "step_id", "item_index", "state", "hold_reason", "name",
+                               "message", "created_at").order_by("id"))  # fmt: skip
+    by_step: dict[int, list[Job]] = defaultdict(list)
+    for job in jobs:
+        by_step[job.step_id or 0].append(job)
+    views = [
+        StepView(
+            name=s.name,
+            depends_on=list(s.depends_on),
+            fan_out=len(s.items) if s.items else 1,
+            jobs=[JobView(j.pk, j.item_index or 0, j.state) for j in by_step[s.pk]],
+            state=s.state,
+        )
+        for s in steps
+    ]
+    decision = plan(views, fail_fast=flow.fail_fast, cancel=flow.cancel_requested)
+    changed = False
+    if flow.state == FlowState.PENDING:
+        flow.state, flow.started_at = FlowState.RUNNING, now
+        record("FlowStateChanged", "Started", "Pending -> Running", flow=flow)
+        changed = True
+
+    if decision.stop_all:
+        reason = "FlowCancelled" if flow.cancel_requested else "FlowFailFast"
+        why = "flow cancelled" if flow.cancel_requested else _failure_text(decision, jobs)
+        for job in jobs:
+            if job.state in ACTIVE and job.state != JobState.TERMINATING:
+                terminate_job(
+                    Job.objects.select_for_update().get(pk=job.pk),
+                    final_state=JobState.CANCELLED,
+                    reason=reason,
+                    message=f"stopped: {why}",
+                    now=now,
+                )
+        changed = True
+
+    step_by_name = {s.name: s for s in steps}
+    for step_name, item in decision.create:
+        step = step_by_name[step_name]
+        item_env = step.items[item] if step.items else None
+        try:
+            spec = step_job_spec(
+                step.template.spec, step.overrides, item_env,
+                name=_job_name(flow, step, item if step.items else None),
+            )  # fmt: skip
+            submit_job(
+                flow.owner, spec, flow=flow, step=step, template=step.template,
+                item_index=item if step.items else None, hold_reason=HELD,
+            )  # fmt: skip
+        except SpecError as exc:
+            # The template and overrides make no valid job: the step fails as a job would.
+            step.state, step.message = "Failed", f"cannot make its job: {exc}"
+            step.save(update_fields=["state", "message"])
+            record("StepStateChanged", "InvalidJobSpec", step.message, flow=flow)
+            flow.state, flow.finished_at = FlowState.FAILED, now
+            flow.reason, flow.message = "InvalidJobSpec", f"step {step.name}: {exc}"
+            break
+        changed = True
+
+    if flow.state == FlowState.RUNNING:
+        changed |= _release_holds(flow)
+        for step in steps:
+            new = decision.steps[step.name]
+            if step.state != new:
+                record("StepStateChanged", new, f"step {step.name}: {step.state} -> {new}",
+                       flow=flow)  # fmt: skip
+                step.state = new
+                step.save(update_fields=["state"])
+                changed = True
+        if decision.state is not None:
+            flow.state = decision.state
+            flow.finished_at = now
+            flow.reason = {"Succeeded": "Completed", "Failed": "StepFailed",
+                           "Cancelled": "Cancelled"}[decision.state]  # fmt: skip
+            flow.message = (
+                _failure_text(decision, jobs) if decision.state == FlowState.FAILED
+                else "all steps succeeded" if decision.state == FlowState.SUCCEEDED
+                else "cancelled by user"
+            )  # fmt: skip
+            record("FlowStateChanged", flow.reason, f"Running -> {flow.state}: {flow.message}",
+                   flow=flow)  # fmt: skip
+            changed = True
+    if changed:
+        flow.save()
+        notify.changed(flows=[flow.pk], jobs=[j.pk for j in jobs])
+    return changed
+
+
+def _failure_text(decision: Plan, jobs: list[Job]) -> str:
+    failed = decision.failed
+    if failed is None:
+        return "a step failed"
+    step_name, view = failed
+    job = next((j for j in jobs if j.pk == view.id), None)
+    name = job.name if job else str(view.id)
+    detail = f": {job.message}" if job and job.message else ""
+    return f"step {step_name} job {name} (id {view.id}) failed{detail}"
+
+
+def _release_holds(flow: Flow) -> bool:
+    """Let held jobs go while the flow has fewer active jobs than its parallelism."""
+    active = Job.objects.filter(flow=flow, state__in=ACTIVE)
+    held = list(active.exclude(hold_reason="").order_by("id"))
+    if not held:
+        return False
+    limit = flow.parallelism
+    running = active.filter(hold_reason="").count()
+    slots = len(held) if limit is None else max(0, limit - running)
+    release = [j.pk for j in held[:slots]]
+    if release:
+        Job.objects.filter(pk__in=release).update(hold_reason="")
+    waiting = held[slots:]
+    if waiting and limit is not None:
+        text = f"waiting for a parallelism slot ({running + len(release)}/{limit} active in flow {flow.name})"  # noqa: E501
+        Job.objects.filter(pk__in=[j.pk for j in waiting]).update(hold_reason=text)
+    return bool(release)
