@@ -1,5 +1,12 @@
 from __future__ import annotations
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-websocket_urlpatterns: list[URLPattern] = []
+from dashboard import consumers
+
+websocket_urlpatterns: list[URLPattern] = [
+    path("ws/cluster/", consumers.ClusterConsumer.as_asgi()),
+    path("ws/jobs/", consumers.JobListConsumer.as_asgi()),
+    path("ws/jobs/<int:job_id>/", consumers.JobConsumer.as_asgi()),
+    path("ws/flows/<int:flow_id>/", consumers.FlowConsumer.as_asgi()),
+]

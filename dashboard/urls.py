@@ -1,5 +1,20 @@
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from django.urls import path
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from dashboard import views
+
+app_name = "dashboard"
+urlpatterns = [
+    path("", views.cluster, name="cluster"),
+    path("jobs/", views.jobs, name="jobs"),
+    path("jobs/<int:job_id>/", views.job, name="job"),
+    path("jobs/<int:job_id>/<str:action>/", views.job_action, name="job-action"),
+    path("flows/", views.flows, name="flows"),
+    path("flows/<int:flow_id>/", views.flow, name="flow"),
+    path("flows/<int:flow_id>/cancel/", views.flow_cancel, name="flow-cancel"),
+    path("queues/", views.queues, name="queues"),
+    path("nodes/", views.nodes, name="nodes"),
+    path("nodes/<str:name>/<str:action>/", views.node_action, name="node-action"),
+    path("submit/", views.submit, name="submit"),
+]

@@ -1,0 +1,201 @@
+"""The pages. One function view per page; an htmx request gets only the fragment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from dashboard import queries
+from scheduler import operations
+from scheduler.models import Flow, Job, JobTemplate, Node, Queue
+from scheduler.specs import SpecError
+from scheduler.states import JobState
+from scheduler.submit import create_flow, submit_job
+
+PAGE = 50
+
+
+def _htmx(request: HttpRequest) -> bool:
+    """Is this an htmx request? (django-htmx's middleware sets request.htmx)"""
+    return bool(getattr(request, "htmx", False))
+
+
+def _job_for_user(request: HttpRequest, job_id: int) -> Job:
+    """The job if the user may see it; 404 otherwise (never 403: nothing leaks)."""
+    jobs = Job.objects.visible_to(request.user).select_related("owner", "queue", "flow", "step")
+    return get_object_or_404(jobs, pk=job_id)
+
+
+def _flow_for_user(request: HttpRequest, flow_id: int) -> Flow:
+    return get_object_or_404(Flow.objects.visible_to(request.user).select_related("owner"),
+                             pk=flow_id)  # fmt: skip
+
+
+@login_required
+def cluster(request: HttpRequest) -> HttpResponse:
+    context = {"cards": queries.node_cards(), "summary": queries.cluster_summary()}
+    return render(request, "dashboard/cluster.html", context)
+
+
+@login_required
+def jobs(request: HttpRequest) -> HttpResponse:
+    """Newest first, keyset-paginated by id so a page costs the same at 100,000 jobs."""
+    rows = Job.objects.visible_to(request.user).select_related("owner", "queue", "flow")
+    filters = {k: request.GET.get(k, "").strip() for k in ("state", "queue", "owner", "flow", "q")}
+    if filters["state"]:
+        rows = rows.filter(state=filters["state"])
+    if filters["queue"]:
+        rows = rows.filter(queue__name=filters["queue"])
+    if filters["owner"]:
+        rows = rows.filter(owner__username=filters["owner"])
+    if filters["flow"].isdigit():
+        rows = rows.filter(flow_id=int(filters["flow"]))
+    if filters["q"]:
+        q = filters["q"]
+        rows = rows.filter(pk=int(q)) if q.isdigit() else rows.filter(name__icontains=q)
+    before = request.GET.get("before", "")
+    if before.isdigit():
+        rows = rows.filter(pk__lt=int(before))
+    page = list(rows.order_by("-id")[: PAGE + 1])
+    context = {
+        "jobs": page[:PAGE], "filters": filters, "states": JobState.values,
+        "queues": Queue.objects.values_list("name", flat=True),
+        "next_before": page[PAGE - 1].pk if len(page) > PAGE else None,
+    }  # fmt: skip
+    template = "dashboard/jobs.html#jobs-table" if _htmx(request) else "dashboard/jobs.html"
+    return render(request, template, context)
+
+
+@login_required
+def job(request: HttpRequest, job_id: int) -> HttpResponse:
+    return render(request, "dashboard/job.html", queries.job_detail(_job_for_user(request, job_id)))
+
+
+@login_required
+@require_POST
+def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
+    the_job = _job_for_user(request, job_id)
+    if action == "resubmit":
+        new = operations.resubmit_job(the_job, request.user)
+        return _go(request, reverse("dashboard:job", args=[new.pk]))
+    if action not in ("cancel", "suspend", "resume"):
+        raise PermissionDenied(f"unknown action {action}")
+    error = ""
+    try:
+        operations.request_job_action(the_job, action, request.user)
+    except operations.OperationError as exc:
+        error = str(exc)
+    context = queries.job_detail(_job_for_user(request, job_id))
+    context["action_error"] = error
+    if _htmx(request):
+        return render(request, "dashboard/job.html#job-header", context)
+    return redirect("dashboard:job", job_id=job_id)
+
+
+@login_required
+def flows(request: HttpRequest) -> HttpResponse:
+    rows = Flow.objects.visible_to(request.user).select_related("owner").order_by("-id")[:200]
+    return render(request, "dashboard/flows.html", {"flows": rows})
+
+
+@login_required
+def flow(request: HttpRequest, flow_id: int) -> HttpResponse:
+    context = queries.flow_detail(_flow_for_user(request, flow_id))
+    return render(request, "dashboard/flow.html", context)
+
+
+@login_required
+@require_POST
+def flow_cancel(request: HttpRequest, flow_id: int) -> HttpResponse:
+    the_flow = _flow_for_user(request, flow_id)
+    try:
+        operations.request_flow_cancel(the_flow, request.user)
+    except operations.OperationError:
+        pass
+    return _go(request, reverse("dashboard:flow", args=[flow_id]))
+
+
+@login_required
+def queues(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/queues.html", {"summary": queries.cluster_summary()})
+
+
+@login_required
+def nodes(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/nodes.html", {"cards": queries.node_cards()})
+
+
+@login_required
+@require_POST
+def node_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
+    if not request.user.is_staff:
+        raise PermissionDenied("only staff may cordon, uncordon or drain nodes")
+    actions = {"cordon": operations.cordon_node, "uncordon": operations.uncordon_node,
+               "drain": operations.drain_node}  # fmt: skip
+    if action not in actions:
+        raise PermissionDenied(f"unknown action {action}")
+    actions[action](get_object_or_404(Node, name=name), request.user)
+    return _go(request, reverse("dashboard:nodes"))
+
+
+def _go(request: HttpRequest, url: str) -> HttpResponse:
+    if _htmx(request):
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = url
+        return response
+    return redirect(url)
+
+
+def _prefill(kind: str, template: JobTemplate | None) -> str:
+    if kind == "flow":
+        step = template.name if template else "my-template"
+        spec: dict[str, Any] = {"name": "my-sweep", "parallelism": 2, "fail_fast": True,
+                                "steps": [{"name": "train", "template": step,
+                                           "items": [{"LR": "0.1"}, {"LR": "0.01"}]}]}  # fmt: skip
+    elif template is not None:
+        spec = {"name": template.name, **template.spec}
+    else:
+        spec = {"name": "hello", "tasks": [{"name": "main", "command": "echo hello; sleep 5",
+                                            "resources": {"cpu": 1, "memory": "1Gi"}}]}  # fmt: skip
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+@login_required
+def submit(request: HttpRequest) -> HttpResponse:
+    kind = request.POST.get("kind") or request.GET.get("kind") or "job"
+    kind = "flow" if kind == "flow" else "job"
+    templates = JobTemplate.objects.order_by("name")
+    errors: dict[str, list[str]] = {}
+    text = ""
+    if request.method == "POST":
+        text = request.POST.get("spec", "")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            errors = {"yaml": [f"not valid YAML: {exc}"]}
+        else:
+            try:
+                if kind == "flow":
+                    new_flow = create_flow(request.user, data)
+                    return _go(request, reverse("dashboard:flow", args=[new_flow.pk]))
+                new_job = submit_job(request.user, data)
+                return _go(request, reverse("dashboard:job", args=[new_job.pk]))
+            except SpecError as exc:
+                errors = exc.errors
+    else:
+        chosen = templates.filter(name=request.GET.get("template", "")).first()
+        text = _prefill(kind, chosen)
+    context = {"kind": kind, "templates": templates, "text": text, "errors": errors,
+               "chosen": request.GET.get("template", "")}  # fmt: skip
+    if _htmx(request) and request.method == "POST":
+        return render(request, "dashboard/submit.html#submit-form", context, status=400)
+    if _htmx(request):
+        return render(request, "dashboard/submit.html#submit-form", context)
+    return render(request, "dashboard/submit.html", context, status=400 if errors else 200)
