@@ -194,8 +194,7 @@ def submit(request: HttpRequest) -> HttpResponse:
         text = _prefill(kind, chosen)
     context = {"kind": kind, "templates": templates, "text": text, "errors": errors,
                "chosen": request.GET.get("template", "")}  # fmt: skip
-    if _htmx(request) and request.method == "POST":
-        return render(request, "dashboard/submit.html#submit-form", context, status=400)
     if _htmx(request):
+        # htmx swaps only 2xx responses: the form comes back with its errors inline.
         return render(request, "dashboard/submit.html#submit-form", context)
     return render(request, "dashboard/submit.html", context, status=400 if errors else 200)
