@@ -39,16 +39,17 @@ def _send(group: str, html: str) -> None:
 def publish(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable[int] = ()) -> None:
     job_ids, flow_ids, node_ids = set(jobs), set(flows), set(nodes)
     for job in Job.objects.filter(pk__in=job_ids).select_related("owner", "queue", "flow", "step"):
-        detail = queries.job_detail(job)
+        detail = queries.job_detail(job, with_logs=False)
         _send(f"job-{job.pk}", render_to_string("dashboard/job.html#job-live", detail))
         row = render_to_string("dashboard/jobs.html#job-row", {"job": job, "oob": True})
         _send(f"jobs-{job.owner_id}", row)
         _send("jobs-staff", row)
         if job.flow_id:
             flow_ids.add(job.flow_id)
-        node_ids.update(
-            Task.objects.filter(job=job).exclude(node=None).values_list("node_id", flat=True)
-        )
+
+    node_ids.update(
+        Task.objects.filter(job_id__in=job_ids).exclude(node=None).values_list("node_id", flat=True)
+    )
     for flow in Flow.objects.filter(pk__in=flow_ids).select_related("owner"):
         _send(f"flow-{flow.pk}", render_to_string("dashboard/flow.html#flow-live",
                                                   queries.flow_detail(flow)))  # fmt: skip

@@ -88,15 +88,18 @@ def cluster_summary() -> dict[str, Any]:
             "queues": queues}  # fmt: skip
 
 
-def job_detail(job: Job) -> dict[str, Any]:
+def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
     tasks = list(job.tasks.select_related("node").prefetch_related(
         Prefetch("allocations", queryset=Allocation.objects.select_related("device"))
     ).order_by("group", "index"))  # fmt: skip
     for task in tasks:
         task.device_list = ",".join(str(a.device.index) for a in task.allocations.all())  # type: ignore[attr-defined]
-        task.log_text = "".join(  # type: ignore[attr-defined]
-            task.logs.filter(attempt=task.attempt).order_by("offset").values_list("data", flat=True)
-        )[-20000:]
+        if with_logs:  # the output pane is rendered once; pushes append to it
+            task.log_text = "".join(  # type: ignore[attr-defined]
+                task.logs.filter(attempt=task.attempt)
+                .order_by("offset")
+                .values_list("data", flat=True)
+            )[-20000:]
     reasons = list(job.pending_reasons or [])
     if job.hold_reason:
         reasons.insert(0, job.hold_reason)

@@ -294,6 +294,8 @@ def _sync_job(job: Job, tasks: list[Task], now: datetime) -> bool:
         return True
 
     if all(t.state == TaskState.SUCCEEDED for t in tasks):
+        if job.started_at is None:  # it ran and ended between two cycles
+            job.started_at = min((t.started_at for t in tasks if t.started_at), default=None)
         _set_state(job, JobState.SUCCEEDED, "Completed", "all tasks succeeded", now)
         job.save()
         return True

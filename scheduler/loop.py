@@ -17,7 +17,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from scheduler import lifecycle, store
+from scheduler import lifecycle, notify, store
 from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulerConfig
 
@@ -91,8 +91,15 @@ def _flows_ttl() -> Any:
 
 
 def run_cycle_once(config: SchedulerConfig | None = None) -> CycleReport:
-    """One full cycle. Returns what it did, for the log line and for tests."""
+    """One full cycle. Returns what it did, for the log line and for tests. Everything the
+    cycle changed is published once, at its end."""
     report = CycleReport()
+    with notify.batch():
+        _cycle(report, config)
+    return report
+
+
+def _cycle(report: CycleReport, config: SchedulerConfig | None) -> None:
     config = config or SchedulerConfig()
     # User requests first, so a cancel or suspend takes effect before placement.
     report.counts["requests"] = _phase(report, "requests", lifecycle.process_requests) or 0
@@ -120,4 +127,3 @@ def run_cycle_once(config: SchedulerConfig | None = None) -> CycleReport:
     report.counts["ttl_deleted"] += _phase(report, "ttl", _flows_ttl) or 0
     # A flow whose last job just finished is closed in this cycle, not the next one.
     _phase(report, "flows", _flows_reconcile)
-    return report

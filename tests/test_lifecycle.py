@@ -23,10 +23,12 @@ def test_it_marks_a_job_succeeded_when_all_tasks_succeed(owner):
     for task in job.tasks.all():
         finish_task(task, TaskState.SUCCEEDED, 0)
 
+    Job.objects.filter(pk=job.pk).update(state=JobState.PENDING, started_at=None)
     assert lifecycle.sync_jobs() == 1
     job.refresh_from_db()
     assert job.state == JobState.SUCCEEDED
     assert job.finished_at is not None
+    assert job.started_at is not None  # it ran between two cycles: it still has a start
     assert Event.objects.filter(job=job, kind="JobStateChanged", reason="Completed").exists()
 
 
