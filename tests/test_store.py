@@ -24,7 +24,7 @@ def test_it_places_a_job_on_a_node_with_its_devices(owner):
     report = run_cycle_once()
     task = Task.objects.get(job=job)
     assert task.state == TaskState.ASSIGNED
-    assert task.node.name == "gpu-1"
+    assert task.node_id == Node.objects.get(name="gpu-1").pk
     assert sorted(Allocation.objects.filter(task=task).values_list("device__index", flat=True)) == [
         0,
         1,
