@@ -187,6 +187,12 @@ async def _scenario(url: str, agent: FakeAgent, alice: User, bobs: Flow) -> None
         await page.screenshot(path=str(SHOTS / "jobs.png"))
         await page.goto(f"{url}/nodes/")
         await page.screenshot(path=str(SHOTS / "nodes.png"))
+        await page.goto(f"{url}/flows/")
+        await expect(page.locator("table.list")).to_contain_text("sweep")
+        await page.screenshot(path=str(SHOTS / "flows.png"))
+        await page.goto(f"{url}/queues/")
+        await expect(page.locator("table.list")).to_contain_text("default")
+        await page.screenshot(path=str(SHOTS / "queues.png"))
 
         # Another user's flow: the page is 404 and its socket is refused.
         response = await page.goto(f"{url}/flows/{bobs.pk}/")
