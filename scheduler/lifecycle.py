@@ -97,13 +97,7 @@ def terminate_job(
 def _restart(job: Job, now: datetime) -> None:
     """Put every task back to Pending under a new attempt; the job is a candidate again."""
     for task in job.tasks.all():
-        task.attempt += 1
-        task.state = TaskState.PENDING
-        task.node = None
-        task.exit_code = None
-        task.kill_requested = False
-        task.assigned_at = task.started_at = task.finished_at = None
-        task.save()
+        _fresh_attempt(task)
     job.retries += 1
     job.terminal_state = ""
     job.started_at = None
@@ -128,13 +122,19 @@ def _reset_stopped_tasks(job: Job) -> None:
     """After a suspension: the tasks start afresh (new attempt) when the job runs again."""
     stopped = job.tasks.exclude(state=TaskState.PENDING).exclude(state__in=TASK_ON_NODE)
     for task in stopped:
-        task.attempt += 1
-        task.state = TaskState.PENDING
-        task.node = None
-        task.exit_code = None
-        task.kill_requested = False
-        task.assigned_at = task.started_at = task.finished_at = None
-        task.save()
+        _fresh_attempt(task)
+
+
+def _fresh_attempt(task: Task) -> None:
+    """The task waits to run again as a new attempt (an agent still reporting the old attempt
+    is told to kill it)."""
+    task.attempt += 1
+    task.state = TaskState.PENDING
+    task.node = None
+    task.exit_code = None
+    task.kill_requested = False
+    task.assigned_at = task.started_at = task.finished_at = None
+    task.save()
 
 
 # --- 1. requests users made (cancel, suspend, resume) -------------------------------------

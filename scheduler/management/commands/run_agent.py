@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scheduler.agent.runtime import Agent, parse_labels
+from scheduler.management.stopping import stop_on_signals
 
 log = logging.getLogger("berth.agent")
 
@@ -57,11 +55,5 @@ class Command(BaseCommand):
             state_file=options["state_file"],
             kill_on_exit=options["kill_on_exit"],
         )
-        stop = threading.Event()
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        stop = stop_on_signals()
         agent.run(stop)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -14,6 +12,7 @@ from django.db import close_old_connections
 
 from scheduler.leader import LeaderLock, leader_lock
 from scheduler.loop import run_cycle_once
+from scheduler.management.stopping import stop_on_signals
 
 log = logging.getLogger("berth.scheduler")
 
@@ -50,14 +49,7 @@ class Command(BaseCommand):
         from django.conf import settings
 
         interval = options["interval"] or settings.BERTH_SCHEDULER_INTERVAL
-        stop = threading.Event()
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            log.info("signal %s: finishing the current cycle", signum)
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        stop = stop_on_signals()
         lock = leader_lock()
         try:
             if options["once"]:

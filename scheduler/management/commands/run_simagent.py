@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -13,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from scheduler.agent.runtime import parse_labels
 from scheduler.agent.sim import SimCluster
 from scheduler.core.quantity import parse_cpu, parse_memory
+from scheduler.management.stopping import stop_on_signals
 
 
 class Command(BaseCommand):
@@ -49,11 +47,5 @@ class Command(BaseCommand):
             options["server"], options["join_token"], options["nodes"], options["gpus"], cpu,
             memory, prefix=options["prefix"], labels=labels, workers=options["workers"],
         )  # fmt: skip
-        stop = threading.Event()
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        stop = stop_on_signals()
         cluster.run(stop)
