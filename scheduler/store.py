@@ -86,13 +86,12 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
     # Candidates: pending jobs not held, and jobs suspended by preemption (they resume by
     # themselves). Holders: running and terminating jobs, and suspended jobs whose tasks
     # are still stopping.
+    wanted = Job.objects.filter(
+        Q(state=JobState.PENDING, hold_reason="")
+        | Q(state__in=(JobState.RUNNING, JobState.TERMINATING, JobState.SUSPENDED))
+    ).exclude(requested_action=JobRequest.CANCEL)
     jobs = list(
-        Job.objects.filter(
-            Q(state=JobState.PENDING, hold_reason="")
-            | Q(state__in=(JobState.RUNNING, JobState.TERMINATING, JobState.SUSPENDED))
-        )
-        .exclude(requested_action=JobRequest.CANCEL)
-        .select_related("queue")
+        wanted.select_related("queue")
         .only(
             "id",
             "name",
@@ -112,13 +111,11 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
         )
         .order_by("id")
     )
-    job_ids = [j.pk for j in jobs]
     tasks_by_job: dict[int, list[Task]] = defaultdict(list)
-    for task in (
-        Task.objects.filter(job__in=Job.objects.filter(pk__in=job_ids).values("pk"))
-        if len(job_ids) > 900
-        else Task.objects.filter(job_id__in=job_ids)
-    ).order_by("job_id", "group", "index"):
+    # The same job query as a subquery: one statement whatever the backlog's size.
+    for task in Task.objects.filter(job__in=wanted.values("pk")).order_by(
+        "job_id", "group", "index"
+    ):
         tasks_by_job[task.job_id].append(task)
     devices_by_task: dict[int, list[int]] = defaultdict(list)
     for task_id, index in Allocation.objects.order_by("device__index").values_list(
