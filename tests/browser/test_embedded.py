@@ -1,0 +1,83 @@
+"""The README's first command: `manage.py up` alone runs a job for real and the page follows it.
+
+Embedded defaults: SQLite, the in-memory channel layer, the scheduler loop and a local agent
+in the same process as the web server. Nothing is faked: the local agent runs the command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+
+
+def test_up_runs_a_job_and_the_page_follows_it_live(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "REDIS_URL", "BERTH_SECRET_KEY", "BERTH_TEST_DB_NAME",
+                        "DJANGO_SETTINGS_MODULE")}  # fmt: skip
+    env.update({"BERTH_DATA_DIR": str(tmp_path), "BERTH_SCHEDULER_INTERVAL": "0.3",
+                "BERTH_HEARTBEAT_INTERVAL": "0.3"})  # fmt: skip
+    log = open(tmp_path / "up.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port), "--fake-gpus", "1"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/accounts/login/", timeout=1)
+                break
+            except Exception:
+                assert proc.poll() is None, (tmp_path / "up.log").read_text()
+                assert time.monotonic() < deadline, "manage.py up did not start"
+                time.sleep(0.3)
+        password = (tmp_path / "admin_password").read_text().strip()
+        assert password in (tmp_path / "up.log").read_text()  # it printed the login
+        asyncio.run(_watch_a_job(url, password))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+        log.close()
+
+
+async def _watch_a_job(url: str, password: str) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
+        page = await browser.new_page()
+        await page.goto(f"{url}/accounts/login/")
+        await page.fill("input[name=username]", "admin")
+        await page.fill("input[name=password]", password)
+        await page.click("form.card button[type=submit]")
+        await expect(page.locator(".node-card")).to_have_count(1, timeout=15000)
+        await page.goto(f"{url}/submit/")
+        await page.fill("#spec", "name: embedded\ntasks:\n- name: main\n"
+                                 "  command: 'echo ran on GPU $CUDA_VISIBLE_DEVICES; sleep 2'\n"
+                                 "  resources: {cpu: 0.1, memory: 16Mi, gpu: 1}\n")  # fmt: skip
+        await page.click("#submit-form button[type=submit]")
+        await page.wait_for_url("**/jobs/*/")
+        badge = page.locator(".head .badge.big")
+        # No reload from here on: every change arrives over the websocket.
+        await expect(badge).to_have_text("Running", timeout=20000)
+        await expect(page.locator("pre.log")).to_contain_text("ran on GPU 0", timeout=20000)
+        await expect(badge).to_have_text("Succeeded", timeout=20000)
+        await browser.close()
