@@ -65,7 +65,14 @@ class PostgresLeaderLock:
 
     def release(self) -> None:
         if self._conn is not None and not self._conn.closed:
-            self._conn.close()  # closing the session frees its advisory locks
+            # Unlock explicitly: the server frees a closed session's locks only once it notices
+            # the disconnect, and a standby asking at once would still find the lock held. (A
+            # leader that dies frees it that way, a moment later.)
+            try:
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
+            except psycopg.Error:
+                pass
+            self._conn.close()
         self._conn = None
 
 

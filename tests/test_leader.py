@@ -31,7 +31,7 @@ def test_it_lets_only_one_postgres_session_lead():
         assert leader.still_held()
         assert not standby.try_acquire()
         assert not standby.still_held()
-        leader.release()  # the leader's session ends, as when its process dies
+        leader.release()  # a leader stepping down; one that dies is the e2e failover test
         assert standby.try_acquire()
         assert standby.still_held()
     finally:
