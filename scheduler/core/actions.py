@@ -77,13 +77,23 @@ def _in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[Job
 
 
 class _Memo:
-    """Shapes that did not fit, valid while free resources only shrink (within an action)."""
+    """Shapes that did not fit, valid while free resources only shrink (within an action).
+
+    A shape is (task resources, node selector, queue) of a job whose pending tasks are all
+    alike; the memo keeps how many such tasks could be placed at most, so a later job of the
+    same shape that needs more is refused with the same explanation without a scan. Plugin
+    predicates must depend on the task and node only (not on the job's identity) for this to
+    hold, as the default ones do.
+    """
 
     def __init__(self) -> None:
         self.max_placeable: dict[tuple[object, ...], tuple[int, Failure]] = {}
+        self.ever_fits: dict[tuple[object, ...], bool] = {}
 
     @staticmethod
     def shape(job: JobInfo, tasks: list[TaskInfo]) -> tuple[object, ...] | None:
+        if not tasks:
+            return None
         first = tasks[0]
         key = (first.resources, tuple(sorted(first.node_selector.items())), job.queue)
         if any(
@@ -96,8 +106,10 @@ class _Memo:
 def place(
     session: Session, job: JobInfo, action: str, memo: _Memo, fits: Fits | None = None
 ) -> Failure | None:
-    """Place the job's tasks all or nothing (at least `min_available` of them)."""
+    """Place the job's tasks all or nothing: the gang's `needed` tasks at once, the rest best
+    effort within the queue's capability, in one statement."""
     tasks = session.pending_tasks(job)
+    need = session.needed(job)
     queue = session.queues[job.queue]
     over = session.overused(queue, job)
     if over is not None:
@@ -105,27 +117,41 @@ def place(
     shape = _Memo.shape(job, tasks)
     if shape is not None and shape in memo.max_placeable:
         most, failure = memo.max_placeable[shape]
-        if job.min_available > most:
-            return failure
+        if need > most:
+            return _failure(session, job, failure.detail, failure.blocked_by_resources, most, memo)
+    cap = queue.info.capability
+    room = cap - queue.allocated if cap is not None else None
     statement = Statement(session)
     placed = 0
     first_miss: TaskInfo | None = None
     for task in tasks:
         if first_miss is not None and _same_shape(task, first_miss):
             continue  # resources only shrink: the same shape cannot fit now either
+        if placed >= need and room is not None and not task.resources.fits_in(room):
+            continue  # a task beyond the gang never takes the queue past its capability
         node = session.find_node(job, task, fits)
         if node is None:
             first_miss = first_miss or task
             continue
         statement.allocate(job, task, node)
+        if room is not None:
+            room = room - task.resources
         placed += 1
-    if first_miss is None or session.job_ready(job, placed):
+    if placed and (first_miss is None or session.job_ready(job, placed)):
         statement.commit(action)
         return None
-    assert first_miss is not None
+    if first_miss is None:
+        statement.discard()
+        return Failure(
+            "QueueCapability", f'queue "{queue.info.name}" at capability', False, placed
+        )
     # Explain while the gang's own placements still stand: that is the state it failed in.
-    failure = _failure(session, job, first_miss, placed)
+    detail, could_fit = session.explain(job, first_miss)
     statement.discard()
+    if need == 0:
+        # A running job's extra tasks: they never hold up other jobs.
+        return Failure("Unschedulable", detail, False, 0, detail)
+    failure = _failure(session, job, detail, could_fit, placed, memo)
     if shape is not None:
         memo.max_placeable[shape] = (placed, failure)
     return failure
@@ -135,15 +161,26 @@ def _same_shape(a: TaskInfo, b: TaskInfo) -> bool:
     return a.resources == b.resources and a.node_selector == b.node_selector
 
 
-def _failure(session: Session, job: JobInfo, task: TaskInfo, placed: int) -> Failure:
-    message, could_fit = session.explain(job, task)
-    if placed == 0 and job.min_available <= 1:
-        return Failure("Unschedulable", message, could_fit, placed)
+def _failure(
+    session: Session, job: JobInfo, detail: str, could_fit: bool, placed: int, memo: _Memo
+) -> Failure:
+    need = session.needed(job)
+    if placed == 0 and need <= 1:
+        return Failure("Unschedulable", detail, could_fit, placed, detail)
+    if could_fit:
+        key = (_Memo.shape(job, session.pending_tasks(job)), need)
+        ever = memo.ever_fits.get(key) if key[0] is not None else None
+        if ever is None:
+            ever = _gang_could_ever_fit(session, job)
+            if key[0] is not None:
+                memo.ever_fits[key] = ever
+        could_fit = ever
     return Failure(
         "GangUnschedulable",
-        f"gang: {placed}/{job.min_available} tasks placeable; {message}",
-        could_fit and _gang_could_ever_fit(session, job),
+        f"gang: {placed}/{need} tasks placeable; {detail}",
+        could_fit,
         placed,
+        detail,
     )
 
 
@@ -156,10 +193,10 @@ def _gang_could_ever_fit(session: Session, job: JobInfo) -> bool:
 def _simulate(
     session: Session, job: JobInfo, room: dict[str, Resources]
 ) -> dict[str, Resources] | None:
-    """First-fit the job's min_available pending tasks into `room`; the usage per node."""
+    """First-fit the job's gang (its `needed` pending tasks) into `room`; usage per node."""
     room = dict(room)
     used: dict[str, Resources] = {}
-    for task in session.pending_tasks(job)[: job.min_available]:
+    for task in session.pending_tasks(job)[: session.needed(job)]:
         for node in session.nodes:
             free = room.get(node.name)
             if free is None or not task.resources.fits_in(free):
@@ -202,7 +239,7 @@ def allocate(session: Session) -> None:
             session.set_pending(
                 job,
                 PendingInfo(
-                    "WaitingInOrder", f"waiting behind job {session.blocked.id} (first in order)"
+                    "WaitingInOrder", f"waiting for job {session.blocked.id} (first in order)"
                 ),
             )
 
@@ -340,6 +377,7 @@ class Reservation:
     job: JobInfo
     start: float | None  # None: resources held by jobs without walltime, start unknown
     spare: dict[str, Resources]  # per node: what the reserved job will not need at `start`
+    placed: bool = True  # False: it fits nowhere even once everything ends (nominated nodes)
 
 
 def backfill(session: Session) -> None:
@@ -390,7 +428,8 @@ def backfill(session: Session) -> None:
                         job,
                         PendingInfo(
                             "WaitingForReservation",
-                            f"would delay job {reservation.job.id}, which holds the reservation",
+                            f"waiting for job {reservation.job.id} (reservation):"
+                            " starting now would delay it",
                         ),
                     )
                     return
@@ -414,9 +453,13 @@ def place_ignoring_reservation(session: Session, job: JobInfo) -> bool:
 
 def _fits_around(session: Session, job: JobInfo, reservation: Reservation) -> Fits | None:
     """The extra test a backfilled job's tasks must pass so the reservation is not delayed."""
-    if reservation.start is None:
-        return None  # the reserved job waits on jobs without walltime: nothing to protect
-    if job.walltime is not None and session.now + job.walltime <= reservation.start:
+    if not reservation.placed:
+        return None  # the reserved job fits nowhere for now: nothing to protect
+    if (
+        reservation.start is not None
+        and job.walltime is not None
+        and session.now + job.walltime <= reservation.start
+    ):
         return None  # it ends before the reservation starts
     planned: dict[str, Resources] = {}
 
@@ -460,7 +503,7 @@ def _reserve(session: Session, job: JobInfo) -> None:
                     (max(session.now, task.started_at + running.walltime), node.name, release)
                 )
     ends.sort(key=lambda e: (e[0], e[1]))
-    need = job_request(job, session.pending_tasks(job)[: job.min_available])
+    need = job_request(job, session.pending_tasks(job)[: session.needed(job)])
     start: float | None = None
     placement: dict[str, Resources] | None = None
     total = Resources()
@@ -480,16 +523,41 @@ def _reserve(session: Session, job: JobInfo) -> None:
         if placement is not None:
             start = moment
             break
+    if placement is None:
+        # Some of what it needs is held by jobs without a walltime: the start is unknown,
+        # but the nodes it would take once everything ends are still kept for it.
+        for node in session.nodes:
+            if node.name in room:
+                for running, task in node.tasks:
+                    if not _has_end(session, running, task):
+                        room[node.name] = room[node.name] + Resources(
+                            task.resources.cpu, task.resources.memory, len(task.devices)
+                        )
+        placement = _simulate(session, job, room)
     spare = {}
     if placement is not None:
         spare = {name: free - placement.get(name, Resources()) for name, free in room.items()}
-    session.reservation = Reservation(job, start, spare)
+    session.reservation = Reservation(job, start, spare, placement is not None)
     if start is None:
-        message = "waiting for resources held by jobs without a walltime; start unknown"
+        message = (
+            "waiting for reservation: start unknown, the resources it needs are held by jobs"
+            " without a walltime"
+        )
         session.set_pending(job, PendingInfo("Reserved", message))
     else:
-        message = f"waiting for resources; reserved to start in {start - session.now:.0f}s"
+        message = (
+            f"waiting for reservation: expected to start in {start - session.now:.0f}s,"
+            " when running jobs reach their walltime"
+        )
         session.set_pending(job, PendingInfo("Reserved", message, start))
+
+
+def _has_end(session: Session, running: JobInfo, task: TaskInfo) -> bool:
+    return (
+        task.state == "Releasing"
+        or running.id in session.evicted
+        or (running.walltime is not None and task.started_at is not None)
+    )
 
 
 ACTIONS: dict[str, Callable[[Session], None]] = {

@@ -69,7 +69,7 @@ def job_request(job: JobInfo, tasks: list[TaskInfo] | None = None) -> Resources:
 
 def min_request(session: Session, job: JobInfo) -> Resources:
     """What the job needs to start: its first `min_available` pending tasks."""
-    return job_request(job, session.pending_tasks(job)[: job.min_available])
+    return job_request(job, session.pending_tasks(job)[: session.needed(job)])
 
 
 def describe(resources: Resources, dim: str) -> str:
@@ -111,6 +111,7 @@ def _evictable(session: Session, job: JobInfo) -> bool:
     return (
         job.preemptible
         and job.id not in session.evicted
+        and job.id not in session.placed  # tasks bound this cycle: evicting them would race
         and not job.suspend_requested
         and any(t.state in ("Assigned", "Running") for t in job.tasks)
     )
@@ -201,7 +202,7 @@ class GangPlugin(Plugin):
     name = "gang"
 
     def job_ready(self, session: Session, job: JobInfo, placed: int) -> bool:
-        return placed >= job.min_available
+        return placed >= session.needed(job)
 
 
 class PredicatesPlugin(Plugin):

@@ -115,6 +115,7 @@ class Failure:
     message: str
     blocked_by_resources: bool
     placeable: int = 0
+    detail: str = ""  # the node count explanation alone
 
 
 @dataclass
@@ -136,7 +137,10 @@ class Session:
             self.total = self.total + node.capacity()
         self.queues = {q.name: QueueState(q) for q in snapshot.queues}
         self.jobs = {j.id: j for j in snapshot.jobs}
-        self.candidates = [j for j in snapshot.jobs if j.is_candidate]
+        # A Running job with pending tasks left (a gang started with min_available) is a
+        # candidate for the rest, unless it is being stopped.
+        self.candidates = [j for j in snapshot.jobs if j.is_candidate or _grows(j)]
+        self.need = {j.id: _need(j) for j in self.candidates}
         self.running = [j for j in snapshot.jobs if j.state == "Running"]
         self.pending: dict[int, PendingInfo] = {}
         self.binds: list[Bind] = []
@@ -224,6 +228,11 @@ class Session:
             if problem is not None:
                 return problem
         return None
+
+    def needed(self, job: JobInfo) -> int:
+        """Pending tasks that must be placed together for the job to (keep) run(ning)."""
+        need = self.need.get(job.id)
+        return job.min_available if need is None else need
 
     def job_ready(self, job: JobInfo, placed: int) -> bool:
         return all(plugin.job_ready(self, job, placed) for plugin in self.plugins)
@@ -330,6 +339,21 @@ class Session:
 
     def set_pending(self, job: JobInfo, info: PendingInfo) -> None:
         self.pending[job.id] = info
+
+
+def _grows(job: JobInfo) -> bool:
+    return (
+        job.state == "Running"
+        and not job.suspend_requested
+        and any(t.state == "Pending" for t in job.tasks)
+        and not any(t.state == "Releasing" for t in job.tasks)
+    )
+
+
+def _need(job: JobInfo) -> int:
+    """How many pending tasks must be placed at once: the gang minus what already runs."""
+    held = sum(1 for t in job.tasks if t.state in ("Assigned", "Running") and t.node)
+    return max(0, job.min_available - held)
 
 
 def _state_word(state: str) -> str:
