@@ -115,7 +115,7 @@ def test_it_places_every_fitting_job_after_one_with_an_impossible_selector(confi
     assert result.pending[1].message == "0/2 nodes fit: 2 node selector mismatch"
 
 
-def test_backfill_places_every_fitting_job_after_an_impossible_one():
+def test_it_backfills_every_fitting_job_after_an_impossible_one():
     """The same in the backfill action itself: jobs behind a blocked one, the first of which
     can never run, must all be considered."""
     nodes = [node("a", gpus=2), node("b", gpus=2)]
@@ -223,7 +223,7 @@ def test_it_reserves_for_the_blocked_job_and_backfills_short_ones():
     assert result.pending[5].reason == "WaitingForReservation"
 
 
-def test_fcfs_does_not_let_later_jobs_pass_a_blocked_one():
+def test_it_does_not_let_later_jobs_pass_a_blocked_one_under_fcfs():
     nodes = [node("a", gpus=4)]
     jobs = [
         job(1, gpu=3, running_on=[("a", (0, 1, 2))]),
@@ -235,7 +235,7 @@ def test_fcfs_does_not_let_later_jobs_pass_a_blocked_one():
     assert result.pending[3].reason == "WaitingInOrder"
 
 
-def test_backfill_lets_long_jobs_use_what_the_reservation_does_not_need():
+def test_it_places_a_blocked_job_on_a_free_node_instead_of_reserving():
     nodes = [node("a", gpus=4), node("b", gpus=4)]
     jobs = [
         job(1, gpu=4, running_on=[("a", (0, 1, 2, 3))], walltime=1000, started_at=NOW),
@@ -318,3 +318,100 @@ def test_it_gives_the_same_decisions_for_the_same_snapshot():
     second = run_cycle(snapshot(nodes, jobs))
     assert first.binds == second.binds
     assert first.pending == second.pending
+
+
+def test_it_backfills_every_fitting_job_after_one_whose_plugin_raises():
+    nodes = [node("a", gpus=2), node("b", gpus=2)]
+    jobs = [
+        job(1, gpu=2, running_on=[("a", (0, 1))], walltime=1000),
+        job(2, gpu=2, replicas=2, priority=5),  # blocked: takes the reservation
+        job(3, gpu=1, walltime=10),  # its plugin raises, in backfill
+        job(4, gpu=1, walltime=10),
+        job(5, gpu=1, walltime=10),
+    ]
+    config = SchedulerConfig(actions=SchedulerConfig.easy().actions, extra_plugins=(RaisesFor(3),))
+    result = run_cycle(snapshot(nodes, jobs), config)
+    assert placed_jobs(result) == {4, 5}
+    assert {b.action for b in result.binds} == {"backfill"}
+    assert result.pending[3].reason == "SchedulerError"
+    assert result.pending[2].reason == "Reserved"
+
+
+def test_it_never_gives_the_reservation_to_a_job_no_node_can_take():
+    nodes = [node("a", gpus=4)]
+    jobs = [
+        job(1, gpu=2, running_on=[("a", (0, 1))], walltime=1000),
+        job(2, gpu=1, selector={"zone": "mars"}, priority=9),
+        job(3, gpu=4, priority=5),  # blocked by resources: this one is reserved
+        job(4, gpu=1, walltime=5000),
+    ]
+    result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.easy())
+    assert result.pending[2].reason == "Unschedulable"
+    assert result.pending[3].reason == "Reserved"
+    assert result.pending[3].estimated_start == NOW + 900
+    assert result.pending[4].message == (
+        "waiting for job 3 (reservation): starting now would delay it"
+    )
+
+
+def test_it_keeps_the_reserved_nodes_when_the_start_is_unknown():
+    """Resources held by a job without walltime: no start time, yet a job without walltime
+    may only use what the reserved job will not need."""
+    nodes = [node("a", gpus=4), node("b", gpus=4)]
+    jobs = [
+        job(1, gpu=2, running_on=[("a", (0, 1))], walltime=None),
+        job(2, gpu=2, running_on=[("b", (0, 1))], walltime=None),
+        job(3, gpu=4, priority=9),  # reserved on node a, start unknown
+        job(4, gpu=2, walltime=None),  # node a's free GPUs are reserved; b's are spare
+        job(5, gpu=2, walltime=None),  # nothing left that the reservation does not need
+    ]
+    result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.easy())
+    assert [(b.job_id, b.node) for b in result.binds] == [(4, "b")]
+    assert result.pending[3].reason == "Reserved"
+    assert result.pending[3].estimated_start is None
+    assert result.pending[5].reason == "WaitingForReservation"
+
+
+def test_it_places_the_remaining_tasks_of_a_running_gang():
+    nodes = [node("a", gpus=4)]
+    running = job(1, gpu=1, replicas=4, min_available=2, running_on=[("a", (0,)), ("a", (1,))])
+    result = run_cycle(snapshot(nodes, [running]))
+    assert [(b.job_id, b.devices) for b in result.binds] == [(1, (2,)), (1, (3,))]
+
+
+def test_it_keeps_extra_tasks_within_the_queue_capability():
+    queues = [QueueInfo("research", capability=Resources(gpu=3, cpu=10**9, memory=10**15))]
+    nodes = [node("a", gpus=8)]
+    result = run_cycle(
+        snapshot(nodes, [job(1, gpu=1, replicas=6, min_available=2, queue="research")], queues)
+    )
+    assert len(result.binds) == 3
+
+
+@pytest.mark.parametrize(
+    ("min_available", "message"),
+    [(3, "gang: 2/3 tasks placeable"), (4, "gang: 2/4 tasks placeable")],
+)
+def test_it_explains_each_gang_with_its_own_size(min_available, message):
+    """The second job has the first's shape: it is refused from the memo, with its own size."""
+    nodes = [node("a", gpus=1), node("b", gpus=1)]
+    jobs = [
+        job(1, gpu=1, replicas=5, min_available=5, priority=9),
+        job(2, gpu=1, replicas=5, min_available=min_available),
+    ]
+    result = run_cycle(snapshot(nodes, jobs), SchedulerConfig(strict_order=False))
+    assert result.pending[1].message.startswith("gang: 2/5 tasks placeable")
+    assert result.pending[2].message.startswith(message)
+
+
+def test_it_binds_nothing_on_nodes_held_for_a_preempting_job():
+    nodes = [node("a", gpus=1), node("b", gpus=1, cpu=1)]
+    jobs = [
+        job(1, gpu=1, cpu=1, priority=1, running_on=[("a", (0,))]),
+        job(2, gpu=1, cpu=4, priority=10),  # only node a has the cpu: preempts job 1
+        job(3, gpu=0, cpu=1, walltime=10),
+    ]
+    result = run_cycle(snapshot(nodes, jobs))
+    assert [e.job_id for e in result.evictions] == [1]
+    assert all(b.node != "a" for b in result.binds)
+    assert result.pending[2].message == "waiting for preempted jobs to release resources (jobs 1)"

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.core.cycle import CycleResult, run_cycle
-from scheduler.core.model import JobInfo, QueueInfo, SchedulerConfig, Snapshot
+from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulerConfig, Snapshot
 from tests.core.builders import NOW, job, node
 
 QUEUES = [QueueInfo("default", weight=1), QueueInfo("research", weight=2)]
@@ -79,7 +79,7 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 @FAST
 @given(clusters(), CONFIGS)
-def test_no_node_or_device_is_ever_over_allocated(snap: Snapshot, config: SchedulerConfig):
+def test_it_never_over_allocates_a_node_or_device(snap: Snapshot, config: SchedulerConfig) -> None:
     result = run_cycle(snap, config)
     cpu: dict[str, int] = defaultdict(int)
     memory: dict[str, int] = defaultdict(int)
@@ -104,20 +104,24 @@ def test_no_node_or_device_is_ever_over_allocated(snap: Snapshot, config: Schedu
     assert all(snap_node(snap, b.node).state == "Ready" for b in result.binds)
 
 
-def snap_node(snap: Snapshot, name: str):
+def snap_node(snap: Snapshot, name: str) -> NodeInfo:
     return next(n for n in snap.nodes if n.name == name)
 
 
 @FAST
 @given(clusters(), CONFIGS)
-def test_gangs_start_whole_and_every_waiting_job_says_why(snap: Snapshot, config):
+def test_it_starts_gangs_whole_and_says_why_every_job_waits(
+    snap: Snapshot, config: SchedulerConfig
+) -> None:
     result = run_cycle(snap, config)
     bound: dict[int, int] = defaultdict(int)
     for b in result.binds:
         bound[b.job_id] += 1
     for j in snap.jobs:
-        if not j.is_candidate:
-            assert j.id not in bound
+        if j.state == "Running":
+            # A running job may only grow into its own pending tasks.
+            pending = sum(1 for t in j.tasks if t.state == "Pending")
+            assert bound[j.id] <= pending
             continue
         if j.id in bound:
             assert bound[j.id] >= j.min_available
@@ -130,10 +134,10 @@ def test_gangs_start_whole_and_every_waiting_job_says_why(snap: Snapshot, config
 
 @FAST
 @given(clusters())
-def test_preemption_only_evicts_what_it_may(snap: Snapshot):
+def test_it_only_evicts_what_it_may(snap: Snapshot) -> None:
     result = run_cycle(snap, SchedulerConfig())
     jobs = {j.id: j for j in snap.jobs}
-    for e in result.evictions:
+    for n, e in enumerate(result.evictions):
         victim, preemptor = jobs[e.job_id], jobs[e.preemptor_job_id]
         assert victim.state == "Running" and victim.preemptible
         if e.reason == "Preempted":
@@ -141,11 +145,47 @@ def test_preemption_only_evicts_what_it_may(snap: Snapshot):
             assert victim.priority < preemptor.priority
         else:
             assert e.reason == "Reclaimed" and victim.queue != preemptor.queue
+            # Shares as the cycle saw them: placed before reclaim, minus earlier evictions.
+            seen = _decided(snap, result, n)
+            assert queue_share(seen, victim.queue) > queue_share(seen, preemptor.queue)
+    # Whole jobs: a victim is never evicted twice, nor a job that is already stopping.
+    assert len({e.job_id for e in result.evictions}) == len(result.evictions)
+    for e in result.evictions:
+        victim = jobs[e.job_id]
+        assert not victim.suspend_requested
+        assert all(t.state != "Releasing" for t in victim.tasks)
+
+
+def _decided(snap: Snapshot, result: CycleResult, n: int) -> Snapshot:
+    """The snapshot with the binds made before backfill and without the first n victims."""
+    allocated = CycleResult(binds=[b for b in result.binds if b.action != "backfill"])
+    gone = {e.job_id for e in result.evictions[:n]}
+    jobs = [j for j in _apply(snap, allocated, started=snap.now) if j.id not in gone]
+    return Snapshot(snap.now, snap.nodes, snap.queues, jobs)
+
+
+def queue_share(snap: Snapshot, queue: str) -> float:
+    """Weighted dominant share of what the queue's tasks hold in the snapshot."""
+    weights = {q.name: q.weight for q in snap.queues}
+    held = {"cpu": 0, "memory": 0, "gpu": 0}
+    total = {"cpu": 0, "memory": 0, "gpu": 0}
+    for n in snap.nodes:
+        total["cpu"] += n.allocatable.cpu
+        total["memory"] += n.allocatable.memory
+        total["gpu"] += sum(1 for d in n.devices if d.healthy)
+    for j in snap.jobs:
+        for t in j.tasks:
+            if j.queue == queue and t.node:
+                held["cpu"] += t.resources.cpu
+                held["memory"] += t.resources.memory
+                held["gpu"] += len(t.devices)
+    share = max((held[d] / total[d] for d in held if total[d]), default=0.0)
+    return share / weights[queue]
 
 
 @FAST
 @given(clusters(), CONFIGS)
-def test_the_same_snapshot_gives_the_same_decisions(snap: Snapshot, config):
+def test_it_decides_the_same_for_the_same_snapshot(snap: Snapshot, config: SchedulerConfig) -> None:
     first, second = run_cycle(snap, config), run_cycle(snap, config)
     assert (first.binds, first.evictions, first.pending) == (
         second.binds,
@@ -156,7 +196,7 @@ def test_the_same_snapshot_gives_the_same_decisions(snap: Snapshot, config):
 
 @FAST
 @given(clusters())
-def test_a_backfilled_job_never_delays_the_reservation(snap: Snapshot):
+def test_it_never_lets_a_backfilled_job_delay_the_reservation(snap: Snapshot) -> None:
     result = run_cycle(snap, SchedulerConfig.easy())
     reserved = [i for i, p in result.pending.items() if p.reason == "Reserved"]
     backfilled = {b.job_id for b in result.binds if b.action == "backfill"}
@@ -166,7 +206,12 @@ def test_a_backfilled_job_never_delays_the_reservation(snap: Snapshot):
     promised = result.pending[holder].estimated_start
     # Start the jobs placed this cycle, leave only the reserved job waiting, and plan again.
     after = _apply(snap, result, started=snap.now)
-    jobs = [j for j in after if j.state == "Running" or j.id == holder]
+    # Running jobs keep only their placed tasks: none of them competes with the holder again.
+    jobs = [
+        dataclasses.replace(j, tasks=[t for t in j.tasks if t.node]) if j.state == "Running" else j
+        for j in after
+        if j.state == "Running" or j.id == holder
+    ]
     again = run_cycle(Snapshot(snap.now, snap.nodes, snap.queues, jobs), SchedulerConfig.easy())
     if holder in {b.job_id for b in again.binds}:
         return  # it starts now: not delayed
