@@ -157,6 +157,7 @@ def measure(
                 "nodes": nodes,
                 "gpus_per_node": gpus,
                 "pending_jobs": jobs,
+                "running_jobs": sum(1 for j in snapshot.jobs if j.state == "Running"),
                 "queues": queues,
                 "total_s": round(total, 4),
                 "actions_s": {k: round(v, 4) for k, v in result.timings.items() if k != "total"},
@@ -194,9 +195,11 @@ def main() -> None:
         return
     series = []
     for jobs in (1_000, 10_000, 100_000):
-        series.append(measure(1000, args.gpus_per_node, jobs, args.seed, args.queues, 1))
-    for nodes in (100, 10_000):
-        series.append(measure(nodes, args.gpus_per_node, 10_000, args.seed, args.queues, 1))
+        row = measure(1000, args.gpus_per_node, jobs, args.seed, args.queues, 1)
+        series.append({"series": "jobs", **row})
+    for nodes in (100, 1_000, 10_000):
+        row = measure(nodes, args.gpus_per_node, 10_000, args.seed, args.queues, 1)
+        series.append({"series": "nodes", **row})
     print(json.dumps(series, indent=1))
 
 

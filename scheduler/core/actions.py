@@ -142,9 +142,7 @@ def place(
         return None
     if first_miss is None:
         statement.discard()
-        return Failure(
-            "QueueCapability", f'queue "{queue.info.name}" at capability', False, placed
-        )
+        return Failure("QueueCapability", f'queue "{queue.info.name}" at capability', False, placed)
     # Explain while the gang's own placements still stand: that is the state it failed in.
     detail, could_fit = session.explain(job, first_miss)
     statement.discard()

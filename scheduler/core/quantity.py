@@ -46,7 +46,7 @@ def parse_memory(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError(f"memory must be bytes or a size like 16Gi, got {value!r}")
     if isinstance(value, int | float):
-        return int(_decimal(value, "memory"))
+        return _whole_bytes(_decimal(value, "memory"), value)
     if not isinstance(value, str):
         raise ValueError(f"memory must be bytes or a size like 16Gi, got {value!r}")
     if value.strip().startswith("-"):
@@ -55,7 +55,13 @@ def parse_memory(value: object) -> int:
     if not match:
         raise ValueError(f"memory must be bytes or a size like 512Mi or 16Gi, got {value!r}")
     number, unit = match.groups()
-    return int(Decimal(number) * _MEMORY_UNITS[unit])
+    return _whole_bytes(Decimal(number) * _MEMORY_UNITS[unit], value)
+
+
+def _whole_bytes(size: Decimal, value: object) -> int:
+    if size != size.to_integral_value():
+        raise ValueError(f"memory must be a whole number of bytes, got {value!r}")
+    return int(size)
 
 
 def parse_gpu(value: object) -> int:
