@@ -89,6 +89,7 @@ class SchedulerConfig:
     strict_order: bool = True
     fair_share: bool = True
     extra_plugins: tuple[Any, ...] = ()
+    disabled_plugins: tuple[str, ...] = ()  # plugin names, e.g. ("drf",)
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.actions if a not in ACTIONS]

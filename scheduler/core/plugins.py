@@ -267,4 +267,5 @@ def default_plugins(config: SchedulerConfig) -> list[Plugin]:
     ]
     if config.fair_share:
         plugins.insert(1, DRFPlugin())
-    return plugins + list(config.extra_plugins)
+    plugins += list(config.extra_plugins)
+    return [p for p in plugins if p.name not in config.disabled_plugins]

@@ -415,3 +415,11 @@ def test_it_binds_nothing_on_nodes_held_for_a_preempting_job():
     assert [e.job_id for e in result.evictions] == [1]
     assert all(b.node != "a" for b in result.binds)
     assert result.pending[2].message == "waiting for preempted jobs to release resources (jobs 1)"
+
+
+def test_it_runs_without_a_disabled_plugin():
+    nodes = [node("a", gpus=2), node("b", gpus=1)]
+    gang = job(1, gpu=2, replicas=2)
+    assert run_cycle(snapshot(nodes, [gang])).binds == []
+    relaxed = run_cycle(snapshot(nodes, [gang]), SchedulerConfig(disabled_plugins=("gang",)))
+    assert [b.node for b in relaxed.binds] == ["a"]
