@@ -9,6 +9,7 @@ the scheduler loop (scheduler/lifecycle.py), not here.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from scheduler.models import Allocation, Device, Node, Task, TaskLog, hash_token
 from scheduler.specs import NAME_RE, NAME_RULE
 from scheduler.states import TASK_ON_NODE, TaskState
 
+log = logging.getLogger("berth.agent")
 REPORTED_STATES = {"Running", "Succeeded", "Failed", "Killed"}
 FINAL_REPORTS = {"Succeeded": TaskState.SUCCEEDED, "Failed": TaskState.FAILED,
                  "Killed": TaskState.KILLED}  # fmt: skip
@@ -56,6 +58,18 @@ def _need(errors: dict[str, list[str]], data: dict[str, Any], key: str, parse: A
         return None
 
 
+def _cpu(value: object) -> int:
+    """An integer is millicores (what an agent measures); a string is cpu as users write it
+    ("8" cores, "500m")."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError('must be millicores as an integer, or cores as a string like "8"')
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"must not be negative, got {value}")
+        return value
+    return parse_cpu(value)
+
+
 def _devices(errors: dict[str, list[str]], raw: object) -> list[dict[str, Any]]:
     if raw is None:
         return []
@@ -76,13 +90,20 @@ def _devices(errors: dict[str, list[str]], raw: object) -> list[dict[str, Any]]:
         if item["index"] in seen:
             errors.setdefault(f"devices.{i}.index", []).append("repeats another device's index")
         seen.add(item["index"])
+        memory = item.get("memory") or 0
+        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 0:
+            errors.setdefault(f"devices.{i}.memory", []).append("must be bytes (an integer)")
+            memory = 0
+        healthy = item.get("healthy", True)
+        if not isinstance(healthy, bool):
+            errors.setdefault(f"devices.{i}.healthy", []).append("must be true or false")
         out.append(
             {
                 "index": item["index"],
-                "uuid": str(item.get("uuid", ""))[:128],
-                "model": str(item.get("model", ""))[:128],
-                "memory": int(item.get("memory", 0) or 0),
-                "healthy": bool(item.get("healthy", True)),
+                "uuid": str(item.get("uuid") or "")[:128],
+                "model": str(item.get("model") or "")[:128],
+                "memory": memory,
+                "healthy": healthy is not False,
             }
         )
     return out
@@ -96,7 +117,7 @@ def register(data: object) -> dict[str, Any]:
     name = data.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         errors.setdefault("name", []).append(f"{name!r} {NAME_RULE}")
-    cpu = _need(errors, data, "cpu", parse_cpu)
+    cpu = _need(errors, data, "cpu", _cpu)
     memory = _need(errors, data, "memory", parse_memory)
     labels = data.get("labels") or {}
     if not isinstance(labels, dict) or not all(
@@ -128,6 +149,7 @@ def register(data: object) -> dict[str, Any]:
         "token": token,
         "heartbeat_interval": settings.BERTH_HEARTBEAT_INTERVAL,
         "kill_grace_seconds": settings.BERTH_KILL_GRACE_SECONDS,
+        "log_chunk_bytes": settings.BERTH_LOG_CHUNK_BYTES,
     }
 
 
@@ -221,13 +243,19 @@ def apply_heartbeat(node: Node, data: object) -> dict[str, Any]:
         tasks = {
             t.pk: t for t in Task.objects.select_for_update().filter(pk__in=[r.id for r in reports])
         }
+        # The current attempt of a task placed on another node is not this agent's to report
+        # (a node token acts only for its own node). An older attempt is a leftover of a task
+        # that moved on while this node was away: the agent is told to kill it, below.
         foreign = [
-            r.id for r in reports if r.id in tasks and tasks[r.id].node_id not in (None, node.pk)
+            r.id
+            for r in reports
+            if r.id in tasks
+            and tasks[r.id].node_id not in (None, node.pk)
+            and tasks[r.id].attempt == r.attempt
         ]
         if foreign:
             raise ProtocolError(
-                {"tasks": [f"task {i} is not assigned to node {node.name}" for i in foreign]},
-                status=403,
+                {"tasks": [f"task {i} is not assigned to node {node.name}" for i in foreign]}
             )
         reported = set()
         for report in reports:
@@ -294,6 +322,8 @@ def _apply_one(task: Task, report: Report, now: Any, node: Node) -> bool:
                    job=task.job, node=node)  # fmt: skip
             return True
         return False
+    if task.started_at is None:  # it ran and ended between two heartbeats
+        task.started_at = now
     _finish(task, FINAL_REPORTS[report.state], report.exit_code, report.message, now, node)
     return True
 
@@ -305,7 +335,7 @@ def _finish(task: Task, state: str, exit_code: int | None, message: str, now: An
     task.exit_code = exit_code
     task.finished_at = now
     task.message = message
-    task.save(update_fields=["state", "exit_code", "finished_at", "message"])
+    task.save(update_fields=["state", "exit_code", "started_at", "finished_at", "message"])
     Allocation.objects.filter(task=task).delete()
     what = f"{task.group}-{task.index}"
     if state == TaskState.FAILED:
@@ -323,10 +353,13 @@ def _start_message(task: Task, node: Node) -> dict[str, Any]:
     group: dict[str, Any] = next(
         (g for g in spec.get("tasks", []) if g.get("name") == task.group), {}
     )
-    tasks = list(
-        job.tasks.order_by("group", "index").values_list("pk", "node__hostname", "node__name")
+    # Ranks follow the spec: its task groups in order, each group's tasks by index.
+    position = {g.get("name"): i for i, g in enumerate(spec.get("tasks", []))}
+    tasks = sorted(
+        job.tasks.values_list("pk", "node__hostname", "node__name", "group", "index"),
+        key=lambda t: (position.get(t[3], len(position)), t[3], t[4]),
     )
-    rank = next(i for i, (pk, _, _) in enumerate(tasks) if pk == task.pk)
+    rank = next(i for i, t in enumerate(tasks) if t[0] == task.pk)
     master = tasks[0][1] or tasks[0][2] or node.hostname or node.name
     devices = sorted(task.allocations.values_list("device__index", flat=True))
     env = dict(group.get("env", {}))
@@ -381,17 +414,20 @@ def append_log(node: Node, task_id: int, data: object) -> dict[str, Any]:
     if task is None:
         raise ProtocolError({"task": [f"task {task_id} is not on node {node.name}"]}, status=404)
     size = len(text.encode())
-    kept = _kept_bytes(task, attempt)
-    if kept >= settings.BERTH_LOG_MAX_BYTES:
-        return {"next_offset": offset + size, "dropped": True}
-    if kept + size > settings.BERTH_LOG_MAX_BYTES:
-        text = TRUNCATED
-    try:
-        with transaction.atomic():
-            TaskLog.objects.create(task=task, attempt=attempt, offset=offset, data=text)
-    except IntegrityError:
-        pass  # the same chunk again (a retried upload): already stored
-    else:
+    with transaction.atomic():
+        kept = _kept_bytes(task, attempt)
+        if kept >= settings.BERTH_LOG_MAX_BYTES:
+            return {"next_offset": offset + size, "dropped": True}
+        if kept + size > settings.BERTH_LOG_MAX_BYTES:
+            # Keep what fits, then say once that the rest is gone.
+            room = max(settings.BERTH_LOG_MAX_BYTES - kept, 0)
+            text = text.encode()[:room].decode(errors="ignore") + TRUNCATED
+        try:
+            with transaction.atomic():
+                TaskLog.objects.create(task=task, attempt=attempt, offset=offset, data=text)
+        except IntegrityError:
+            return {"next_offset": offset + size}  # the same chunk again (a retried upload)
+        notify.changed(jobs=[task.job_id])
         _published_log(task, attempt, offset, text)
     return {"next_offset": offset + size}
 
@@ -400,7 +436,7 @@ def _kept_bytes(task: Task, attempt: int) -> int:
     last = TaskLog.objects.filter(task=task, attempt=attempt).order_by("-offset").first()
     if last is None:
         return 0
-    if last.data == TRUNCATED:
+    if last.data.endswith(TRUNCATED):
         return settings.BERTH_LOG_MAX_BYTES
     return last.offset + len(last.data.encode())
 
@@ -414,8 +450,6 @@ def _published_log(task: Task, attempt: int, offset: int, text: str) -> None:
         try:
             publish_log(task.pk, attempt, offset, text)
         except Exception:  # a failed push never loses the stored output
-            import logging
-
-            logging.getLogger("berth.agent").exception("log push failed")
+            log.exception("live log push failed for task %s", task.pk)
 
     transaction.on_commit(send)

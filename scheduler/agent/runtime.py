@@ -30,7 +30,8 @@ VERSION = "berth-agent/1"
 # (a handler, unlike an ignored signal, is not inherited: the command still gets SIGTERM) so
 # that the command has its grace period and its exit code is recorded.
 WRAPPER = 'trap ":" TERM; /bin/sh -c "$1"; code=$?; echo "$code" > "$2"; exit "$code"'
-LOG_CHUNK = 60 * 1024
+LOG_CHUNK = 60 * 1024  # at most; the server may ask for smaller chunks when it registers us
+SHIP_PER_STEP = 16  # chunks per task per heartbeat, so a chatty task never delays heartbeats
 
 
 class ServerError(Exception):
@@ -110,6 +111,8 @@ class RunningTask:
     killed: bool = False
     message: str = ""
     reported_final: bool = False
+    dropped: bool = False  # the server keeps no more of this attempt's output
+    started: str = ""  # the process's start time (/proc), to tell it from a reused pid
     proc: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -148,6 +151,7 @@ class Agent:
         self.token = ""
         self.interval = 2.0
         self.grace = 10.0
+        self.log_chunk = LOG_CHUNK
         self.tasks: dict[int, RunningTask] = {}
 
     # --- HTTP ------------------------------------------------------------------------
@@ -185,41 +189,69 @@ class Agent:
         self.token = answer["token"]
         self.interval = float(answer.get("heartbeat_interval", self.interval))
         self.grace = float(answer.get("kill_grace_seconds", self.grace))
+        self.log_chunk = max(256, min(LOG_CHUNK, int(answer.get("log_chunk_bytes", LOG_CHUNK))))
         self._save()
         log.info("registered as node %s", self.name)
 
+    def _join(self) -> None:
+        """Register (refreshing labels and devices); if the join token is refused but a node
+        token survives from before a restart, go on with that one."""
+        try:
+            self.register()
+        except ServerError as exc:
+            if exc.status in (401, 403) and self.token:
+                log.warning("registration refused (%s); using the saved node token", exc)
+                return
+            raise
+
     def run(self, stop: threading.Event) -> None:
+        """Heartbeat until `stop` is set. Safe to run in a thread (no signal handlers here)."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self._load()
         backoff = 0.5
+        joined = False
         while not stop.is_set():
             try:
-                if not self.token:
-                    self.register()
+                if not joined:
+                    self._join()
+                    joined = True
                 self.step()
                 backoff = 0.5
                 stop.wait(self.interval)
+                continue
             except ServerError as exc:
-                if exc.status == 401:
-                    log.warning("the server does not know our token; registering again")
-                    self.token = ""
-                    continue
-                log.warning("server refused a request: %s", exc)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 30)
+                if exc.status == 401 and joined:
+                    log.warning("the server does not know our node token; registering again")
+                    self.token, joined = "", False
+                else:
+                    log.warning("server refused a request: %s", exc)
             except (OSError, urllib.error.URLError) as exc:
                 # The server is unreachable: tasks keep running; try again later.
                 log.warning("server unreachable (%s); retrying in %.1fs", exc, backoff)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 30)
             except Exception:  # an agent keeps its tasks and goes on, whatever happened
                 log.exception("agent step failed; retrying in %.1fs", backoff)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 30)
+            stop.wait(backoff)
+            backoff = min(backoff * 2, 30)
         if self.kill_on_exit:
-            for task in self.tasks.values():
-                self._signal(task, signal.SIGKILL)
+            self._kill_all()
         self._save()
+
+    def _kill_all(self) -> None:
+        """--kill-on-exit: stop every task (SIGTERM, SIGKILL after the grace) and tell the
+        server, so that their devices are free at once."""
+        for task in self.tasks.values():
+            self.kill(task, self.grace)
+        deadline = time.monotonic() + self.grace + 2
+        while time.monotonic() < deadline:
+            self._poll()
+            if all(t.state != "Running" for t in self.tasks.values()):
+                break
+            time.sleep(0.05)
+        if self.token:
+            try:
+                self.step()
+            except Exception as exc:  # the server will find out through its timeout
+                log.warning("could not report the killed tasks: %s", exc)
 
     def step(self) -> None:
         """One heartbeat: check processes, ship output, report, act on the answer."""
@@ -267,29 +299,31 @@ class Agent:
         if current is not None and current.attempt == attempt:
             return  # already running: a start message repeated until we report it
         directory = self.work_dir / f"task-{task_id}-{attempt}"
-        directory.mkdir(parents=True, exist_ok=True)
-        output = open(directory / "output.log", "ab")  # noqa: SIM115 - the child keeps it
         env = {**os.environ, **{k: str(v) for k, v in order.get("env", {}).items()}}
         try:
-            proc = subprocess.Popen(
-                [
-                    "/bin/sh",
-                    "-c",
-                    WRAPPER,
-                    "berth-task",
-                    order["command"],
-                    str(directory / "exit_code"),
-                ],  # fmt: skip
-                cwd=directory,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, killed as a whole
-            )
-        finally:
-            output.close()
-        self.tasks[task_id] = RunningTask(task_id, attempt, proc.pid, str(directory), proc=proc)
+            directory.mkdir(parents=True, exist_ok=True)
+            with open(directory / "output.log", "ab") as output:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", WRAPPER, "berth-task", str(order["command"]),
+                     str(directory / "exit_code")],
+                    cwd=directory,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group, killed as a whole
+                )  # fmt: skip
+        except (OSError, ValueError) as exc:
+            # Report it as failed rather than be sent the same start message forever.
+            log.error("could not start task %s: %s", task_id, exc)
+            self.tasks[task_id] = RunningTask(
+                task_id, attempt, 0, str(directory), exit_code=127, state="Failed",
+                message=f"the agent could not start it: {exc}",
+            )  # fmt: skip
+            return
+        self.tasks[task_id] = RunningTask(
+            task_id, attempt, proc.pid, str(directory), proc=proc, started=_start_time(proc.pid)
+        )
         log.info("started task %s (attempt %s) as pid %s", task_id, attempt, proc.pid)
 
     def kill(self, task: RunningTask, grace: float) -> None:
@@ -300,6 +334,8 @@ class Agent:
         self._signal(task, signal.SIGTERM)
 
     def _signal(self, task: RunningTask, sig: int) -> None:
+        if task.pid <= 0:
+            return
         try:
             os.killpg(task.pid, sig)
         except ProcessLookupError:
@@ -333,7 +369,7 @@ class Agent:
                 return None
             return int(code) if code >= 0 else 128 - int(code)
         # Adopted after a restart: not our child; the wrapper's exit file tells.
-        if _alive(task.pid):
+        if _alive(task.pid) and (not task.started or _start_time(task.pid) == task.started):
             return None
         try:
             return int(task.exit_file.read_text().strip())
@@ -343,20 +379,48 @@ class Agent:
 
     def _ship_logs(self) -> None:
         for task in self.tasks.values():
-            size = _size(task.output)
-            while task.shipped < size:
-                with task.output.open("rb") as handle:
-                    handle.seek(task.shipped)
-                    chunk = handle.read(min(LOG_CHUNK, size - task.shipped))
-                if not chunk:
-                    break
-                self._post(
-                    f"tasks/{task.id}/log/",
-                    {"attempt": task.attempt, "offset": task.shipped,
-                     "data": chunk.decode(errors="replace")},
-                    f"Node {self.token}",
-                )  # fmt: skip
-                task.shipped += len(chunk)
+            try:
+                self._ship(task)
+            except ServerError as exc:
+                if exc.status >= 500 or exc.status == 401:
+                    raise
+                # The server will never take this output (the task moved on, or it refuses
+                # the chunk): skip it rather than block the heartbeats behind it.
+                log.warning("dropping the output of task %s: %s", task.id, exc)
+                task.dropped = True
+
+    def _ship(self, task: RunningTask) -> None:
+        size = _size(task.output)
+        if task.dropped:
+            task.shipped = size
+            return
+        for _ in range(SHIP_PER_STEP):
+            if task.shipped >= size:
+                return
+            with task.output.open("rb") as handle:
+                handle.seek(task.shipped)
+                chunk = handle.read(min(self.log_chunk, size - task.shipped))
+            if not chunk:
+                return
+            if task.state == "Running" or len(chunk) == self.log_chunk:
+                # Never split a character between two chunks (the rest may still be written).
+                chunk = _whole_utf8(chunk)
+            text = chunk.decode(errors="replace")
+            while len(text.encode()) > self.log_chunk:  # undecodable bytes grow when replaced
+                chunk = chunk[: len(chunk) // 2]
+                text = chunk.decode(errors="replace")
+            if not chunk:
+                return
+            answer = self._post(
+                f"tasks/{task.id}/log/",
+                {"attempt": task.attempt, "offset": task.shipped, "data": text},
+                f"Node {self.token}",
+            )
+            task.shipped += len(chunk)
+            if answer.get("dropped"):  # over the server's cap: the rest would be thrown away
+                task.dropped = True
+                task.shipped = size
+                return
 
     # --- state file ------------------------------------------------------------------
 
@@ -383,11 +447,16 @@ class Agent:
         if data.get("name") != self.name or data.get("server") != self.server:
             return
         self.token = data.get("token", "")
+        known = {f.name for f in fields(RunningTask)} - {"kill_at", "proc"}
         for item in data.get("tasks", []):
-            task = RunningTask(**{k: v for k, v in item.items() if k != "kill_at"})
+            task = RunningTask(**{k: v for k, v in item.items() if k in known})
             self.tasks[task.id] = task
             if task.state == "Running":
-                log.info("re-adopted task %s (pid %s) after a restart", task.id, task.pid)
+                log.info(
+                    "re-adopted task %s (pid %s) after a restart: it is no longer our child, so"
+                    " its exit code comes from its exit file; its output file is still shipped",
+                    task.id, task.pid,
+                )  # fmt: skip
 
 
 def _alive(pid: int) -> bool:
@@ -402,6 +471,28 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return True
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot ("" if unknown)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    # The command name (field 2) may hold spaces; fields after it are plain.
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def _whole_utf8(chunk: bytes) -> bytes:
+    """`chunk` without a trailing incomplete UTF-8 character (b"" if that is all it holds)."""
+    for back in range(1, min(4, len(chunk)) + 1):
+        byte = chunk[-back]
+        if byte < 0x80:
+            return chunk  # ends in ASCII
+        if byte >= 0xC0:  # the lead byte of the last character
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return chunk if back >= need else chunk[:-back]
+    return chunk  # not UTF-8 anyway
 
 
 def _size(path: Path) -> int:

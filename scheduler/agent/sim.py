@@ -145,4 +145,7 @@ class SimCluster:
         except OSError as exc:
             log.warning("node %s: server unreachable (%s)", node.agent.name, exc)
             return str(exc)
+        except Exception as exc:  # one node's trouble never stops the others
+            log.exception("node %s: heartbeat failed", node.agent.name)
+            return str(exc) or type(exc).__name__
         return ""

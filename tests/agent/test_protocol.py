@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from scheduler.models import Allocation, Event, Node, Task, TaskLog
+from scheduler.models import Allocation, Device, Event, Job, Node, Task, TaskLog
 from scheduler.states import NodeState, TaskState
 from tests.factories import make_job, place
 
 pytestmark = pytest.mark.django_db
 JOIN = "join-secret"
 NODE = {"name": "gpu-01", "cpu": "8", "memory": "64Gi", "labels": {"gpu-model": "h100"},
-        "devices": [{"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b"}]}  # fmt: skip
+        "devices": [{"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b"}],
+        "hostname": "gpu-01.lab"}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -38,13 +41,45 @@ def beat(token, tasks=(), **extra):
                              format="json")  # fmt: skip
 
 
+def upload(token, task_id, offset, data, attempt=0):
+    return agent(token).post(f"/api/v1/agent/tasks/{task_id}/log/",
+                             {"attempt": attempt, "offset": offset, "data": data},
+                             format="json")  # fmt: skip
+
+
+def rows() -> dict[str, list[Any]]:
+    """Everything a report could change, to compare before and after a rejected one."""
+    return {
+        "tasks": list(Task.objects.order_by("pk").values()),
+        "allocations": list(Allocation.objects.order_by("pk").values()),
+        "events": list(Event.objects.order_by("pk").values()),
+        "nodes": list(Node.objects.order_by("pk").values()),
+        "jobs": list(Job.objects.order_by("pk").values()),
+        "logs": list(TaskLog.objects.order_by("pk").values()),
+    }
+
+
+def _assigned(owner, node, gpu=1, name="job"):
+    job = make_job(owner, name, gpu=gpu, command="echo hi")
+    place(job, node, state=TaskState.ASSIGNED, devices=gpu)
+    return job, job.tasks.get()
+
+
+# --- register ----------------------------------------------------------------------------
+
+
 def test_it_registers_a_node_with_its_devices():
     response = register()
     assert response.status_code == 201
+    answer = response.json()
     node = Node.objects.get(name="gpu-01")
     assert (node.cpu, node.memory, node.labels) == (8000, 64 * 2**30, {"gpu-model": "h100"})
+    assert (node.hostname, node.state, node.last_heartbeat is not None) == (
+        "gpu-01.lab", NodeState.READY, True)  # fmt: skip
     assert list(node.devices.values_list("index", "uuid")) == [(0, "GPU-a"), (1, "GPU-b")]
-    assert node.token_hash and response.json()["token"] not in node.token_hash
+    assert node.token_hash and answer["token"] not in node.token_hash
+    assert {"node", "token", "heartbeat_interval", "kill_grace_seconds"} <= set(answer)
+    assert Event.objects.filter(kind="NodeRegistered", node=node).exists()
 
 
 @pytest.mark.parametrize("token", ["", "wrong"])
@@ -55,46 +90,122 @@ def test_it_refuses_a_wrong_join_token(token):
 
 def test_it_refuses_registration_without_a_join_token_configured(settings):
     settings.BERTH_JOIN_TOKEN = ""
-    assert register().status_code == 403
+    response = register()
+    assert response.status_code == 403 and "BERTH_JOIN_TOKEN" in response.json()["detail"]
+    assert not Node.objects.exists()
 
 
 def test_it_names_bad_registration_fields():
-    response = register({"name": "Bad Name", "cpu": -1, "memory": "lots", "devices": [{"x": 1}]})
+    response = register({"name": "Bad Name", "cpu": -1, "memory": "lots",
+                         "devices": [{"x": 1}, {"index": 1, "memory": "big"}]})  # fmt: skip
     assert response.status_code == 400
-    assert {"name", "cpu", "memory", "devices.0"} <= set(response.json())
+    assert {"name", "cpu", "memory", "devices.0", "devices.1.memory"} <= set(response.json())
+    assert not Node.objects.exists()
 
 
-def _assigned(owner, node, gpu=1):
-    job = make_job(owner, gpu=gpu, command="echo hi")
-    place(job, node, state=TaskState.ASSIGNED, devices=gpu)
-    return job, job.tasks.get()
+@pytest.mark.parametrize(("cpu", "millicores"), [(8000, 8000), ("8", 8000), ("500m", 500)])
+def test_it_reads_cpu_as_millicores_or_as_users_write_it(cpu, millicores):
+    assert register({**NODE, "cpu": cpu}).status_code == 201
+    assert Node.objects.get().cpu == millicores
 
 
-def test_a_heartbeat_starts_assigned_tasks_with_their_env(owner):
+def test_it_reconciles_devices_and_replaces_the_token_on_re_registration(owner):
+    old = register().json()["token"]
+    _assigned(owner, Node.objects.get())  # holds device 0
+    again = register({**NODE, "labels": {}, "devices": [{"index": 2, "uuid": "GPU-c"}]})
+    new = again.json()["token"]
+    devices = {d.index: d for d in Device.objects.all()}
+    # Device 0 is gone from the machine but held by a task: kept, unhealthy. Device 1 is
+    # gone and free: deleted. Device 2 is new.
+    assert set(devices) == {0, 2} and not devices[0].healthy and devices[2].uuid == "GPU-c"
+    assert Node.objects.get().labels == {}
+    assert beat(old).status_code == 401
+    assert beat(new).status_code == 200
+
+
+# --- heartbeat ---------------------------------------------------------------------------
+
+
+def test_it_starts_assigned_tasks_with_their_env_and_follows_them_to_the_end(owner):
     token = register().json()["token"]
     job, task = _assigned(owner, Node.objects.get())
     answer = beat(token).json()
     (start,) = answer["start"]
-    assert (start["id"], start["command"], start["devices"]) == (task.pk, "echo hi", [0])
+    assert (start["id"], start["attempt"], start["command"], start["devices"]) == (
+        task.pk, 0, "echo hi", [0])  # fmt: skip
+    assert (start["job_id"], start["group"], start["index"]) == (job.pk, "main", 0)
     env = start["env"]
     assert env["CUDA_VISIBLE_DEVICES"] == "0"
-    assert (env["BERTH_JOB_ID"], env["RANK"], env["WORLD_SIZE"]) == (str(job.pk), "0", "1")
+    assert (env["BERTH_JOB_ID"], env["BERTH_TASK_INDEX"]) == (str(job.pk), "0")
+    assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == ("0", "1", "gpu-01.lab")
     assert env["MASTER_PORT"] == str(20000 + job.pk % 20000)
+    assert answer["kill"] == [] and answer["heartbeat_interval"] > 0
 
-    beat(token, [{"id": task.pk, "attempt": 0, "state": "Running"}])
+    running = [{"id": task.pk, "attempt": 0, "state": "Running"}]
+    beat(token, running)
     task.refresh_from_db()
     assert task.state == TaskState.RUNNING and task.started_at
-    assert beat(token, [{"id": task.pk, "attempt": 0, "state": "Running"}]).json()["start"] == []
+    assert Event.objects.filter(kind="TaskStarted", job=job).count() == 1
+    # The same report again: no new start message, no change, no new event.
+    before = rows()
+    assert beat(token, running).json() == {**answer, "start": []}
+    after = rows()
+    for table in ("tasks", "allocations", "events", "jobs"):
+        assert before[table] == after[table]
 
     done = [{"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0}]
     beat(token, done)
     task.refresh_from_db()
-    assert (task.state, task.exit_code) == (TaskState.SUCCEEDED, 0)
+    assert (task.state, task.exit_code, task.finished_at is not None) == (
+        TaskState.SUCCEEDED, 0, True)  # fmt: skip
     assert not Allocation.objects.exists()  # the device is free once the agent confirms
     # A retried report changes nothing more.
-    events = Event.objects.count()
-    assert beat(token, done).status_code == 200
-    assert Event.objects.count() == events
+    before = rows()
+    retried = beat(token, done)
+    assert retried.status_code == 200 and retried.json()["kill"] == []
+    assert rows()["events"] == before["events"] and rows()["tasks"] == before["tasks"]
+
+
+def test_it_gives_each_task_of_a_gang_its_rank_and_devices(owner):
+    token_a = register().json()["token"]
+    token_b = register({**NODE, "name": "gpu-02", "hostname": "gpu-02.lab"}).json()["token"]
+    node_a, node_b = Node.objects.get(name="gpu-01"), Node.objects.get(name="gpu-02")
+    job = make_job(owner, replicas=2, gpu=1, command="train")
+    job.spec["tasks"][0]["env"] = {"LR": "0.1"}
+    job.save()
+    first, second = job.tasks.order_by("index")
+    for task, node, device in ((first, node_a, 0), (second, node_b, 1)):
+        Task.objects.filter(pk=task.pk).update(state=TaskState.ASSIGNED, node=node)
+        Allocation.objects.create(task=task, device=node.devices.get(index=device))
+    (start,) = beat(token_b).json()["start"]
+    env = start["env"]
+    assert start["id"] == second.pk and env["LR"] == "0.1"
+    assert (env["RANK"], env["BERTH_TASK_INDEX"], env["WORLD_SIZE"]) == ("1", "1", "2")
+    assert env["MASTER_ADDR"] == "gpu-01.lab"  # where rank 0 runs
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and start["devices"] == [1]
+    assert beat(token_a).json()["start"][0]["env"]["RANK"] == "0"
+
+
+def test_it_gives_a_task_without_devices_an_empty_cuda_visible_devices(owner):
+    token = register().json()["token"]
+    _assigned(owner, Node.objects.get(), gpu=0)
+    (start,) = beat(token).json()["start"]
+    assert start["env"]["CUDA_VISIBLE_DEVICES"] == "" and start["devices"] == []
+
+
+def test_it_finishes_a_task_that_ran_and_ended_between_two_heartbeats(owner):
+    token = register().json()["token"]
+    job, task = _assigned(owner, Node.objects.get())
+    failed = [{"id": task.pk, "attempt": 0, "state": "Failed", "exit_code": 3, "message": "x"}]
+    assert beat(token, failed).json()["start"] == []
+    task.refresh_from_db()
+    assert (task.state, task.exit_code) == (TaskState.FAILED, 3)
+    assert task.started_at and task.finished_at
+    assert not Allocation.objects.exists()
+    event = Event.objects.get(kind="TaskFailed", job=job)
+    assert "code 3" in event.message
+    job.refresh_from_db()
+    assert job.state == "Pending"  # job states are the scheduler loop's business
 
 
 @pytest.mark.parametrize(
@@ -103,55 +214,106 @@ def test_a_heartbeat_starts_assigned_tasks_with_their_env(owner):
         [{"id": "x", "attempt": 0, "state": "Running"}],
         [{"id": 1, "attempt": 0, "state": "Exploded"}],
         [{"id": 1, "attempt": -1, "state": "Running"}],
+        [{"id": 1, "attempt": "0", "state": "Running"}],
         [{"id": 1, "attempt": 0, "state": "Failed"}],  # a failure needs its exit code
+        [{"id": 1, "attempt": 0, "state": "Failed", "exit_code": "3"}],
+        [{"id": 1, "attempt": 0, "state": "Running"}, {"id": 1, "attempt": 0, "state": "Running"}],
+        ["not an object"],
         "not a list",
     ],
 )
-def test_a_malformed_report_is_rejected_and_changes_nothing(owner, tasks):
+def test_it_rejects_a_malformed_report_and_changes_nothing(owner, tasks):
     token = register().json()["token"]
     node = Node.objects.get()
     _, task = _assigned(owner, node)
-    good = {"id": task.pk, "attempt": 0, "state": "Running"}
-    before = Node.objects.get().last_heartbeat
+    lost_job = make_job(owner, "lost")
+    place(lost_job, node, state=TaskState.RUNNING)  # would become Lost if the report applied
+    Node.objects.update(state=NodeState.NOT_READY)
+    good = {"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0}
+    before = rows()
     response = beat(token, [good, *tasks] if isinstance(tasks, list) else tasks)
     assert response.status_code == 400
-    task.refresh_from_db()
-    assert task.state == TaskState.ASSIGNED  # the good part of the report was not applied
-    assert Node.objects.get().last_heartbeat == before
+    assert rows() == before  # not the good part either, nor the node's heartbeat
 
 
-def test_a_node_token_acts_only_for_its_own_node(owner):
+def test_it_rejects_a_report_with_usage_that_is_not_an_object():
+    token = register().json()["token"]
+    before = rows()
+    assert beat(token, usage="lots").status_code == 400
+    assert rows() == before
+    assert beat(token, usage={"load": 0.5}).status_code == 200
+    assert Node.objects.get().usage == {"load": 0.5}
+
+
+def test_it_lets_a_node_token_act_only_for_its_own_node(owner):
     mine = register().json()["token"]
     register({**NODE, "name": "gpu-02"})
     _, theirs = _assigned(owner, Node.objects.get(name="gpu-02"))
+    before = rows()
     response = beat(mine, [{"id": theirs.pk, "attempt": 0, "state": "Failed", "exit_code": 1}])
-    assert response.status_code == 403
-    theirs.refresh_from_db()
-    assert theirs.state == TaskState.ASSIGNED
-    log = agent(mine).post(f"/api/v1/agent/tasks/{theirs.pk}/log/",
-                           {"attempt": 0, "offset": 0, "data": "x"}, format="json")  # fmt: skip
+    assert response.status_code == 400 and "gpu-01" in str(response.json())
+    assert rows() == before
+    log = upload(mine, theirs.pk, 0, "x")
     assert log.status_code == 404 and not TaskLog.objects.exists()
     assert beat("not-a-token").status_code == 401
+    assert agent("").post("/api/v1/agent/heartbeat/", {}, format="json").status_code == 401
+    bearer = APIClient()
+    bearer.credentials(HTTP_AUTHORIZATION=f"Bearer {JOIN}")  # the join token is not a node's
+    assert bearer.post("/api/v1/agent/heartbeat/", {}, format="json").status_code == 401
+
+
+def test_it_kills_an_old_attempt_of_a_task_that_moved_to_another_node(owner):
+    # Node A went silent, its task was lost and now runs again, as attempt 1, on node B;
+    # node A comes back still running attempt 0.
+    token_a = register().json()["token"]
+    register({**NODE, "name": "gpu-02"})
+    job = make_job(owner)
+    place(job, Node.objects.get(name="gpu-02"), state=TaskState.RUNNING)
+    task = job.tasks.get()
+    Task.objects.filter(pk=task.pk).update(attempt=1)
+    before = rows()["tasks"]
+    answer = beat(token_a, [{"id": task.pk, "attempt": 0, "state": "Running"}]).json()
+    assert [(k["id"], k["attempt"]) for k in answer["kill"]] == [(task.pk, 0)]
+    assert rows()["tasks"] == before
 
 
 def test_it_reconciles_what_the_agent_runs_with_what_the_server_wants(owner):
     token = register().json()["token"]
     node = Node.objects.get()
     lost_job = make_job(owner, "lost")
-    place(lost_job, node, state=TaskState.RUNNING)
-    killed_job, killed = _assigned(owner, node)
+    place(lost_job, node, state=TaskState.RUNNING, devices=1)
+    killed_job, killed = _assigned(owner, node, name="killed")
     Task.objects.filter(pk=killed.pk).update(kill_requested=True)
-    # The agent runs a stale attempt of a task and a task the server never heard of.
+    # The agent runs a stale attempt of a task, a task the server never heard of, and a task
+    # the server already considers over.
     stale_job = make_job(owner, "stale")
     place(stale_job, node, state=TaskState.RUNNING)
     stale = stale_job.tasks.get()
     Task.objects.filter(pk=stale.pk).update(attempt=2)
+    over_job = make_job(owner, "over")
+    place(over_job, node, state=TaskState.RUNNING)
+    over = over_job.tasks.get()
+    Task.objects.filter(pk=over.pk).update(state=TaskState.LOST)
     answer = beat(token, [{"id": stale.pk, "attempt": 1, "state": "Running"},
-                          {"id": 99999, "attempt": 0, "state": "Running"}]).json()  # fmt: skip
-    assert {(k["id"], k["attempt"]) for k in answer["kill"]} == {(stale.pk, 1), (99999, 0)}
-    assert lost_job.tasks.get().state == TaskState.LOST  # running here, not reported
+                          {"id": 99999, "attempt": 0, "state": "Running"},
+                          {"id": over.pk, "attempt": 0, "state": "Running"},
+                          {"id": stale.pk + 1000, "attempt": 0, "state": "Succeeded",
+                           "exit_code": 0}]).json()  # fmt: skip
+    assert {(k["id"], k["attempt"]) for k in answer["kill"]} == {
+        (stale.pk, 1), (99999, 0), (over.pk, 0)}  # fmt: skip
+    lost = lost_job.tasks.get()
+    assert (lost.state, lost.message) == (TaskState.LOST, "agent no longer runs it")
+    assert not Allocation.objects.filter(task=lost).exists()
+    assert Event.objects.filter(kind="TaskLost", job=lost_job).exists()
     assert killed_job.tasks.get().state == TaskState.KILLED  # never started, kill asked
+    assert not Allocation.objects.filter(task=killed).exists()
+    assert stale_job.tasks.get().state == TaskState.LOST  # attempt 2 is not running there
     assert answer["start"] == []
+    # Repeating the report changes nothing more.
+    before = rows()
+    again = beat(token, [{"id": stale.pk, "attempt": 1, "state": "Running"}]).json()
+    assert again["kill"] == [k for k in answer["kill"] if k["id"] == stale.pk]
+    assert rows()["tasks"] == before["tasks"] and rows()["events"] == before["events"]
 
 
 def test_it_asks_the_agent_to_kill_a_task_the_server_wants_stopped(owner):
@@ -160,33 +322,98 @@ def test_it_asks_the_agent_to_kill_a_task_the_server_wants_stopped(owner):
     running = [{"id": task.pk, "attempt": 0, "state": "Running"}]
     beat(token, running)
     Task.objects.filter(pk=task.pk).update(kill_requested=True)
-    (kill,) = beat(token, running).json()["kill"]
-    assert kill["id"] == task.pk and kill["grace_seconds"] >= 0
+    answer = beat(token, running).json()
+    (kill,) = answer["kill"]
+    assert kill["id"] == task.pk and kill["attempt"] == 0 and kill["grace_seconds"] >= 0
+    assert answer["start"] == []
     assert Allocation.objects.filter(task=task).exists()  # held until confirmed
     beat(token, [{"id": task.pk, "attempt": 0, "state": "Killed", "exit_code": 143}])
+    task.refresh_from_db()
+    assert (task.state, task.exit_code) == (TaskState.KILLED, 143)
     assert not Allocation.objects.filter(task=task).exists()
 
 
-def test_a_node_comes_back_ready_with_its_heartbeat():
+def test_it_does_not_start_an_assigned_task_whose_kill_was_requested(owner):
+    token = register().json()["token"]
+    _, task = _assigned(owner, Node.objects.get())
+    Task.objects.filter(pk=task.pk).update(kill_requested=True)
+    # The agent got the start message before the kill request: it reports it running.
+    answer = beat(token, [{"id": task.pk, "attempt": 0, "state": "Running"}]).json()
+    assert [k["id"] for k in answer["kill"]] == [task.pk] and answer["start"] == []
+
+
+def test_it_brings_a_node_back_ready_with_its_heartbeat():
     token = register().json()["token"]
     Node.objects.update(state=NodeState.NOT_READY, last_heartbeat=timezone.now())
     beat(token)
-    assert Node.objects.get().state == NodeState.READY
+    node = Node.objects.get()
+    assert node.state == NodeState.READY
+    assert Event.objects.filter(kind="NodeReady", node=node).exists()
 
 
-def test_log_chunks_are_stored_once_and_capped(owner, settings):
+def test_it_keeps_a_cordoned_node_cordoned_when_it_comes_back():
+    token = register().json()["token"]
+    Node.objects.update(state=NodeState.NOT_READY, admin_state=NodeState.CORDONED)
+    beat(token)
+    assert Node.objects.get().state == NodeState.CORDONED
+
+
+# --- logs --------------------------------------------------------------------------------
+
+
+def test_it_stores_log_chunks_once_and_caps_them(owner, settings):
     settings.BERTH_LOG_MAX_BYTES = 1024
     settings.BERTH_LOG_CHUNK_BYTES = 2048
     token = register().json()["token"]
     _, task = _assigned(owner, Node.objects.get())
-    url = f"/api/v1/agent/tasks/{task.pk}/log/"
-    first = agent(token).post(url, {"attempt": 0, "offset": 0, "data": "a" * 1000}, format="json")
-    assert first.json() == {"next_offset": 1000}
-    agent(token).post(url, {"attempt": 0, "offset": 0, "data": "a" * 1000}, format="json")
+    assert upload(token, task.pk, 0, "a" * 1000).json() == {"next_offset": 1000}
+    assert upload(token, task.pk, 0, "a" * 1000).status_code == 200
     assert TaskLog.objects.count() == 1  # a re-sent chunk is ignored
-    agent(token).post(url, {"attempt": 0, "offset": 1000, "data": "b" * 100}, format="json")
-    agent(token).post(url, {"attempt": 0, "offset": 1100, "data": "c" * 100}, format="json")
+    upload(token, task.pk, 1000, "b" * 100)
+    upload(token, task.pk, 1100, "c" * 100)
     data = "".join(TaskLog.objects.order_by("offset").values_list("data", flat=True))
-    assert data.startswith("a" * 1000) and "output truncated" in data and "c" * 100 not in data
-    too_big = agent(token).post(url, {"attempt": 0, "offset": 0, "data": "x" * 3000}, format="json")
+    # What fits is kept, then one marker, then nothing.
+    assert data.startswith("a" * 1000 + "b" * 24) and "b" * 25 not in data
+    assert data.count("output truncated") == 1 and "cc" not in data
+    too_big = upload(token, task.pk, 1200, "x" * 3000)
     assert too_big.status_code == 400 and "data" in too_big.json()
+
+
+def test_it_keeps_each_attempts_output_apart(owner):
+    token = register().json()["token"]
+    _, task = _assigned(owner, Node.objects.get())
+    upload(token, task.pk, 0, "first\n", attempt=0)
+    upload(token, task.pk, 0, "second\n", attempt=1)
+    assert list(TaskLog.objects.order_by("attempt").values_list("attempt", "data")) == [
+        (0, "first\n"), (1, "second\n")]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"offset": 0, "data": "x"}, "attempt"), ({"attempt": 0, "offset": -1, "data": "x"}, "offset"),
+     ({"attempt": 0, "offset": 0, "data": 5}, "data")],
+)  # fmt: skip
+def test_it_names_bad_log_fields(owner, body, field):
+    token = register().json()["token"]
+    _, task = _assigned(owner, Node.objects.get())
+    response = agent(token).post(f"/api/v1/agent/tasks/{task.pk}/log/", body, format="json")
+    assert response.status_code == 400 and field in response.json()
+    assert not TaskLog.objects.exists()
+
+
+def test_it_pushes_new_output_live_after_commit(owner, monkeypatch,
+                                                django_capture_on_commit_callbacks):  # fmt: skip
+    import dashboard.live
+
+    pushed: list[tuple[Any, ...]] = []
+    changed: list[set[int]] = []
+    monkeypatch.setattr(dashboard.live, "publish_log", lambda *a: pushed.append(a))
+    monkeypatch.setattr(dashboard.live, "publish", lambda jobs, flows, nodes: changed.append(jobs))
+    token = register().json()["token"]
+    job, task = _assigned(owner, Node.objects.get())
+    with django_capture_on_commit_callbacks(execute=True):
+        upload(token, task.pk, 0, "hello\n")
+    with django_capture_on_commit_callbacks(execute=True):
+        upload(token, task.pk, 0, "hello\n")  # a duplicate is not pushed again
+    assert pushed == [(task.pk, 0, 0, "hello\n")]
+    assert changed == [{job.pk}]

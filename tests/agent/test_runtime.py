@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from scheduler.agent.runtime import Agent
+import pytest
+
+from scheduler.agent.runtime import Agent, ServerError, _whole_utf8
 
 
 class RecordingAgent(Agent):
@@ -18,11 +24,17 @@ class RecordingAgent(Agent):
         self.token = "t"
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self.answers: list[dict[str, Any]] = []
+        self.refuse: dict[str, ServerError] = {}  # path prefix -> the error the server gives
 
     def _post(self, path: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
         self.sent.append((path, body))
+        for prefix, error in self.refuse.items():
+            if path.startswith(prefix):
+                raise error
         if path == "heartbeat/":
             return self.answers.pop(0) if self.answers else {}
+        if path == "register/":
+            return {"token": "t2", "heartbeat_interval": 0.05, "kill_grace_seconds": 0.2}
         return {}
 
     def reports(self) -> list[dict[str, Any]]:
@@ -78,7 +90,7 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
-def test_a_restarted_agent_re_adopts_its_running_tasks(tmp_path):
+def test_it_re_adopts_its_running_tasks_after_a_restart(tmp_path):
     first = RecordingAgent(tmp_path)
     first.answers = [{"start": [start_order(3, "echo before; sleep 1; echo after; exit 4")]}]
     first.step()
@@ -100,3 +112,166 @@ def test_it_forgets_a_task_once_the_server_has_its_end_and_output(tmp_path):
     run_until(agent, lambda: any(r["state"] == "Succeeded" for r in agent.reports()))
     agent.step()
     assert 4 not in agent.tasks
+
+
+def test_it_runs_a_task_in_its_own_group_and_directory_with_its_env(tmp_path):
+    agent = RecordingAgent(tmp_path)
+    command = 'echo "$(pwd) $CUDA_VISIBLE_DEVICES $RANK ${PATH:+has-path}"; ps -o pgid= -p $$'
+    agent.answers = [{"start": [start_order(5, command, CUDA_VISIBLE_DEVICES="1,3", RANK="2")]}]
+    run_until(agent, lambda: any(r["state"] == "Succeeded" for r in agent.reports()))
+    first, pgid = agent.output(5).splitlines()
+    assert first == f"{tmp_path / 'task-5-0'} 1,3 2 has-path"  # env merged over os.environ
+    assert int(pgid) != os.getpgid(0)  # a group of its own, apart from the agent's
+
+
+def test_it_reports_a_task_it_cannot_start_as_failed(tmp_path):
+    agent = RecordingAgent(tmp_path)
+    agent.answers = [{"start": [start_order(6, "true", BAD="nul\x00byte")]}]
+    agent.step()
+    agent.step()
+    (report,) = [r for r in agent.reports() if r["id"] == 6]
+    assert (report["state"], report["exit_code"]) == ("Failed", 127)
+    assert "could not start" in report["message"]
+
+
+def test_it_keeps_heartbeating_when_the_server_refuses_a_tasks_output(tmp_path):
+    agent = RecordingAgent(tmp_path)
+    agent.refuse["tasks/7/"] = ServerError(404, "task 7 is not on node test-node")
+    agent.answers = [{"start": [start_order(7, "echo lost output")]}]
+    run_until(agent, lambda: any(r["state"] == "Succeeded" for r in agent.reports()))
+    agent.step()
+    assert 7 not in agent.tasks  # reported and forgotten, output given up
+
+
+def test_it_stops_shipping_output_the_server_no_longer_keeps(tmp_path):
+    agent = RecordingAgent(tmp_path)
+    agent.log_chunk = 1024
+    calls = []
+
+    def post(path: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
+        if path.startswith("tasks/"):
+            calls.append(body["offset"])
+            return {"next_offset": body["offset"] + len(body["data"]), "dropped": True}
+        return RecordingAgent._post(agent, path, body, auth)
+
+    agent._post = post  # type: ignore[method-assign]
+    agent.answers = [{"start": [start_order(8, "head -c 100000 /dev/zero | tr '\\0' x")]}]
+    run_until(agent, lambda: any(r["state"] == "Succeeded" for r in agent.reports()))
+    assert calls == [0]
+
+
+def test_it_ships_output_without_splitting_characters(tmp_path):
+    agent = RecordingAgent(tmp_path)
+    agent.log_chunk = 1000
+    agent.answers = [{"start": [start_order(9, "printf 'é%.0s' $(seq 1 1500)")]}]
+    run_until(agent, lambda: any(r["state"] == "Succeeded" for r in agent.reports()))
+    agent.step()
+    chunks = [b["data"] for p, b in agent.sent if p == "tasks/9/log/"]
+    assert len(chunks) >= 3 and "".join(chunks) == "é" * 1500
+    assert all(len(c.encode()) <= 1000 for c in chunks)
+    assert _whole_utf8("aé".encode()[:2]) == b"a" and _whole_utf8(b"ab") == b"ab"
+
+
+def test_it_does_not_adopt_a_process_that_only_reuses_the_pid(tmp_path):
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        state = {"name": "test-node", "token": "t", "server": "http://server.invalid",
+                 "tasks": [{"id": 10, "attempt": 0, "pid": other.pid, "dir": str(tmp_path),
+                            "started": "1"}]}  # fmt: skip
+        (tmp_path / "state.json").write_text(json.dumps(state))
+        agent = RecordingAgent(tmp_path)
+        agent._load()
+        agent.step()
+        (report,) = agent.reports()
+        assert report["state"] == "Failed" and "exit code unknown" in report["message"]
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_it_backs_off_while_the_join_token_is_refused(tmp_path):
+    agent = RecordingAgent(tmp_path)
+    agent.token = ""
+    agent.refuse["register/"] = ServerError(401, "wrong or missing join token")
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,))
+    thread.start()
+    time.sleep(1.0)
+    stop.set()
+    thread.join(5)
+    registers = [p for p, _ in agent.sent if p == "register/"]
+    assert 1 <= len(registers) <= 3  # 0.5 s, then 1 s: no tight loop
+    assert not any(p == "heartbeat/" for p, _ in agent.sent)
+
+
+def test_it_registers_again_when_the_server_forgets_its_token(tmp_path):
+    agent = RecordingAgent(tmp_path)
+    forgotten = [ServerError(401, "unknown node token; register again")]
+
+    def post(path: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
+        if path == "heartbeat/" and forgotten:
+            agent.sent.append((path, body))
+            raise forgotten.pop()
+        return RecordingAgent._post(agent, path, body, auth)
+
+    agent._post = post  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,))
+    thread.start()
+    deadline = time.monotonic() + 5
+    while sum(p == "heartbeat/" for p, _ in agent.sent) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    thread.join(5)
+    paths = [p for p, _ in agent.sent]
+    assert paths[:4] == ["register/", "heartbeat/", "register/", "heartbeat/"]
+    assert agent.token == "t2"
+
+
+def test_it_leaves_its_tasks_running_when_it_stops(tmp_path):
+    agent = RecordingAgent(tmp_path)
+    agent.answers = [{"start": [start_order(11, "sleep 30")]}]
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,))
+    thread.start()
+    deadline = time.monotonic() + 5
+    while 11 not in agent.tasks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    thread.join(5)
+    pid = agent.tasks[11].pid
+    try:
+        assert _alive(pid)
+        saved = json.loads((tmp_path / "state.json").read_text())
+        assert [t["pid"] for t in saved["tasks"]] == [pid]
+    finally:
+        os.killpg(pid, signal.SIGKILL)
+
+
+def test_it_kills_its_tasks_on_exit_when_asked_and_says_so(tmp_path):
+    agent = RecordingAgent(tmp_path, kill_on_exit=True)
+    agent.answers = [{"start": [start_order(12, "sleep 30")]}]
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,))
+    thread.start()
+    deadline = time.monotonic() + 5
+    while 12 not in agent.tasks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = agent.tasks[12].pid
+    stop.set()
+    thread.join(10)
+    assert not _alive(pid)
+    assert agent.reports()[-1]["state"] == "Killed"
+
+
+@pytest.mark.parametrize("status", [500, 502])
+def test_it_keeps_its_tasks_when_the_server_fails(tmp_path, status):
+    agent = RecordingAgent(tmp_path)
+    agent.answers = [{"start": [start_order(13, "sleep 0.3; echo done")]}]
+    agent.step()
+    agent.refuse["heartbeat/"] = ServerError(status, "down")
+    with pytest.raises(ServerError):
+        agent.step()
+    del agent.refuse["heartbeat/"]
+    run_until(agent, lambda: any(r["state"] == "Succeeded" for r in agent.reports()))
+    assert agent.output(13) == "done\n"
