@@ -241,7 +241,10 @@ def apply_heartbeat(node: Node, data: object) -> dict[str, Any]:
     grace = settings.BERTH_KILL_GRACE_SECONDS
     with transaction.atomic():
         tasks = {
-            t.pk: t for t in Task.objects.select_for_update().filter(pk__in=[r.id for r in reports])
+            t.pk: t
+            for t in Task.objects.select_for_update(of=("self",))
+            .select_related("job")
+            .filter(pk__in=[r.id for r in reports])
         }
         # The current attempt of a task placed on another node is not this agent's to report
         # (a node token acts only for its own node). An older attempt is a leftover of a task
@@ -282,7 +285,8 @@ def apply_heartbeat(node: Node, data: object) -> dict[str, Any]:
 
         # Tasks the server placed here that the agent did not report.
         start = []
-        for task in Task.objects.select_for_update().filter(node=node, state__in=TASK_ON_NODE):
+        on_node = Task.objects.select_for_update(of=("self",)).select_related("job")
+        for task in on_node.filter(node=node, state__in=TASK_ON_NODE):
             if task.pk in reported:
                 continue
             if task.state == TaskState.RUNNING:

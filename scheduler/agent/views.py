@@ -61,7 +61,8 @@ class RegisterView(APIView):
             )
         header = authentication.get_authorization_header(request).decode(errors="replace")
         scheme, _, given = header.partition(" ")
-        if scheme != "Bearer" or not hmac.compare_digest(given.strip(), expected):
+        # Bytes: compare_digest refuses non-ASCII text, which a header may well hold.
+        if scheme != "Bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
             return Response({"detail": "wrong or missing join token"}, status=401)
         try:
             return Response(protocol.register(request.data), status=status.HTTP_201_CREATED)

@@ -82,7 +82,7 @@ def test_it_registers_a_node_with_its_devices():
     assert Event.objects.filter(kind="NodeRegistered", node=node).exists()
 
 
-@pytest.mark.parametrize("token", ["", "wrong"])
+@pytest.mark.parametrize("token", ["", "wrong", "jöin-secret"])
 def test_it_refuses_a_wrong_join_token(token):
     assert register(token=token).status_code == 401
     assert not Node.objects.exists()
