@@ -1,10 +1,16 @@
 """Live pushes: render the changed fragments once and send them to their groups.
 
 Called after a transaction commits (scheduler.notify), from the web process, the scheduler
-loop or an agent's heartbeat. The same template fragments serve the first page render, the
-htmx responses and these pushes. Groups: `cluster` (node cards, totals), `flow-<id>` (that flow
-only), `job-<id>` (that job only), and `jobs-<user id>` / `jobs-staff` for job rows, so a
-user's list never receives another user's jobs.
+loop or an agent's heartbeat, always from sync code. The same template fragments serve the
+first page render, the htmx responses and these pushes. Groups: `cluster` (node cards, totals,
+queue table), `flow-<id>` (that flow only), `job-<id>` (that job only), and `jobs-<user id>` /
+`jobs-staff` for job list rows, so a user's list never receives another user's jobs.
+
+1. Work out which groups a change concerns.
+2. Ask the channel layer which of them have a socket in them (one round trip), so a scheduler
+   cycle that touches a thousand jobs renders only the pages somebody has open.
+3. Render those fragments (sync: templates and ORM).
+4. Send them all in one round trip.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -21,49 +28,121 @@ from dashboard import queries
 from scheduler.models import Flow, Job, Task
 
 log = logging.getLogger("berth.live")
+_pending: set[asyncio.Task[None]] = set()
 
 
-def _send(group: str, html: str) -> None:
+async def _watched_async(layer: Any, groups: list[str]) -> set[str]:
+    found = set()
+    for group in groups:
+        connection = layer.connection(layer.consistent_hash(group))
+        if await connection.zcard(layer._group_key(group)):
+            found.add(group)
+    return found
+
+
+def _watched(groups: Iterable[str]) -> set[str]:
+    """The groups with at least one socket in them (all of them when the layer cannot say)."""
+    wanted = list(dict.fromkeys(groups))
     layer = get_channel_layer()
-    if layer is None or not html.strip():
+    if layer is None or not wanted:
+        return set()
+    members = getattr(layer, "groups", None)
+    if isinstance(members, dict):  # InMemoryChannelLayer: same process, read its table
+        return {g for g in wanted if members.get(g)}
+    if hasattr(layer, "_group_key") and hasattr(layer, "consistent_hash"):  # channels_redis
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            try:
+                return set(async_to_sync(_watched_async)(layer, wanted))
+            except Exception:  # never lose a push over a failed check: send to all
+                log.warning("could not read group membership; pushing to all", exc_info=True)
+    return set(wanted)
+
+
+async def _send_all(layer: Any, messages: list[tuple[str, str]]) -> None:
+    for group, html in messages:
+        await layer.group_send(group, {"type": "html", "html": html})
+
+
+def _send(messages: list[tuple[str, str]]) -> None:
+    layer = get_channel_layer()
+    messages = [(g, html) for g, html in messages if html.strip()]
+    if layer is None or not messages:
         return
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        async_to_sync(layer.group_send)(group, {"type": "html", "html": html})
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: a sync caller (view thread, scheduler loop, agent)
+        async_to_sync(_send_all)(layer, messages)
         return
-    # Called from a thread that runs an event loop: async_to_sync would raise here.
-    log.warning("live push to %s skipped: called from inside an event loop", group)
+    # A caller on an event loop thread: async_to_sync would raise here, so the sends are
+    # scheduled on that loop instead (kept referenced until done so they are not collected).
+    task = loop.create_task(_send_all(layer, messages))
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
 
 
 def publish(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable[int] = ()) -> None:
     job_ids, flow_ids, node_ids = set(jobs), set(flows), set(nodes)
-    for job in Job.objects.filter(pk__in=job_ids).select_related("owner", "queue", "flow", "step"):
-        detail = queries.job_detail(job, with_logs=False)
-        _send(f"job-{job.pk}", render_to_string("dashboard/job.html#job-live", detail))
-        row = render_to_string("dashboard/jobs.html#job-row", {"job": job, "oob": True})
-        _send(f"jobs-{job.owner_id}", row)
-        _send("jobs-staff", row)
-        if job.flow_id:
-            flow_ids.add(job.flow_id)
-
-    node_ids.update(
-        Task.objects.filter(job_id__in=job_ids).exclude(node=None).values_list("node_id", flat=True)
+    job_rows = list(
+        Job.objects.filter(pk__in=job_ids).select_related("owner", "queue", "flow", "step")
     )
+    flow_ids.update(job.flow_id for job in job_rows if job.flow_id)
+    candidates = [f"job-{j.pk}" for j in job_rows] + [f"flow-{f}" for f in flow_ids]
+    candidates += [f"jobs-{j.owner_id}" for j in job_rows] + ["jobs-staff", "cluster"]
+    watched = _watched(candidates)
+    messages: list[tuple[str, str]] = []
+
+    for job in job_rows:
+        if f"job-{job.pk}" in watched:
+            detail = queries.job_detail(job, with_logs=False)
+            messages.append((f"job-{job.pk}",
+                             render_to_string("dashboard/job.html#job-live", detail)))  # fmt: skip
+        row_groups = [g for g in (f"jobs-{job.owner_id}", "jobs-staff") if g in watched]
+        if row_groups:
+            row = render_to_string("dashboard/jobs.html#job-row", {"job": job, "oob": True})
+            messages.extend((g, row) for g in row_groups)
+
     for flow in Flow.objects.filter(pk__in=flow_ids).select_related("owner"):
-        _send(f"flow-{flow.pk}", render_to_string("dashboard/flow.html#flow-live",
-                                                  queries.flow_detail(flow)))  # fmt: skip
-    if node_ids or job_ids:
+        if f"flow-{flow.pk}" in watched:
+            html = render_to_string("dashboard/flow.html#flow-live", queries.flow_detail(flow))
+            messages.append((f"flow-{flow.pk}", html))
+
+    if (node_ids or job_ids) and "cluster" in watched:
+        node_ids.update(
+            Task.objects.filter(job_id__in=job_ids)
+            .exclude(node=None)
+            .values_list("node_id", flat=True)
+        )
         html = render_to_string("dashboard/cluster.html#cluster-live", {
             "cards": queries.node_cards(sorted(node_ids)), "summary": queries.cluster_summary(),
-            "oob": True,
         })  # fmt: skip
-        _send("cluster", html)
+        messages.append(("cluster", html))
+    _send(messages)
 
 
 def publish_log(task_id: int, attempt: int, offset: int, data: str) -> None:
-    task = Task.objects.filter(pk=task_id).only("id", "job_id", "attempt").first()
-    if task is None or task.attempt != attempt:
-        return
-    html = render_to_string("dashboard/job.html#log-append", {"task": task, "data": data})
-    _send(f"job-{task.job_id}", html)
+    """Append newly uploaded output to the task's pane on its job page (`job-<id>` only) and
+    to the output pane of the job's flow page (`flow-<id>` only), prefixed by job/task."""
+    row = (
+        Task.objects.filter(pk=task_id)
+        .values("job_id", "attempt", "group", "index", "job__name", "job__flow_id")
+        .first()
+    )
+    if row is None or row["attempt"] != attempt or not data:
+        return  # an old attempt's late output: its pane shows the current attempt
+    job_id, flow_id = row["job_id"], row["job__flow_id"]
+    context = {"task_id": task_id, "job_id": job_id, "data": data}
+    messages: list[tuple[str, str]] = [
+        (f"job-{job_id}", render_to_string("dashboard/job.html#log-append", context))
+    ]
+    if flow_id:
+        label = f"{row['job__name']}/{row['group']}-{row['index']}"
+        lines = "".join(f"{label}  {line}" for line in data.splitlines(keepends=True))
+        if not lines.endswith("\n"):
+            lines += "\n"  # lines of different jobs must not run together
+        context = {"flow_id": flow_id, "data": lines[-queries.LOG_TAIL_CHARS :]}
+        messages.append(
+            (f"flow-{flow_id}", render_to_string("dashboard/flow.html#flow-log-append", context))
+        )
+    _send(messages)

@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet
+import yaml
+from django.db.models import Count, Prefetch, QuerySet
 
 from dashboard.dag import layout
 from scheduler.core.quantity import format_cpu
-from scheduler.models import Allocation, Device, Event, Flow, Job, Node, Queue, Task
-from scheduler.states import TASK_ON_NODE
+from scheduler.models import Allocation, Device, Event, Flow, Job, Node, Queue, Task, TaskLog
+from scheduler.states import TASK_ON_NODE, JobState, NodeState, StepState
+
+LOG_TAIL_CHARS = 20000
+LEGEND = [s.value for s in StepState]
 
 
 def readable_memory(size: int) -> str:
@@ -26,7 +30,11 @@ def readable_memory(size: int) -> str:
     return f"{size}B" if size else "0"
 
 
+JOB_COLOURS = 16  # .jc-0 ... .jc-15 in berth.css: distinct, all readable with white text
+
+
 def node_cards(ids: list[int] | None = None) -> list[dict[str, Any]]:
+    """One card per node (only `ids` if given): use, labels and each GPU with its holder."""
     nodes: QuerySet[Node] = Node.objects.order_by("name").prefetch_related(
         Prefetch(
             "devices",
@@ -40,16 +48,18 @@ def node_cards(ids: list[int] | None = None) -> list[dict[str, Any]]:
         nodes = nodes.filter(pk__in=ids)
     cards = []
     for node in nodes:
-        used_cpu = sum(t.cpu for t in node.tasks.all())
-        used_memory = sum(t.memory for t in node.tasks.all())
+        tasks = node.tasks.all()
+        used_cpu = sum(t.cpu for t in tasks)
+        used_memory = sum(t.memory for t in tasks)
         devices = []
         for d in node.devices.all():
             allocation = getattr(d, "allocation", None)
             job = allocation.task.job if allocation else None
             devices.append({"index": d.index, "model": d.model, "healthy": d.healthy, "job": job,
-                            "colour": (job.pk * 47) % 360 if job else None})  # fmt: skip
+                            "colour": job.pk % JOB_COLOURS if job else None})  # fmt: skip
         cards.append({
-            "node": node, "devices": devices,
+            "node": node, "devices": devices, "tasks": len(tasks),
+            "labels": [f"{k}={v}" for k, v in sorted((node.labels or {}).items())][:6],
             "cpu": f"{format_cpu(used_cpu)}/{format_cpu(node.cpu)}",
             "memory": f"{readable_memory(used_memory)}/{readable_memory(node.memory)}",
             "cpu_pct": round(100 * used_cpu / node.cpu) if node.cpu else 0,
@@ -58,33 +68,55 @@ def node_cards(ids: list[int] | None = None) -> list[dict[str, Any]]:
     return cards
 
 
+def _pct(part: float, whole: float) -> int:
+    return round(100 * part / whole) if whole else 0
+
+
 def cluster_summary() -> dict[str, Any]:
-    nodes = list(Node.objects.all())
+    """Totals and, per queue, its dominant share (DRF over cpu/memory/gpu) against its
+    weighted fair share. Aggregates only: no query grows with the number of finished jobs."""
+    nodes = list(Node.objects.only("id", "cpu", "memory", "state"))
     gpus = Device.objects.filter(healthy=True).count()
     used_gpus = Allocation.objects.count()
     states = Counter(n.state for n in nodes)
-    jobs = Counter(Job.objects.filter(state__in=("Pending", "Running", "Suspended"))
-                   .values_list("state", flat=True))  # fmt: skip
-    queues = []
+    jobs: Counter[str] = Counter()
+    by_queue: dict[str, Counter[str]] = defaultdict(Counter)
+    for name, state, n in (
+        Job.objects.filter(state__in=(JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED))
+        .values_list("queue__name", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        jobs[state] += n
+        by_queue[name][state] += n
     held: dict[str, Counter[str]] = defaultdict(Counter)
     for queue, cpu, memory, gpu in Task.objects.filter(state__in=TASK_ON_NODE).values_list(
         "job__queue__name", "cpu", "memory", "gpu"
     ):
         held[queue].update({"cpu": cpu, "memory": memory, "gpu": gpu})
-    total_cpu = sum(n.cpu for n in nodes) or 1
-    total_memory = sum(n.memory for n in nodes) or 1
+    total_cpu = sum(n.cpu for n in nodes)
+    total_memory = sum(n.memory for n in nodes)
+    used_cpu = sum(h["cpu"] for h in held.values())
     all_queues = list(Queue.objects.order_by("name"))
     weights = sum(q.weight for q in all_queues) or 1
+    queues = []
     for q in all_queues:
         h = held[q.name]
-        share = max(h["cpu"] / total_cpu, h["memory"] / total_memory,
-                    h["gpu"] / gpus if gpus else 0)  # fmt: skip
+        share = max(_pct(h["cpu"], total_cpu), _pct(h["memory"], total_memory),
+                    _pct(h["gpu"], gpus))  # fmt: skip
+        fair = round(100 * q.weight / weights)
         queues.append({"queue": q, "gpu": h["gpu"], "cpu": format_cpu(h["cpu"]),
-                       "share": round(100 * share),
-                       "fair": round(100 * q.weight / weights)})  # fmt: skip
-    return {"nodes": len(nodes), "ready": states.get("Ready", 0), "states": dict(states),
-            "gpus": gpus, "used_gpus": used_gpus, "pending": jobs.get("Pending", 0),
-            "running": jobs.get("Running", 0), "suspended": jobs.get("Suspended", 0),
+                       "share": share, "fair": fair, "share_bar": min(share, 100),
+                       "fair_bar": min(fair, 100), "running": by_queue[q.name]["Running"],
+                       "pending": by_queue[q.name]["Pending"]})  # fmt: skip
+    return {"nodes": len(nodes), "ready": states.get(NodeState.READY, 0), "states": dict(states),
+            "not_ready": states.get(NodeState.NOT_READY, 0),
+            "cordoned": states.get(NodeState.CORDONED, 0),
+            "draining": states.get(NodeState.DRAINING, 0) + states.get(NodeState.DRAINED, 0),
+            "gpus": gpus, "used_gpus": used_gpus, "gpu_pct": _pct(used_gpus, gpus),
+            "used_cpu": format_cpu(used_cpu), "total_cpu": format_cpu(total_cpu),
+            "cpu_pct": _pct(used_cpu, total_cpu), "pending": jobs["Pending"],
+            "running": jobs["Running"], "suspended": jobs["Suspended"],
             "queues": queues}  # fmt: skip
 
 
@@ -99,22 +131,40 @@ def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
                 task.logs.filter(attempt=task.attempt)
                 .order_by("offset")
                 .values_list("data", flat=True)
-            )[-20000:]
+            )[-LOG_TAIL_CHARS:]
     reasons = list(job.pending_reasons or [])
     if job.hold_reason:
         reasons.insert(0, job.hold_reason)
     return {"job": job, "tasks": tasks, "reasons": reasons,
+            "spec_yaml": yaml.safe_dump(job.spec, sort_keys=False, allow_unicode=True),
             "events": list(Event.objects.filter(job=job).order_by("-id")[:50])}  # fmt: skip
 
 
-def flow_detail(flow: Flow) -> dict[str, Any]:
+def flow_log_tail(flow: Flow, chunks: int = 40) -> str:
+    """The flow's latest output across its jobs, each line prefixed by job/task (the same
+    prefix `live.publish_log` puts on lines pushed later)."""
+    rows = list(
+        TaskLog.objects.filter(task__job__flow=flow)
+        .order_by("-id")
+        .values_list("data", "task__job__name", "task__group", "task__index")[:chunks]
+    )
+    lines = []
+    for data, job_name, group, index in reversed(rows):
+        label = f"{job_name}/{group}-{index}"
+        chunk = "".join(f"{label}  {line}" for line in data.splitlines(keepends=True))
+        lines.append(chunk if chunk.endswith("\n") else chunk + "\n")
+    return "".join(lines)[-LOG_TAIL_CHARS:]
+
+
+def flow_detail(flow: Flow, with_logs: bool = False) -> dict[str, Any]:
     steps = list(flow.steps.select_related("template").order_by("position"))
-    counts: dict[int, dict[str, int]] = defaultdict(dict)
     jobs_by_step: dict[int, list[Job]] = defaultdict(list)
     for job in flow.jobs.only("id", "name", "state", "step_id", "item_index").order_by("id"):
-        counts[job.step_id or 0][job.state] = counts[job.step_id or 0].get(job.state, 0) + 1
         jobs_by_step[job.step_id or 0].append(job)
     rows = [{"step": s, "jobs": jobs_by_step[s.pk], "total": len(s.items) if s.items else 1}
             for s in steps]  # fmt: skip
-    return {"flow": flow, "rows": rows, "dag": layout(steps, counts),
-            "events": list(Event.objects.filter(flow=flow).order_by("-id")[:30])}  # fmt: skip
+    context = {"flow": flow, "rows": rows, "dag": layout(steps, jobs_by_step), "legend": LEGEND,
+               "events": list(Event.objects.filter(flow=flow).order_by("-id")[:30])}  # fmt: skip
+    if with_logs:
+        context["log_text"] = flow_log_tail(flow)
+    return context

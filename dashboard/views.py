@@ -67,7 +67,7 @@ def jobs(request: HttpRequest) -> HttpResponse:
     context = {
         "jobs": page[:PAGE], "filters": filters, "states": JobState.values,
         "queues": Queue.objects.values_list("name", flat=True),
-        "next_before": page[PAGE - 1].pk if len(page) > PAGE else None,
+        "next_before": page[PAGE - 1].pk if len(page) > PAGE else None, "before": before,
     }  # fmt: skip
     template = "dashboard/jobs.html#jobs-table" if _htmx(request) else "dashboard/jobs.html"
     return render(request, template, context)
@@ -107,7 +107,7 @@ def flows(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def flow(request: HttpRequest, flow_id: int) -> HttpResponse:
-    context = queries.flow_detail(_flow_for_user(request, flow_id))
+    context = queries.flow_detail(_flow_for_user(request, flow_id), with_logs=True)
     return render(request, "dashboard/flow.html", context)
 
 
@@ -124,7 +124,9 @@ def flow_cancel(request: HttpRequest, flow_id: int) -> HttpResponse:
 
 @login_required
 def queues(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/queues.html", {"summary": queries.cluster_summary()})
+    context = {"summary": queries.cluster_summary(),
+               "node_ids": Node.objects.values_list("pk", flat=True)}  # fmt: skip
+    return render(request, "dashboard/queues.html", context)
 
 
 @login_required
@@ -141,8 +143,11 @@ def node_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
                "drain": operations.drain_node}  # fmt: skip
     if action not in actions:
         raise PermissionDenied(f"unknown action {action}")
-    actions[action](get_object_or_404(Node, name=name), request.user)
-    return _go(request, reverse("dashboard:nodes"))
+    node = actions[action](get_object_or_404(Node, name=name), request.user)
+    if _htmx(request):  # the card swaps itself in place (out of band); the push follows
+        card = queries.node_cards([node.pk])[0]
+        return render(request, "dashboard/cluster.html#node-card", {"card": card, "oob": True})
+    return redirect("dashboard:nodes")
 
 
 def _go(request: HttpRequest, url: str) -> HttpResponse:

@@ -38,7 +38,7 @@ def test_the_cluster_shows_each_gpu_with_the_job_holding_it(owner):
     place(job, node, devices=1)
     html = signed_in(owner).get("/").content.decode()
     assert 'id="node-' in html and "gpu-01" in html
-    assert f'href="/jobs/{job.pk}/"' in html and "held by job trainer" in html
+    assert f'href="/jobs/{job.pk}/"' in html and f"held by job {job.pk} trainer of alice" in html
 
 
 @pytest.mark.parametrize(("who", "status"), [("owner", 200), ("teammate", 404),
