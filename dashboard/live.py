@@ -16,19 +16,69 @@ queue table), `flow-<id>` (that flow only), `job-<id>` (that job only), and `job
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
-from collections.abc import Iterable
-from typing import Any
+import threading
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.template.loader import render_to_string
 
 from dashboard import queries
 from scheduler.models import Flow, Job, Task
 
+T = TypeVar("T")
 log = logging.getLogger("berth.live")
-_pending: set[asyncio.Task[None]] = set()
+SEND_TIMEOUT = 5.0
+
+# Where the channel layer's coroutines run. In a process that serves websockets this is the
+# server's own event loop (the consumers record it on connect): the in-memory layer's queues
+# belong to that loop, and the Redis layer keeps its connection pool there. A process without
+# one (the scheduler loop, a test) gets one private loop thread, so every push reuses the same
+# Redis connection instead of opening a new one on a fresh loop as async_to_sync would.
+_server_loop: asyncio.AbstractEventLoop | None = None
+_own_loop: asyncio.AbstractEventLoop | None = None
+_own_lock = threading.Lock()
+_pending: set[concurrent.futures.Future[Any]] = set()
+
+
+def remember_server_loop() -> None:
+    """Called by consumers, on the server's loop."""
+    global _server_loop
+    _server_loop = asyncio.get_running_loop()
+
+
+def _target_loop() -> asyncio.AbstractEventLoop:
+    global _own_loop
+    loop = _server_loop
+    if loop is not None and loop.is_running() and not loop.is_closed():
+        return loop
+    with _own_lock:
+        if _own_loop is None or _own_loop.is_closed():
+            _own_loop = asyncio.new_event_loop()
+            threading.Thread(target=_own_loop.run_forever, name="berth-live", daemon=True).start()
+        return _own_loop
+
+
+def _run(coroutine: Coroutine[Any, Any, T], default: T) -> T:
+    """Run `coroutine` on the target loop and wait for it; from a thread that is itself
+    running an event loop it cannot wait, so the coroutine is only scheduled."""
+    loop = _target_loop()
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is not None:
+        future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+        _pending.add(future)
+        future.add_done_callback(_pending.discard)
+        return default
+    try:
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout=SEND_TIMEOUT)
+    except Exception:
+        log.warning("live push did not complete", exc_info=True)
+        return default
 
 
 async def _watched_async(layer: Any, groups: list[str]) -> set[str]:
@@ -50,13 +100,7 @@ def _watched(groups: Iterable[str]) -> set[str]:
     if isinstance(members, dict):  # InMemoryChannelLayer: same process, read its table
         return {g for g in wanted if members.get(g)}
     if hasattr(layer, "_group_key") and hasattr(layer, "consistent_hash"):  # channels_redis
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            try:
-                return set(async_to_sync(_watched_async)(layer, wanted))
-            except Exception:  # never lose a push over a failed check: send to all
-                log.warning("could not read group membership; pushing to all", exc_info=True)
+        return _run(_watched_async(layer, wanted), set(wanted))
     return set(wanted)
 
 
@@ -68,18 +112,8 @@ async def _send_all(layer: Any, messages: list[tuple[str, str]]) -> None:
 def _send(messages: list[tuple[str, str]]) -> None:
     layer = get_channel_layer()
     messages = [(g, html) for g, html in messages if html.strip()]
-    if layer is None or not messages:
-        return
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # the usual case: a sync caller (view thread, scheduler loop, agent)
-        async_to_sync(_send_all)(layer, messages)
-        return
-    # A caller on an event loop thread: async_to_sync would raise here, so the sends are
-    # scheduled on that loop instead (kept referenced until done so they are not collected).
-    task = loop.create_task(_send_all(layer, messages))
-    _pending.add(task)
-    task.add_done_callback(_pending.discard)
+    if layer is not None and messages:
+        _run(_send_all(layer, messages), None)
 
 
 def publish(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable[int] = ()) -> None:

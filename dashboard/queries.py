@@ -135,9 +135,11 @@ def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
     reasons = list(job.pending_reasons or [])
     if job.hold_reason:
         reasons.insert(0, job.hold_reason)
-    return {"job": job, "tasks": tasks, "reasons": reasons,
-            "spec_yaml": yaml.safe_dump(job.spec, sort_keys=False, allow_unicode=True),
-            "events": list(Event.objects.filter(job=job).order_by("-id")[:50])}  # fmt: skip
+    context = {"job": job, "tasks": tasks, "reasons": reasons,
+               "events": list(Event.objects.filter(job=job).order_by("-id")[:50])}  # fmt: skip
+    if with_logs:  # the first render only: pushes never carry the spec
+        context["spec_yaml"] = yaml.safe_dump(job.spec, sort_keys=False, allow_unicode=True)
+    return context
 
 
 def flow_log_tail(flow: Flow, chunks: int = 40) -> str:

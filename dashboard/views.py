@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from typing import Any
 
 import yaml
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -101,7 +103,22 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
 
 @login_required
 def flows(request: HttpRequest) -> HttpResponse:
-    rows = Flow.objects.visible_to(request.user).select_related("owner").order_by("-id")[:200]
+    """The newest 200 flows with their job counts (one grouped query over their jobs)."""
+    rows = list(
+        Flow.objects.visible_to(request.user).select_related("owner").order_by("-id")[:200]
+    )
+    counts: dict[int, Counter[str]] = defaultdict(Counter)
+    for flow_id, state, n in (
+        Job.objects.filter(flow_id__in=[f.pk for f in rows])
+        .values_list("flow_id", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        counts[flow_id][state] = n
+    for f in rows:
+        c = counts[f.pk]
+        f.jobs_total, f.jobs_done = sum(c.values()), c["Succeeded"]  # type: ignore[attr-defined]
+        f.jobs_running, f.jobs_failed = c["Running"], c["Failed"]  # type: ignore[attr-defined]
     return render(request, "dashboard/flows.html", {"flows": rows})
 
 

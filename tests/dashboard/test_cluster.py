@@ -1,0 +1,50 @@
+"""The cluster page: node cards, GPUs coloured by the job holding them, totals and shares."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.models import Queue
+from scheduler.states import NodeState
+from tests.factories import make_job, make_node, place
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_shows_each_gpu_with_the_job_holding_it(owner, signed_in):
+    node = make_node("gpu-01", gpus=2)
+    job = make_job(owner, "trainer", gpu=1)
+    place(job, node, devices=1)
+    html = signed_in(owner).get("/").content.decode()
+    assert f'id="node-{node.pk}"' in html and "gpu-01" in html
+    assert f'href="/jobs/{job.pk}/"' in html
+    assert f"held by job {job.pk} trainer of alice in queue default" in html
+    assert "GPU 1 free" in html
+    assert 'ws-connect="/ws/cluster/"' in html
+
+
+def test_it_makes_unusable_nodes_stand_out(owner, signed_in):
+    make_node("a-ok")
+    make_node("b-lost", state=NodeState.NOT_READY)
+    make_node("c-cordoned", state=NodeState.CORDONED)
+    make_node("d-draining", state=NodeState.DRAINING)
+    html = signed_in(owner).get("/").content.decode()
+    for state in ("state-ready", "state-notready", "state-cordoned", "state-draining"):
+        assert state in html
+    assert "1 not ready" in html and "1 cordoned" in html and "1 draining" in html
+
+
+def test_it_shows_queue_use_against_weighted_share(owner, signed_in):
+    Queue.objects.create(name="research", weight=3)
+    node = make_node("gpu-01", gpus=2)
+    place(make_job(owner, gpu=2), node, devices=2)
+    html = signed_in(owner).get("/").content.decode()
+    assert "default uses 100% against a fair share of 25%" in html
+    assert "research uses 0% against a fair share of 75%" in html
+    assert "<b>2<small>/2</small></b><span>GPUs in use" in html
+
+
+def test_it_shows_other_users_jobs_on_gpus_as_the_shared_cluster_view(owner, outsider, signed_in):
+    node = make_node("gpu-01", gpus=1)
+    place(make_job(outsider, "theirs", gpu=1), node, devices=1)
+    assert "theirs" in signed_in(owner).get("/").content.decode()
