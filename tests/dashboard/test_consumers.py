@@ -87,3 +87,25 @@ async def test_a_jobs_list_socket_gets_only_its_users_rows():
     assert f'id="job-row-{mine}"' in await socket.receive_from(timeout=5)
     await socket.disconnect()
     await sync_to_async(connections.close_all)()
+
+
+async def test_a_job_socket_is_for_its_owner_and_staff_only():
+    from scheduler.models import Job, Queue
+
+    def make() -> tuple[User, User, User, int]:
+        owner, outsider, _, _ = _setup()
+        staff = User.objects.create_user("admin", is_staff=True)
+        queue = Queue.objects.get_or_create(name="default")[0]
+        return owner, outsider, staff, Job.objects.create(
+            name="j", owner=owner, queue=queue, spec={}
+        ).pk
+
+    owner, outsider, staff, job = await database_sync_to_async(make)()
+    for user, allowed in ((owner, True), (staff, True), (outsider, False), (None, False)):
+        socket, connected = await _connect(f"/ws/jobs/{job}/", user)
+        assert connected == allowed, user
+        await socket.disconnect()
+    socket, connected = await _connect(f"/ws/jobs/{job + 1000}/", staff)
+    assert not connected  # no such job: refused even for staff
+    await socket.disconnect()
+    await sync_to_async(connections.close_all)()
