@@ -1,12 +1,17 @@
-"""End-to-end throughput: submit N short jobs over REST and time them to completion.
+"""End to end under load, side by side with Slurm: the production layout on PostgreSQL and
+Redis, concurrent clients submitting short jobs, simulated nodes running them.
 
-Starts, as real processes on this machine: the web server (daphne), `run_scheduler` and
-`run_simagent` (many fake nodes over the agent protocol), all on PostgreSQL and Redis. Submits
-N jobs from concurrent HTTP clients, samples the database every interval, and prints one JSON
-object: jobs/s accepted, started and finished end to end, scheduler cycle times, and queue
-depth over time.
+Starts as real processes: `./run serve` (the production web tier), `run_scheduler` and
+`run_simagent` (fake nodes over the agent protocol). Measures the agents' traffic at rest,
+then C clients submit J one-GPU jobs of D seconds and wait until every job has ended, then one
+array of A elements is submitted. Prints one JSON object with accepted/s, finished/s end to
+end, submit latency p50/p99, every HTTP status seen, cycle phases p50/p99, wait-to-start
+p50/p99, PostgreSQL connections (at rest, peak, after), agent requests/s at rest, queue depth
+over time, and the same load through Slurm (`bench/slurm_peer.py`) with the ratio.
 
-    python bench/e2e.py --nodes 200 --gpus 8 --jobs 2000 --clients 8
+    python bench/e2e.py --nodes 100 --gpus 8 --jobs 800 --clients 16 --duration 0.5 \
+        --array 10000 > e2e.json
+    python bench/plot_timeline.py e2e.json docs/e2e-timeline.svg
 
 Uses a database of its own (DATABASE_URL's server, database `berth_bench`), dropped and
 recreated each run.
@@ -20,19 +25,28 @@ import os
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import slurm_peer  # noqa: E402
+
+from scheduler.agent.client import Backoff, parse_retry_after  # noqa: E402
+
+FINAL = ("Succeeded", "Failed", "Cancelled")
+APP = "berth-bench"  # this script's own PostgreSQL connections, left out of the counts
 
 
 def free_port() -> int:
@@ -41,23 +55,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def percentile(values: list[float], q: float) -> float:
+def pct(values: list[float], q: float, scale: float = 1.0) -> float | None:
     if not values:
-        return 0.0
+        return None
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * scale, 1)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=200)
+    parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per simulated node")
     parser.add_argument("--cpu", default="64", help="cpu per simulated node")
     parser.add_argument("--memory", default="512Gi", help="memory per simulated node")
-    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--jobs", type=int, default=800)
+    parser.add_argument("--clients", type=int, default=16, help="concurrent submitting clients")
     parser.add_argument("--duration", type=float, default=0.5, help="seconds each job runs")
-    parser.add_argument("--clients", type=int, default=8, help="concurrent submitting clients")
-    parser.add_argument("--interval", type=float, default=0.5, help="scheduler interval (s)")
+    parser.add_argument("--array", type=int, default=10000, help="array elements (0: none)")
+    parser.add_argument("--workers", type=int, default=None, help="./run serve --workers")
+    parser.add_argument("--interval", type=float, default=0.2, help="scheduler interval (s)")
+    parser.add_argument("--rest-seconds", type=float, default=30.0,
+                        help="how long to count the agents' requests at rest")  # fmt: skip
+    parser.add_argument("--peer", choices=["slurm", "none"], default="slurm")
+    parser.add_argument("--slurm-slots", type=int, default=64, help="CPUs Slurm may fill")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument(
         "--database",
@@ -65,10 +85,127 @@ def main() -> None:
     )
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
-    for name in ("nodes", "gpus", "jobs", "clients"):
+    for name in ("nodes", "jobs", "clients"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    return args
 
+
+class Processes:
+    def __init__(self, work: Path, env: dict[str, str]) -> None:
+        self.work, self.env = work, env
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, cmd: list[str]) -> None:
+        out = open(self.work / f"{name}.log", "wb")  # noqa: SIM115 - lives with the process
+        self.procs.append(subprocess.Popen(cmd, env=self.env, cwd=ROOT, stdout=out,
+                                           stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+
+    def log(self, name: str) -> str:
+        return (self.work / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+class Database:
+    """The bench's own window on PostgreSQL: job states and the server's connections."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True, application_name=APP)
+
+    def one(self, sql: str, *params: Any) -> Any:
+        row = self.conn.execute(sql, params).fetchone()
+        return row[0] if row else None
+
+    def connections(self) -> int:
+        return int(self.one("SELECT count(*) FROM pg_stat_activity WHERE datname = 'berth_bench'"
+                            " AND application_name <> %s", APP))  # fmt: skip
+
+    def states(self) -> dict[str, int]:
+        rows = self.conn.execute("SELECT state, count(*) FROM scheduler_job GROUP BY state")
+        return {state: n for state, n in rows.fetchall()}
+
+
+class Submitter:
+    """C clients posting job specs; every status seen is counted, 429/503 are waited out as
+    the server asks (with jitter) and sent again."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
+        self.statuses: Counter[str] = Counter()
+        self.latencies: list[float] = []
+        self.lock = threading.Lock()
+
+    def post(self, http: httpx.Client, body: dict[str, Any]) -> dict[str, Any] | None:
+        backoff = Backoff(base=0.2, cap=10.0)
+        started = time.monotonic()
+        for _ in range(30):
+            try:
+                response = http.post("/api/v1/jobs/", json=body)
+                code = str(response.status_code)
+            except httpx.HTTPError as exc:
+                response, code = None, type(exc).__name__
+            with self.lock:
+                self.statuses[code] += 1
+            if response is not None and response.status_code < 400:
+                with self.lock:
+                    self.latencies.append(time.monotonic() - started)
+                return dict(response.json())
+            if response is not None and response.status_code not in (429, 503):
+                return None
+            wait = parse_retry_after(response.headers.get("Retry-After")) if response else None
+            time.sleep(backoff.delay(wait))
+        return None
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60,
+                            headers={"Authorization": f"Token {self.token}"})  # fmt: skip
+
+
+def job_body(duration: float, array: int = 0) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": "bench",
+        "tasks": [{"name": "main", "command": "true",
+                   "resources": {"cpu": "0.5", "memory": "1Gi", "gpu": 1},
+                   "env": {"BERTH_SIM_DURATION": str(duration)}}],
+    }  # fmt: skip
+    if array:
+        body["name"] = "bench-array"
+        body["array"] = f"0-{array - 1}"
+    return body
+
+
+def cycle_phases(log: str) -> dict[str, dict[str, float | None]]:
+    """p50/p99 of each `name=12.3ms` phase over the scheduler's busy cycle lines."""
+    phases: dict[str, list[float]] = {}
+    for line in log.splitlines():
+        if " cycle " not in f" {line} ":
+            continue
+        for name, ms in re.findall(r"(\w+)=([\d.]+)ms", line):
+            phases.setdefault(name, []).append(float(ms))
+    return {name: {"p50": pct(v, 0.5), "p99": pct(v, 0.99), "n": len(v)}
+            for name, v in phases.items()}  # fmt: skip
+
+
+def wait_until(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def run_berth(args: argparse.Namespace) -> dict[str, Any]:
     base = args.database.rsplit("/", 1)[0]
     db_url = f"{base}/berth_bench"
     work = Path(tempfile.mkdtemp(prefix="berth-e2e-"))
@@ -76,18 +213,13 @@ def main() -> None:
         **os.environ,
         "DATABASE_URL": db_url,
         "REDIS_URL": args.redis,
-        "BERTH_SECRET_KEY": "bench",
-        "BERTH_JOIN_TOKEN": "bench-join",
+        "BERTH_SECRET_KEY": "bench-" + os.urandom(32).hex(),
+        "BERTH_JOIN_TOKEN": "bench-join-" + os.urandom(8).hex(),
         "BERTH_SCHEDULER_INTERVAL": str(args.interval),
-        "BERTH_HEARTBEAT_INTERVAL": "0.5",
-        "BERTH_HEARTBEAT_TIMEOUT": "60",
         "BERTH_DATA_DIR": str(work),
         "BERTH_CHANNEL_PREFIX": "berth-bench",
         "PYTHONUNBUFFERED": "1",
     }
-    os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "BERTH_SECRET_KEY")})
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "berth.settings")
-
     import psycopg
 
     with psycopg.connect(args.database, autocommit=True) as conn:
@@ -95,207 +227,149 @@ def main() -> None:
         conn.execute("CREATE DATABASE berth_bench")
     manage = [sys.executable, str(ROOT / "manage.py")]
     subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
+    token = subprocess.run(
+        [*manage, "shell", "-c", "from django.contrib.auth.models import User;"
+         "from rest_framework.authtoken.models import Token;"
+         "print(Token.objects.create(user=User.objects.create_user('bench')).key)"],
+        env=env, cwd=ROOT, check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
 
-    import django
-
-    django.setup()
-    from django.contrib.auth.models import User
-    from django.db.models import Count
-    from rest_framework.authtoken.models import Token
-
-    from scheduler.models import Job, Node
-
-    user = User.objects.create_user("bench")
-    token = Token.objects.create(user=user).key
-
+    db = Database(db_url)
     port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
-        out = open(work / f"{name}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        procs.append(proc)
-        return proc
-
     url = f"http://127.0.0.1:{port}"
-    start(
-        "web",
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "berth.asgi:application",
-        ],
-    )
+    procs = Processes(work, env)
+    serve = [str(ROOT / "run"), "serve", "--port", str(port)]
+    if args.workers:
+        serve += ["--workers", str(args.workers)]
+    procs.start("web", serve)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{url}/api/schema/", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.2)
-        start(
-            "simagent",
-            [
-                *manage,
-                "run_simagent",
-                "--server",
-                url,
-                "--join-token",
-                "bench-join",
-                "--nodes",
-                str(args.nodes),
-                "--gpus",
-                str(args.gpus),
-                "--cpu",
-                args.cpu,
-                "--memory",
-                args.memory,
-            ],
-        )
-        while Node.objects.count() < args.nodes and time.monotonic() < deadline + 60:
-            time.sleep(0.2)
-        start("scheduler", [*manage, "run_scheduler", "--interval", str(args.interval)])
-
-        samples: list[dict[str, Any]] = []
-        done = threading.Event()
-        t0 = time.monotonic()
-
-        def sample() -> None:
-            while not done.is_set():
-                counts = dict(Job.objects.values_list("state").annotate(n=Count("id")))
-                samples.append({"t": round(time.monotonic() - t0, 2), **counts})
-                done.wait(1.0)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-
-        body = json.dumps(
-            {
-                "name": "bench",
-                "tasks": [
-                    {
-                        "name": "main",
-                        "command": "true",
-                        "resources": {"cpu": "0.5", "memory": "1Gi", "gpu": 1},
-                        "env": {"BERTH_SIM_DURATION": str(args.duration)},
-                    }
-                ],
-            }
-        ).encode()
-        latencies: list[float] = []
-        failures = 0
-
-        def submit(_: int) -> None:
-            nonlocal failures
-            request = urllib.request.Request(
-                f"{url}/api/v1/jobs/",
-                data=body,
-                method="POST",
-                headers={"Content-Type": "application/json", "Authorization": f"Token {token}"},
-            )
-            started = time.monotonic()
-            try:
-                with urllib.request.urlopen(request, timeout=60) as response:
-                    response.read()
-                latencies.append(time.monotonic() - started)
-            except Exception:
-                failures += 1
-
-        submit_start = time.monotonic()
-        with ThreadPoolExecutor(args.clients) as pool:
-            list(pool.map(submit, range(args.jobs)))
-        submit_seconds = time.monotonic() - submit_start
-
-        finished_states = ("Succeeded", "Failed", "Cancelled")
-        deadline = time.monotonic() + args.timeout
-        while time.monotonic() < deadline:
-            if Job.objects.filter(state__in=finished_states).count() >= args.jobs - failures:
-                break
-            time.sleep(0.2)
-        total_seconds = time.monotonic() - submit_start
-        done.set()
-        sampler.join()
-
-        jobs = list(Job.objects.values_list("created_at", "started_at", "finished_at", "state"))
-        starts = sorted(j[1] for j in jobs if j[1])
-        ends = sorted(j[2] for j in jobs if j[2])
-        first_submit = min(j[0] for j in jobs) if jobs else None
-        cycles = [
-            float(m)
-            for m in re.findall(
-                r"cycle .*?schedule=([\d.]+)ms", (work / "scheduler.log").read_text()
-            )
-        ]
-        totals = [
-            sum(float(x) for x in re.findall(r"=([\d.]+)ms", line))
-            for line in (work / "scheduler.log").read_text().splitlines()
-            if " cycle " in f" {line}"
-        ]
-        waits = [(j[1] - j[0]).total_seconds() for j in jobs if j[1]]
-
-        def rate(times: list[Any]) -> float:
-            if len(times) < 2 or first_submit is None:
-                return 0.0
-            return round(len(times) / max(1e-9, (times[-1] - first_submit).total_seconds()), 1)
-
-        print(
-            json.dumps(
-                {
-                    "nodes": args.nodes,
-                    "gpus_per_node": args.gpus,
-                    "jobs": args.jobs,
-                    "clients": args.clients,
-                    "job_duration_s": args.duration,
-                    "submit_failures": failures,
-                    "accepted_per_s": round((args.jobs - failures) / submit_seconds, 1),
-                    "submit_latency_ms": {
-                        "p50": round(percentile(latencies, 0.5) * 1000, 1),
-                        "p95": round(percentile(latencies, 0.95) * 1000, 1),
-                    },
-                    "started_per_s": rate(starts),
-                    "finished_per_s": rate(ends),
-                    "end_to_end_seconds": round(total_seconds, 2),
-                    "succeeded": sum(1 for j in jobs if j[3] == "Succeeded"),
-                    "wait_to_start_s": {
-                        "p50": round(percentile(waits, 0.5), 2),
-                        "p95": round(percentile(waits, 0.95), 2),
-                    },
-                    "cycle_ms": {
-                        "schedule_p50": round(statistics.median(cycles), 1) if cycles else None,
-                        "total_p50": round(statistics.median(totals), 1) if totals else None,
-                        "total_max": round(max(totals), 1) if totals else None,
-                        "cycles": len(totals),
-                    },
-                    "queue_depth": [
-                        {
-                            "t": s["t"],
-                            "pending": s.get("Pending", 0),
-                            "running": s.get("Running", 0),
-                            "finished": sum(s.get(k, 0) for k in finished_states),
-                        }
-                        for s in samples
-                    ],
-                },
-                indent=1,
-            )
-        )
+        wait_until(lambda: _up(url), 60, "the web server")
+        procs.start("simagent", [*manage, "run_simagent", "--server", url, "--nodes",
+                                 str(args.nodes), "--gpus", str(args.gpus), "--cpu", args.cpu,
+                                 "--memory", args.memory])  # fmt: skip
+        wait_until(lambda: db.one("SELECT count(*) FROM scheduler_node WHERE state = 'Ready'")
+                   >= args.nodes, 120, "nodes to register")  # fmt: skip
+        procs.start("scheduler", [*manage, "run_scheduler", "--interval", str(args.interval)])
+        rest = _agents_at_rest(db, args.rest_seconds)
+        result = _load(args, url, token, db)
+        result["agent_requests_per_s_at_rest"] = rest["requests_per_s"]
+        result["connections"]["at_rest"] = rest["connections"]
+        if args.array:
+            result["array"] = _array(args, url, token, db)
+        time.sleep(5)  # let pools shrink back and idle connections close
+        result["connections"]["after"] = db.connections()
+        result["cycle_ms"] = cycle_phases(procs.log("scheduler"))
+        result["server_5xx_in_log"] = len(re.findall(r'" 5\d\d ', procs.log("web")))
+        return result
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        procs.stop()
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/api/schema/", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _agents_at_rest(db: Database, seconds: float) -> dict[str, Any]:
+    """Agent requests per second with no work: each request renews its node's lease
+    (`last_heartbeat`), so count lease renewals seen by sampling every node twice a second."""
+    seen = dict(db.conn.execute("SELECT id, last_heartbeat FROM scheduler_node").fetchall())
+    renewals = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        time.sleep(0.5)
+        now = dict(db.conn.execute("SELECT id, last_heartbeat FROM scheduler_node").fetchall())
+        renewals += sum(1 for k, v in now.items() if seen.get(k) != v)
+        seen = now
+    return {"requests_per_s": round(renewals / seconds, 2), "connections": db.connections()}
+
+
+def _load(args: argparse.Namespace, url: str, token: str, db: Database) -> dict[str, Any]:
+    submitter = Submitter(url, token)
+    samples: list[dict[str, Any]] = []
+    peak = [0]
+    done = threading.Event()
+    t0 = time.monotonic()
+
+    def sample() -> None:
+        while not done.is_set():
+            states = db.states()
+            peak[0] = max(peak[0], db.connections())
+            samples.append({"t": round(time.monotonic() - t0, 2),
+                            "pending": states.get("Pending", 0),
+                            "running": states.get("Running", 0),
+                            "finished": sum(states.get(s, 0) for s in FINAL)})  # fmt: skip
+            done.wait(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    body = job_body(args.duration)
+    per_client = [args.jobs // args.clients + (i < args.jobs % args.clients)
+                  for i in range(args.clients)]  # fmt: skip
+
+    def client_loop(n: int) -> int:
+        with submitter.client() as http:
+            return sum(1 for _ in range(n) if submitter.post(http, body))
+
+    with ThreadPoolExecutor(args.clients) as pool:
+        accepted = sum(pool.map(client_loop, per_client))
+    submit_s = time.monotonic() - t0
+    wait_until(lambda: db.one("SELECT count(*) FROM scheduler_job WHERE state IN "
+                              "('Succeeded','Failed','Cancelled')") >= accepted,
+               args.timeout, "every job to end")  # fmt: skip
+    total_s = time.monotonic() - t0
+    done.set()
+    sampler.join()
+    rows = db.conn.execute(
+        "SELECT extract(epoch FROM started_at - created_at), state FROM scheduler_job"
+    ).fetchall()
+    waits = [float(w) for w, _ in rows if w is not None]
+    return {
+        "nodes": args.nodes, "gpus_per_node": args.gpus, "jobs": args.jobs,
+        "clients": args.clients, "job_duration_s": args.duration,
+        "accepted": accepted,
+        "accepted_per_s": round(accepted / submit_s, 1),
+        "finished_per_s": round(accepted / total_s, 1),
+        "end_to_end_seconds": round(total_s, 2),
+        "succeeded": sum(1 for _, s in rows if s == "Succeeded"),
+        "submit_latency_ms": {"p50": pct(submitter.latencies, 0.5, 1000),
+                              "p99": pct(submitter.latencies, 0.99, 1000)},
+        "status_codes": dict(submitter.statuses),
+        "wait_to_start_s": {"p50": pct(waits, 0.5), "p99": pct(waits, 0.99)},
+        "connections": {"peak": peak[0]},
+        "queue_depth": samples,
+    }  # fmt: skip
+
+
+def _array(args: argparse.Namespace, url: str, token: str, db: Database) -> dict[str, Any]:
+    submitter = Submitter(url, token)
+    t0 = time.monotonic()
+    with httpx.Client(base_url=url, timeout=300,
+                      headers={"Authorization": f"Token {token}"}) as http:  # fmt: skip
+        created = submitter.post(http, job_body(args.duration, args.array))
+    seconds = time.monotonic() - t0
+    return {"elements": args.array, "accepted": created is not None,
+            "seconds": round(seconds, 3),
+            "elements_per_s": round(args.array / seconds, 1) if created else 0,
+            "status_codes": dict(submitter.statuses)}  # fmt: skip
+
+
+def main() -> None:
+    args = parse_args()
+    result: dict[str, Any] = {"berth": run_berth(args)}
+    if args.peer == "slurm":
+        peer = slurm_peer.run(args.jobs, args.clients, args.duration, args.slurm_slots,
+                              args.timeout)  # fmt: skip
+        result["slurm"] = peer
+        if "skipped" not in peer:
+            b = result["berth"]
+            result["ratio_berth_to_slurm"] = {
+                k: round(b[k] / peer[k], 2) if peer[k] else None
+                for k in ("accepted_per_s", "finished_per_s")
+            }
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
