@@ -414,11 +414,8 @@ def check_nodes(now: datetime | None = None) -> int:
 def _lose(tasks: QuerySet[Task], why: str, now: datetime) -> list[Task]:
     """End the tasks of `tasks` that are on a node as Lost and free their devices, as a
     heartbeat timeout does; `sync_jobs` then sends each job through its retry policy."""
-    lost = list(
-        tasks.select_for_update(of=("self",))
-        .select_related("job")
-        .filter(state__in=TASK_ON_NODE)
-    )
+    on_node = tasks.filter(state__in=TASK_ON_NODE).select_related("job")
+    lost = list(on_node.select_for_update(of=("self",)))
     _release(lost)
     Task.objects.filter(pk__in=[t.pk for t in lost]).update(
         state=TaskState.LOST, finished_at=now, message=why
