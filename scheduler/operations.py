@@ -92,12 +92,15 @@ def delete_node(node: Node, user: Any) -> int:
     tasks were lost. The node's agent, if still alive, is refused from now on (its token is
     gone) and may register again as a new node."""
     who = getattr(user, "username", "") or "system"
+    name, node_id = node.name, node.pk
     with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=node.pk)
-        name, node_id = node.name, node.pk
+        # The node's task rows are locked before the node row, in the order a heartbeat
+        # locks them, so a heartbeat arriving meanwhile waits instead of deadlocking.
         lost = lifecycle.lose_tasks_of_node(node, f"node {name} was deleted by {who}")
+        if Node.objects.select_for_update().filter(pk=node_id).first() is None:
+            return len(lost)  # deleted meanwhile by someone else
         record("NodeDeleted", "Operator", f"node {name} deleted by {who}; {len(lost)} tasks lost")
-        node.delete()
+        Node.objects.filter(pk=node_id).delete()
         notify.changed(nodes=[node_id])
     return len(lost)
 

@@ -97,9 +97,11 @@ class NodeViewSet(
             Prefetch("tasks", queryset=Task.objects.filter(state__in=("Assigned", "Running"))),
         )
 
-    def perform_destroy(self, instance: Node) -> None:
-        """Its tasks end Lost and their jobs follow their retry policy."""
-        operations.delete_node(instance, self.request.user)
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Forget a node (staff). Its tasks end Lost and their devices are freed at once; each
+        of their jobs then follows its retry policy (runs again elsewhere, or Failed)."""
+        operations.delete_node(self.get_object(), request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     def _operate(self, fn: Any) -> Response:
         node = fn(self.get_object(), self.request.user)
