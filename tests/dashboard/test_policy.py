@@ -49,3 +49,17 @@ def test_the_queues_page_shows_the_cap(owner, signed_in):
     html = signed_in(owner).get("/queues/").content.decode()
     assert "user priority ≤" in html
     assert "<td>250</td>" in html
+
+
+def test_staff_set_the_cap_in_the_admin_within_the_priority_range(staff, signed_in):
+    queue = Queue.objects.get(name="default")
+    form = {"name": "default", "weight": "1", "capability": "null", "reclaimable": "on",
+            "priority": "0", "open": "on"}  # fmt: skip
+    url = f"/admin/scheduler/queue/{queue.pk}/change/"
+    too_big = signed_in(staff).post(url, {**form, "max_user_priority": "1000001"})
+    assert too_big.status_code == 200  # the form again, with the error
+    assert "less than or equal to 1000000" in too_big.content.decode()
+    assert Queue.objects.get(pk=queue.pk).max_user_priority == 0
+    saved = signed_in(staff).post(url, {**form, "max_user_priority": "100"})
+    assert saved.status_code == 302
+    assert Queue.objects.get(pk=queue.pk).max_user_priority == 100
