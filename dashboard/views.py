@@ -84,16 +84,18 @@ def job(request: HttpRequest, job_id: int) -> HttpResponse:
 @require_POST
 def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
     the_job = _job_for_user(request, job_id)
-    if action == "resubmit":
-        new = operations.resubmit_job(the_job, request.user)
-        return _go(request, reverse("dashboard:job", args=[new.pk]))
-    if action not in ("cancel", "suspend", "resume"):
+    if action not in ("cancel", "suspend", "resume", "resubmit"):
         raise PermissionDenied(f"unknown action {action}")
     error = ""
     try:
+        if action == "resubmit":
+            new = operations.resubmit_job(the_job, request.user)
+            return _go(request, reverse("dashboard:job", args=[new.pk]))
         operations.request_job_action(the_job, action, request.user)
     except operations.OperationError as exc:
         error = str(exc)
+    except SpecError as exc:  # the old spec is no longer accepted (queue gone, priority cap)
+        error = f"cannot resubmit: {exc}"
     context = queries.job_detail(_job_for_user(request, job_id))
     context["action_error"] = error
     if _htmx(request):

@@ -42,7 +42,8 @@ def _apply(
 
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin[Queue]):
-    list_display = ["name", "weight", "capability", "reclaimable", "priority", "open"]
+    list_display = ["name", "weight", "capability", "reclaimable", "priority",
+                    "max_user_priority", "open"]  # fmt: skip
     list_filter = ["open", "reclaimable"]
     search_fields = ["name"]
 
@@ -81,6 +82,14 @@ class NodeAdmin(admin.ModelAdmin[Node]):
     @admin.display(description="GPUs")
     def gpus(self, node: Node) -> int:
         return node.devices.count()
+
+    def delete_model(self, request: HttpRequest, obj: Node) -> None:
+        """Its tasks end Lost and their jobs follow their retry policy, as from the API."""
+        operations.delete_node(obj, request.user)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        for node in queryset:
+            operations.delete_node(node, request.user)
 
     @admin.action(description="Cordon: place no new tasks")
     def cordon(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from scheduler import notify
@@ -406,6 +406,38 @@ def check_nodes(now: datetime | None = None) -> int:
                 notify.changed(nodes=[node.pk])
                 done += 1
     return done
+
+
+# --- 4b. nodes that are deleted --------------------------------------------------------
+
+
+def _lose(tasks: QuerySet[Task], why: str, now: datetime) -> list[Task]:
+    """End the tasks of `tasks` that are on a node as Lost and free their devices, as a
+    heartbeat timeout does; `sync_jobs` then sends each job through its retry policy."""
+    on_node = tasks.filter(state__in=TASK_ON_NODE).select_related("job")
+    lost = list(on_node.select_for_update(of=("self",)))
+    _release(lost)
+    Task.objects.filter(pk__in=[t.pk for t in lost]).update(
+        state=TaskState.LOST, finished_at=now, message=why
+    )
+    for job in {t.job_id: t.job for t in lost}.values():
+        record("TaskLost", "NodeDeleted", why, job=job)
+    notify.changed(jobs={t.job_id for t in lost})
+    return lost
+
+
+def lose_tasks_of_node(node: Node, why: str, now: datetime | None = None) -> list[Task]:
+    """Called inside the transaction that deletes `node` (scheduler.operations.delete_node),
+    so no task stays Running or Terminating on a node that no longer exists."""
+    return _lose(Task.objects.filter(node=node), why, _now(now))
+
+
+def lose_orphaned_tasks(now: datetime | None = None) -> int:
+    """Tasks still Assigned or Running whose node row is gone (deleted some other way, e.g.
+    from a shell: the foreign key is set to null) end Lost; returns how many."""
+    with transaction.atomic():
+        orphans = Task.objects.filter(node__isnull=True)
+        return len(_lose(orphans, "its node was removed", _now(now)))
 
 
 # --- 5. TTL cleanup ----------------------------------------------------------------------

@@ -120,6 +120,7 @@ def _cycle(report: CycleReport, config: SchedulerConfig | None) -> None:
                 report.counts["reclaimed" if evict.reason == "Reclaimed" else "preempted"] += 1
             report.counts["pending"] = len(result.pending)
     _phase(report, "flows", _flows_reconcile)
+    _phase(report, "lifecycle", lifecycle.lose_orphaned_tasks)  # their node row was deleted
     report.counts["jobs_changed"] = _phase(report, "lifecycle", lifecycle.sync_jobs) or 0
     _phase(report, "lifecycle", lifecycle.enforce_deadlines)
     _phase(report, "lifecycle", lifecycle.check_nodes)

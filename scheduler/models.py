@@ -12,7 +12,7 @@ import secrets
 from typing import Any
 
 from django.conf import settings
-from django.core.validators import RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q, QuerySet
 
@@ -31,6 +31,9 @@ NAME_HELP = (
     " at most 63 characters"
 )
 name_validator = RegexValidator(NAME_RE, f"must be {NAME_HELP}")
+# The range a job's priority may take (scheduler/specs.py refuses anything outside it).
+PRIORITY_LIMIT = 1_000_000
+priority_validators = [MinValueValidator(-PRIORITY_LIMIT), MaxValueValidator(PRIORITY_LIMIT)]
 
 
 class OwnedQuerySet(QuerySet[Any]):
@@ -51,6 +54,13 @@ class Queue(models.Model):
     capability = models.JSONField(null=True, blank=True)
     reclaimable = models.BooleanField(default=True)
     priority = models.IntegerField(default=0)
+    # The highest job priority a non-staff user may ask for in this queue (as Slurm lets users
+    # only lower theirs); staff may set any. Preemption follows priority, so it follows this.
+    max_user_priority = models.IntegerField(
+        default=0,
+        validators=priority_validators,
+        help_text="the highest job priority non-staff users may ask for; staff may set any",
+    )
     open = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -62,6 +72,19 @@ class Queue(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def priority_cap_for(self, user: Any) -> int | None:
+        """The highest priority `user` may give a job in this queue; None: no cap (staff)."""
+        if getattr(user, "is_staff", False):
+            return None
+        return self.max_user_priority
+
+    def priority_refusal(self, user: Any, priority: int) -> str:
+        """Why `user` may not ask for `priority` here, or "" when they may."""
+        cap = self.priority_cap_for(user)
+        if cap is None or priority <= cap:
+            return ""
+        return f'at most {cap} in queue "{self.name}" for non-staff users, got {priority}'
 
 
 def hash_token(token: str) -> str:

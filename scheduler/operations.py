@@ -11,7 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler import notify
+from scheduler import lifecycle, notify
 from scheduler.events import record
 from scheduler.models import Flow, Job, Node
 from scheduler.states import FLOW_FINAL, JOB_FINAL, JobRequest, JobState, NodeState
@@ -86,6 +86,26 @@ def drain_node(node: Node, user: Any) -> Node:
     return _set_admin_state(node, NodeState.DRAINING, "NodeDraining", user)
 
 
+def delete_node(node: Node, user: Any) -> int:
+    """Forget a node: its tasks end Lost and its devices are freed at once, and each of their
+    jobs then follows its retry policy (runs again elsewhere, or Failed). Returns how many
+    tasks were lost. The node's agent, if still alive, is refused from now on (its token is
+    gone) and may register again as a new node."""
+    who = getattr(user, "username", "") or "system"
+    name, node_id = node.name, node.pk
+    with transaction.atomic():
+        # The node's task rows are locked before the node row, in the order a heartbeat
+        # locks them, so a heartbeat arriving meanwhile waits instead of deadlocking.
+        lost = lifecycle.lose_tasks_of_node(node, f"node {name} was deleted by {who}")
+        if Node.objects.select_for_update().filter(pk=node_id).first() is None:
+            return len(lost)  # deleted meanwhile by someone else
+        record("NodeDeleted", "Operator", f"node {name} deleted by {who}; {len(lost)} tasks lost")
+        Node.objects.filter(pk=node_id).delete()
+        notify.changed(nodes=[node_id])
+    return len(lost)
+
+
 def resubmit_job(job: Job, user: Any) -> Job:
-    """A new job from the old one's spec, owned by the same user."""
-    return submit_job(job.owner, job.spec)
+    """A new job from the old one's spec, owned by the same user; the priority policy is that
+    of `user`, who asks for it (SpecError if the spec is no longer accepted)."""
+    return submit_job(job.owner, job.spec, requested_by=user)

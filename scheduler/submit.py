@@ -27,12 +27,27 @@ def submit_job(
     item_index: int | None = None,
     template: JobTemplate | None = None,
     hold_reason: str = "",
+    requested_by: Any = None,
+    lower_priority_to_cap: bool = False,
 ) -> Job:
-    """Validate `data` and create the job with one task row per replica."""
+    """Validate `data` and create the job with one task row per replica.
+
+    The priority policy is that of `requested_by` (default: the owner): a non-staff user's
+    priority above the queue's `max_user_priority` is refused, or, with
+    `lower_priority_to_cap` (a flow step's job, whose priority came from a template), lowered
+    to the cap with an event saying so.
+    """
     spec = normalize_job_spec(data)
     queue = Queue.objects.filter(name=spec["queue"]).first()
     if queue is None:
         raise SpecError({"queue": [f'unknown queue "{spec["queue"]}"']})
+    policy_user = requested_by if requested_by is not None else owner
+    refusal = queue.priority_refusal(policy_user, spec["priority"])
+    lowered_from: int | None = None
+    if refusal and lower_priority_to_cap:
+        lowered_from, spec["priority"] = spec["priority"], queue.priority_cap_for(policy_user)
+    elif refusal:
+        raise SpecError({"priority": [refusal]})
     labels = dict(spec["labels"])
     if flow is not None:
         labels["berth/flow"] = str(flow.pk)
@@ -76,6 +91,10 @@ def submit_job(
                 )
         Task.objects.bulk_create(tasks)
         record("JobSubmitted", "Submitted", f"{len(tasks)} tasks in queue {queue.name}", job=job)
+        if lowered_from is not None:
+            record("PriorityLowered", "PriorityPolicy",
+                   f"priority {lowered_from} lowered to {job.priority}: {refusal}",
+                   job=job)  # fmt: skip
         notify.changed(jobs=[job.pk], flows=[flow.pk] if flow else [])
     return job
 
@@ -90,6 +109,9 @@ def create_flow(owner: Any, data: object) -> Flow:
         for i, s in enumerate(spec["steps"])
         if s["template"] not in templates
     }
+    if errors:
+        raise SpecError(errors)
+    errors = _step_priority_refusals(owner, spec["steps"], templates)
     if errors:
         raise SpecError(errors)
     with transaction.atomic():
@@ -116,6 +138,36 @@ def create_flow(owner: Any, data: object) -> Flow:
         record("FlowCreated", "Created", f"{len(spec['steps'])} steps", flow=flow)
         notify.changed(flows=[flow.pk])
     return flow
+
+
+def _step_priority_refusals(
+    owner: Any, steps: list[dict[str, Any]], templates: dict[str, JobTemplate]
+) -> dict[str, list[str]]:
+    """Each step whose job would have a priority above what `owner` may ask for in its queue.
+
+    A step's job takes its queue and priority from the template, then the step's overrides.
+    A step whose values are not valid is left to the flow controller, which fails the step.
+    """
+    wanted: list[tuple[int, str, int, str]] = []
+    for i, step in enumerate(steps):
+        template = templates[step["template"]]
+        overrides = step["overrides"]
+        queue = overrides.get("queue", template.spec.get("queue", "default"))
+        if "priority" in overrides:
+            priority, source = overrides["priority"], "overrides.priority"
+        else:
+            priority = template.spec.get("priority", 0)
+            source = f'template "{template.name}"; lower it with overrides.priority'
+        if isinstance(queue, str) and isinstance(priority, int) and not isinstance(priority, bool):
+            wanted.append((i, queue, priority, source))
+    queues = {q.name: q for q in Queue.objects.filter(name__in={w[1] for w in wanted})}
+    errors: dict[str, list[str]] = {}
+    for i, queue_name, priority, source in wanted:
+        queue = queues.get(queue_name)
+        refusal = queue.priority_refusal(owner, priority) if queue else ""
+        if refusal:
+            errors[f"steps.{i}.priority"] = [f"{refusal} (from {source})"]
+    return errors
 
 
 def save_template(owner: Any, data: object, instance: JobTemplate | None = None) -> JobTemplate:

@@ -34,7 +34,8 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
 
     class Meta:
         model = Queue
-        fields = ["name", "weight", "capability", "reclaimable", "priority", "open", "created_at"]
+        fields = ["name", "weight", "capability", "reclaimable", "priority", "max_user_priority",
+                  "open", "created_at"]  # fmt: skip
         read_only_fields = ["created_at"]
 
     def validate_weight(self, value: float) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Prefetch, ProtectedError, QuerySet
+from django.http import Http404
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -95,6 +96,12 @@ class NodeViewSet(
             ),
             Prefetch("tasks", queryset=Task.objects.filter(state__in=("Assigned", "Running"))),
         )
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Forget a node (staff). Its tasks end Lost and their devices are freed at once; each
+        of their jobs then follows its retry policy (runs again elsewhere, or Failed)."""
+        operations.delete_node(self.get_object(), request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     def _operate(self, fn: Any) -> Response:
         node = fn(self.get_object(), self.request.user)
@@ -336,9 +343,42 @@ class FlowViewSet(
         return paginated_events(self, Event.objects.filter(flow=self.get_object()))
 
 
+# The largest id a database key holds; a larger one names no object.
+MAX_ID = 2**63 - 1
+
+
 class EventViewSet(viewsets.ReadOnlyModelViewSet[Event]):
+    """Events the user may see. `?job=` and `?flow=` of a job or flow the user cannot see
+    answer 404 exactly as the job or flow itself does, so they never tell whether it exists."""
+
     serializer_class = EventSerializer
-    filterset_fields = ["job", "flow", "kind"]
+    filterset_fields = ["kind"]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("job", int, description="only this job's events (404 if unseen)"),
+            OpenApiParameter("flow", int, description="only this flow's events (404 if unseen)"),
+        ]
+    )
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
 
     def get_queryset(self) -> QuerySet[Event]:
-        return Event.visible_to(self.request.user).select_related("node")
+        events = Event.visible_to(self.request.user).select_related("node")
+        if self.action != "list":
+            return events
+        owners: dict[str, QuerySet[Any]] = {
+            "job": Job.objects.visible_to(self.request.user),
+            "flow": Flow.objects.visible_to(self.request.user),
+        }
+        for name, visible in owners.items():
+            raw = self.request.query_params.get(name, "")
+            if raw == "":
+                continue
+            if not (raw.isascii() and raw.isdigit()):
+                raise ValidationError({name: [f"must be a {name} id (a whole number)"]})
+            pk = int(raw) if len(raw) <= len(str(MAX_ID)) else MAX_ID + 1
+            if pk > MAX_ID or not visible.filter(pk=pk).exists():
+                raise Http404(f"No {name.capitalize()} matches the given query.")
+            events = events.filter(**{f"{name}_id": pk})
+        return events

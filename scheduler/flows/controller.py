@@ -100,9 +100,12 @@ def reconcile_flow(flow_id: int) -> bool:
                 step.template.spec, step.overrides, item_env,
                 name=_job_name(flow, step, item if step.items else None),
             )  # fmt: skip
+            # The template's priority may exceed what the flow's owner may ask for (a staff
+            # template, or a cap lowered since the flow was accepted): it is lowered to the cap.
             submit_job(
                 flow.owner, spec, flow=flow, step=step, template=step.template,
                 item_index=item if step.items else None, hold_reason=HELD,
+                lower_priority_to_cap=True,
             )  # fmt: skip
         except SpecError as exc:
             # The template and overrides make no valid job: the step fails as a job would.

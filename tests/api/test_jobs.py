@@ -5,10 +5,17 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from scheduler.models import Event, Job, Task, TaskLog
+from scheduler.models import Event, Job, Queue, Task, TaskLog
 from scheduler.states import JobState
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def users_may_ask_for_priority_10(db):
+    """SPEC is the design's example (priority 10): let users ask up to that here
+    (tests/api/test_policy.py tests the cap itself)."""
+    Queue.objects.filter(name="default").update(max_user_priority=10)
 
 SPEC = {
     "name": "train",

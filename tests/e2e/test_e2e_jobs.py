@@ -66,10 +66,11 @@ def test_it_preempts_a_low_priority_job_which_then_resumes(cluster: Cluster, api
     cluster.scheduler()
     client = api(owner)
     gpu = {"cpu": "0.1", "memory": "16Mi", "gpu": 1}
-    low = submit(client, one_task("low", "sleep 4", priority=1, resources=gpu))
+    # Users may only lower their priority below the queue's cap (0): -1 is the low one.
+    low = submit(client, one_task("low", "sleep 4", priority=-1, resources=gpu))
     wait_for(lambda: job_state(low) == JobState.RUNNING, what="low-priority job to run")
 
-    high = submit(client, one_task("high", "sleep 1", priority=100, resources=gpu))
+    high = submit(client, one_task("high", "sleep 1", priority=0, resources=gpu))
     wait_for(lambda: job_state(low) == JobState.SUSPENDED, what="low to be preempted")
     assert Job.objects.get(pk=low).reason == "Preempted"
     wait_for(lambda: job_state(high) == JobState.SUCCEEDED, timeout=40, what="high to succeed")
