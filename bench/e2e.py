@@ -148,8 +148,6 @@ def main() -> None:
                 "run_simagent",
                 "--server",
                 url,
-                "--join-token",
-                "bench-join",
                 "--nodes",
                 str(args.nodes),
                 "--gpus",
