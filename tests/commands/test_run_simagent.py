@@ -7,7 +7,7 @@ from django.core.management import CommandError, call_command
 
 from scheduler.models import Allocation, Node, Task, TaskLog
 from scheduler.states import TaskState
-from tests.commands.test_run_agent import JOIN, LOCK, assign, manage, server, stop, wait_for
+from tests.commands.test_run_agent import LOCK, assign, manage, server, stop, wait_for
 from tests.factories import make_job
 
 __all__ = ["server"]  # the fixture

@@ -75,9 +75,7 @@ class Cluster:
         )
 
     def simagent(self, *args: str) -> subprocess.Popen[bytes]:
-        return self._start(
-            "simagent", "run_simagent", "--server", self.url, *args
-        )
+        return self._start("simagent", "run_simagent", "--server", self.url, *args)
 
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
