@@ -509,6 +509,13 @@ class Agent:
         tmp.replace(self.state_file)
 
     def _load(self) -> None:
+        legacy = self.work_dir / "state.json"  # where agents before the state dir kept it
+        if not self.state_file.exists() and legacy.is_file():
+            # Keep the node token across the upgrade (the join token no longer re-registers a
+            # taken name), and take it out of the tasks' reach.
+            legacy.chmod(0o600)
+            legacy.replace(self.state_file)
+            log.info("moved the state file %s into the state dir %s", legacy, self.state_dir)
         try:
             data = json.loads(self.state_file.read_text())
         except (OSError, ValueError):

@@ -3,6 +3,7 @@ scratch, it never runs as root, and the agent refuses a root or missing task acc
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pwd
@@ -66,3 +67,15 @@ def test_without_root_every_task_runs_as_the_agents_own_account(monkeypatch):
     assert not accounts.switching and accounts.for_owner("alice").uid == 4321
     assert isolation.spawn_kwargs(accounts.for_owner("alice"), accounts.switching) == {}
     assert "not running as root: tasks run as this agent's own user" in accounts.describe()
+
+
+def test_an_upgraded_agent_moves_its_old_state_file_out_of_the_tasks_reach(tmp_path):
+    old = {"name": "test-node", "token": "kept-token", "server": "http://server.invalid",
+           "tasks": []}  # fmt: skip
+    (tmp_path / "state.json").write_text(json.dumps(old))
+    agent = RecordingAgent(tmp_path)
+    agent.token = ""
+    agent.prepare()
+    agent._load()
+    assert agent.token == "kept-token" and not (tmp_path / "state.json").exists()
+    assert stat.S_IMODE((tmp_path / "state" / "state.json").stat().st_mode) == 0o600
