@@ -28,6 +28,8 @@ def join_token_from(path: str | None) -> str:
             raise CommandError(f"--join-token-file: cannot read {path}: {exc.strerror}") from None
         if not token:
             raise CommandError(f"--join-token-file: {path} is empty")
+        if os.stat(path).st_mode & 0o077:
+            log.warning("%s is readable by other users: chmod 600 it", path)
         return token
     token = os.environ.get("BERTH_JOIN_TOKEN", "").strip()
     if not token:
