@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_SECRET = "up-server-only-secret-5b1e"
 
@@ -47,6 +46,7 @@ def until(check: Any, what: str, timeout: float = 60) -> Any:
         time.sleep(0.3)
 
 
+@pytest.mark.root
 def test_up_runs_tasks_unprivileged_and_they_cannot_read_its_data_dir(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with socket.socket() as s:
@@ -98,3 +98,12 @@ def test_up_runs_tasks_unprivileged_and_they_cannot_read_its_data_dir(tmp_path: 
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     for name in ("secret_key", "admin_password", "join_token", "berth.sqlite3"):
         assert stat.S_IMODE((data / name).stat().st_mode) == 0o600, name
+
+
+def test_up_refuses_task_dirs_inside_its_data_dir(settings: Any, tmp_path: Path) -> None:
+    from django.core.management import CommandError, call_command
+
+    settings.DATA_DIR = tmp_path / "data"
+    with pytest.raises(CommandError, match="--agent-work-dir: .* is inside the data dir"):
+        call_command("up", "--port", "18501", "--agent-work-dir", str(tmp_path / "data" / "t"))
+    assert not (tmp_path / "data").exists()  # refused before anything was made

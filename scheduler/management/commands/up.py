@@ -106,6 +106,12 @@ class Command(BaseCommand):
         self._check_port_free(host, port)
 
         data = Path(settings.DATA_DIR)
+        work = Path(options["agent_work_dir"] or default_task_dir(data))
+        if work.resolve().is_relative_to(data.resolve()):
+            raise CommandError(
+                f"--agent-work-dir: {work} is inside the data dir {data}, which holds the"
+                " cluster's secrets: choose a directory outside it"
+            )
         _lock_data_dir(data)
         call_command("migrate", interactive=False, verbosity=0)
         login = self._ensure_admin()
@@ -113,7 +119,7 @@ class Command(BaseCommand):
             settings.BERTH_JOIN_TOKEN = _kept_secret(data / "join_token")
         _lock_data_dir(data)  # the database file may be new
         url = f"http://{host}:{port}"
-        agent = None if options["no_agent"] else self._local_agent(port, options)
+        agent = None if options["no_agent"] else self._local_agent(port, work, options)
 
         self.stdout.write(self.style.SUCCESS(f"Berth is starting on {url}"))
         self.stdout.write(f"  admin login:  {login}")
@@ -187,7 +193,7 @@ class Command(BaseCommand):
 
         await sync_to_async(run, thread_sensitive=False)()
 
-    def _local_agent(self, port: int, options: dict[str, Any]) -> Agent:
+    def _local_agent(self, port: int, work: Path, options: dict[str, Any]) -> Agent:
         """The local agent, checked (task account, directories) before anything starts."""
         data = Path(settings.DATA_DIR)
         agent = Agent(
@@ -196,7 +202,7 @@ class Command(BaseCommand):
             name=options["agent_name"] or None,
             labels=options["labels"],
             fake_gpus=options["fake_gpus"],
-            work_dir=Path(options["agent_work_dir"] or default_task_dir(data)),
+            work_dir=work,
             state_dir=data / "agent",
             task_user=options["task_user"],
         )
