@@ -69,7 +69,7 @@ class NodeAdmin(admin.ModelAdmin[Node]):
     readonly_fields = ["state", "last_heartbeat", "token_hash", "usage", "registered_at",
                        "agent_version", "hostname"]  # fmt: skip
     inlines = [DeviceInline]
-    actions = ["cordon", "uncordon", "drain"]
+    actions = ["cordon", "uncordon", "drain", "reset_token"]
 
     @admin.display(description="cpu")
     def cpu_cores(self, node: Node) -> str:
@@ -102,6 +102,10 @@ class NodeAdmin(admin.ModelAdmin[Node]):
     @admin.action(description="Drain: no new tasks, let running jobs finish")
     def drain(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
         _apply(self, request, queryset, operations.drain_node)
+
+    @admin.action(description="Reset token: the next agent joining with this name takes it")
+    def reset_token(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        _apply(self, request, queryset, operations.reset_node_token)
 
 
 @admin.register(JobTemplate)

@@ -105,6 +105,20 @@ def delete_node(node: Node, user: Any) -> int:
     return len(lost)
 
 
+def reset_node_token(node: Node, user: Any) -> Node:
+    """Forget the node's token: its agent (or a replacement machine) must register again with
+    the join token, which may then take the name. For a reinstalled machine that lost its
+    state, or to shut out an agent whose token leaked."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        node.token_hash = None
+        node.save(update_fields=["token_hash"])
+        record("NodeTokenReset", "Operator", f"by {getattr(user, 'username', 'system')}",
+               node=node)  # fmt: skip
+        notify.changed(nodes=[node.pk])
+    return node
+
+
 def resubmit_job(job: Job, user: Any) -> Job:
     """A new job from the old one's spec, owned by the same user; the priority policy is that
     of `user`, who asks for it (SpecError if the spec is no longer accepted)."""

@@ -1,7 +1,7 @@
 """Shared fixtures: the users every ownership test needs, API clients, and the CI skip rule.
 
-Tests marked `postgres` or `browser` skip with a reason where that part is missing; with
-CI=true such a skip is turned into a failure, so CI can never pass by skipping them.
+Tests marked `postgres`, `browser` or `root` skip with a reason where that part is missing;
+with CI=true such a skip is turned into a failure, so CI can never pass by skipping them.
 """
 
 from __future__ import annotations
@@ -27,13 +27,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip("needs PostgreSQL: set DATABASE_URL=postgres://...")
     if item.get_closest_marker("browser") and not shutil.which(CHROMIUM):
         pytest.skip(f"needs Debian chromium at {CHROMIUM}: apt-get install -y chromium")
+    if item.get_closest_marker("root") and os.geteuid() != 0:
+        pytest.skip("needs root: the agent switches tasks to other accounts only as root")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[Any]:
     outcome: Any = yield
     report = outcome.get_result()
-    needs_part = item.get_closest_marker("postgres") or item.get_closest_marker("browser")
+    needs_part = any(item.get_closest_marker(m) for m in ("postgres", "browser", "root"))
     if CI and needs_part and report.skipped:
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, which must run it: {report.longrepr}"

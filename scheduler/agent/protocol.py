@@ -109,8 +109,14 @@ def _devices(errors: dict[str, list[str]], raw: object) -> list[dict[str, Any]]:
     return out
 
 
-def register(data: object) -> dict[str, Any]:
-    """Create or update the node named in `data`; issue it a new token."""
+def register(data: object, node_token: str | None = None) -> dict[str, Any]:
+    """Create or update the node named in `data`.
+
+    With the join token (`node_token` None) only a new name registers, or one whose token staff
+    reset: it gets a new node token. Any other taken name is 409, so that the join token
+    never hands over a node (its tasks, other users' start messages). With a node token, the
+    agent of that node registers again (a restart) and keeps its token.
+    """
     if not isinstance(data, dict):
         raise ProtocolError({"body": ["must be a JSON object"]})
     errors: dict[str, list[str]] = {}
@@ -129,15 +135,25 @@ def register(data: object) -> dict[str, Any]:
         raise ProtocolError(errors)
     now = timezone.now()
     with transaction.atomic():
-        node, created = Node.objects.select_for_update().get_or_create(
-            name=name, defaults={"cpu": cpu, "memory": memory}
-        )
+        if node_token is not None:
+            node, created = _own_node(node_token, name), False
+            token = node_token
+        else:
+            node, created = Node.objects.select_for_update().get_or_create(
+                name=name, defaults={"cpu": cpu, "memory": memory}
+            )
+            if not created and node.token_hash:
+                taken = (
+                    f"node {name!r} is already registered: its own agent re-registers with its"
+                    " node token; otherwise staff reset its token or delete it first"
+                )
+                raise ProtocolError({"name": [taken]}, status=409)
+            token = node.issue_token()
         node.cpu, node.memory, node.labels = cpu, memory, labels
         node.hostname = str(data.get("hostname", ""))[:255]
         node.agent_version = str(data.get("version", ""))[:64]
         node.last_heartbeat = now
         node.state = node.derive_state(alive=True)
-        token = node.issue_token()
         node.save()
         _reconcile_devices(node, devices)
         record("NodeRegistered", "Registered" if created else "Reregistered",
@@ -151,6 +167,21 @@ def register(data: object) -> dict[str, Any]:
         "kill_grace_seconds": settings.BERTH_KILL_GRACE_SECONDS,
         "log_chunk_bytes": settings.BERTH_LOG_CHUNK_BYTES,
     }
+
+
+def _own_node(node_token: str, name: object) -> Node:
+    node = (
+        Node.objects.select_for_update().filter(token_hash=hash_token(node_token)).first()
+        if node_token
+        else None
+    )
+    if node is None:
+        unknown = "unknown node token; register with the join token"
+        raise ProtocolError({"detail": [unknown]}, status=401)
+    if node.name != name:
+        message = f"this node token belongs to node {node.name!r}, not {name!r}"
+        raise ProtocolError({"name": [message]}, status=403)
+    return node
 
 
 def _reconcile_devices(node: Node, devices: list[dict[str, Any]]) -> None:
@@ -389,6 +420,8 @@ def _start_message(task: Task, node: Node) -> dict[str, Any]:
         "group": task.group,
         "index": task.index,
         "command": group.get("command", ""),
+        # As root, the agent runs the task as the Unix account of this name when it exists.
+        "owner": job.owner.username,
         "env": env,
         "devices": devices,
         "walltime": job.walltime,

@@ -1,11 +1,14 @@
 """The node agent: runs tasks as real processes and speaks the agent protocol over HTTP.
 
 It never touches the database (it runs on other machines). Each task runs as
-`/bin/sh -c command` in its own process group; its output goes to a file that the agent ships
-to the server by byte offset, and a small wrapper writes the exit code to a file. Because both
-live on disk and the agent keeps a state file (its token and its tasks), an agent that
-restarts re-adopts the processes that still run, keeps shipping their output and still learns
-their exit codes.
+`/bin/sh -c command` in its own process group, with an environment built from scratch and, when
+the agent is root, as an unprivileged account (scheduler/agent/isolation.py). Its output goes
+to a file that the agent ships to the server by byte offset, and a small wrapper writes the
+exit code to a file. Both files live in the agent's 0700 state dir: the agent opens them and
+hands the task only file descriptors, so a task running as another account can write its output
+and exit code but never read the agent's state. Because both live on disk and the agent keeps a
+0600 state file (its node token and its tasks), an agent that restarts re-adopts the processes
+that still run, keeps shipping their output and still learns their exit codes.
 """
 
 from __future__ import annotations
@@ -24,12 +27,29 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from scheduler.agent.isolation import (
+    DEFAULT_TASK_USER,
+    TaskAccounts,
+    build_env,
+    private_dir,
+    spawn_kwargs,
+    task_workdir,
+    unreachable_ancestor,
+    work_base,
+)
+
 log = logging.getLogger("berth.agent")
 VERSION = "berth-agent/1"
-# $1 is the command, $2 the file that receives its exit code. The wrapper outlives a SIGTERM
-# (a handler, unlike an ignored signal, is not inherited: the command still gets SIGTERM) so
-# that the command has its grace period and its exit code is recorded.
-WRAPPER = 'trap ":" TERM; /bin/sh -c "$1"; code=$?; echo "$code" > "$2"; exit "$code"'
+# $1 is the command. The wrapper's stdin is the exit-code file, opened for writing by the agent
+# (a task running as another account could not open it in the agent's state dir): the wrapper
+# moves it to fd 3, gives the command /dev/null as stdin and no fd 3, and writes the command's
+# exit code to it. The wrapper outlives a SIGTERM (a handler, unlike an ignored signal, is not
+# inherited: the command still gets SIGTERM) so that the command has its grace period and its
+# exit code is recorded.
+WRAPPER = (
+    'trap ":" TERM; exec 3>&0 </dev/null; /bin/sh -c "$1" 3>&-; code=$?;'
+    ' echo "$code" >&3; exit "$code"'
+)
 LOG_CHUNK = 60 * 1024  # at most; the server may ask for smaller chunks when it registers us
 SHIP_PER_STEP = 16  # chunks per task per heartbeat, so a chatty task never delays heartbeats
 
@@ -103,7 +123,8 @@ class RunningTask:
     id: int
     attempt: int
     pid: int
-    dir: str
+    dir: str  # in the agent's state dir: output.log and exit_code
+    workdir: str = ""  # the task's own work dir (its cwd)
     shipped: int = 0  # bytes of output the server has
     exit_code: int | None = None
     state: str = "Running"  # Running | Succeeded | Failed | Killed
@@ -135,9 +156,10 @@ class Agent:
         labels: str | dict[str, str] = "",
         fake_gpus: int = 0,
         work_dir: Path | str = "berth-agent",
-        state_file: Path | str | None = None,
+        state_dir: Path | str | None = None,
         kill_on_exit: bool = False,
         timeout: float = 10.0,
+        task_user: str = DEFAULT_TASK_USER,
     ) -> None:
         self.server = server.rstrip("/")
         self.join_token = join_token
@@ -145,7 +167,10 @@ class Agent:
         self.labels = parse_labels(labels) if isinstance(labels, str) else dict(labels)
         self.fake_gpus = fake_gpus
         self.work_dir = Path(work_dir)
-        self.state_file = Path(state_file) if state_file else self.work_dir / "state.json"
+        self.state_dir = Path(state_dir) if state_dir else self.work_dir / "state"
+        self.state_file = self.state_dir / "state.json"
+        self.task_user = task_user
+        self.accounts: TaskAccounts | None = None  # set by prepare()
         self.kill_on_exit = kill_on_exit
         self.timeout = timeout
         self.token = ""
@@ -172,20 +197,30 @@ class Agent:
     # --- lifecycle -------------------------------------------------------------------
 
     def register(self) -> None:
+        """Register (again) as this node. A node token kept from before is this node's proof
+        of identity (the join token registers new names only); when the server no longer
+        knows it (the node was deleted, or staff reset its token), join as a newcomer."""
         cpu, memory = discover_resources()
-        answer = self._post(
-            "register/",
-            {
-                "name": self.name,
-                "cpu": f"{cpu}m",  # the protocol reads cpu as users write it
-                "memory": memory,
-                "labels": self.labels,
-                "devices": discover_gpus(self.fake_gpus, self.name),
-                "hostname": socket.gethostname(),
-                "version": VERSION,
-            },
-            f"Bearer {self.join_token}",
-        )
+        body = {
+            "name": self.name,
+            "cpu": f"{cpu}m",  # the protocol reads cpu as users write it
+            "memory": memory,
+            "labels": self.labels,
+            "devices": discover_gpus(self.fake_gpus, self.name),
+            "hostname": socket.gethostname(),
+            "version": VERSION,
+        }
+        answer: dict[str, Any] | None = None
+        if self.token:
+            try:
+                answer = self._post("register/", body, f"Node {self.token}")
+            except ServerError as exc:
+                if exc.status != 401:
+                    raise
+                log.warning("the server no longer knows our node token; joining as a new node")
+                self.token = ""
+        if answer is None:
+            answer = self._post("register/", body, f"Bearer {self.join_token}")
         self.token = answer["token"]
         self.interval = float(answer.get("heartbeat_interval", self.interval))
         self.grace = float(answer.get("kill_grace_seconds", self.grace))
@@ -206,7 +241,7 @@ class Agent:
 
     def run(self, stop: threading.Event) -> None:
         """Heartbeat until `stop` is set. Safe to run in a thread (no signal handlers here)."""
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.prepare()
         self._load()
         backoff = 0.5
         joined = False
@@ -293,27 +328,55 @@ class Agent:
 
     # --- processes -------------------------------------------------------------------
 
+    def prepare(self) -> TaskAccounts:
+        """Check the task account and make the directories (once). Raises ValueError when the
+        configured task account is missing or is root, or a directory is someone else's."""
+        if self.accounts is not None:
+            return self.accounts
+        accounts = TaskAccounts(self.task_user)
+        private_dir(self.state_dir)
+        work_base(self.work_dir, accounts.switching)
+        log.info("%s", accounts.describe())
+        if accounts.switching:
+            blocked = unreachable_ancestor(self.work_dir, accounts.default)
+            if blocked is not None:
+                log.warning(
+                    "%s cannot pass through %s on the way to the work dir %s: its tasks start"
+                    " there but cannot use the dir's absolute path; choose a --work-dir"
+                    " under a path every account can pass through (e.g. /var/lib/berth)",
+                    accounts.default.name, blocked, self.work_dir,
+                )  # fmt: skip
+        self.accounts = accounts
+        return accounts
+
     def start(self, order: dict[str, Any]) -> None:
         task_id, attempt = int(order["id"]), int(order["attempt"])
         current = self.tasks.get(task_id)
         if current is not None and current.attempt == attempt:
             return  # already running: a start message repeated until we report it
-        directory = self.work_dir / f"task-{task_id}-{attempt}"
-        env = {**os.environ, **{k: str(v) for k, v in order.get("env", {}).items()}}
+        directory = self.state_dir / f"task-{task_id}-{attempt}"
+        workdir = self.work_dir / f"task-{task_id}-{attempt}"
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            with open(directory / "output.log", "ab") as output:
+            accounts = self.prepare()
+            account = accounts.for_owner(order.get("owner"))
+            env = build_env(order.get("env") or {}, account)
+            private_dir(directory)
+            task_workdir(workdir, account, accounts.switching)
+            with (
+                open(directory / "output.log", "ab") as output,
+                open(directory / "exit_code", "wb") as exit_file,
+            ):
                 proc = subprocess.Popen(
-                    ["/bin/sh", "-c", WRAPPER, "berth-task", str(order["command"]),
-                     str(directory / "exit_code")],
-                    cwd=directory,
+                    ["/bin/sh", "-c", WRAPPER, "berth-task", str(order["command"])],
+                    cwd=workdir,
                     env=env,
-                    stdin=subprocess.DEVNULL,
+                    stdin=exit_file,  # the wrapper's, see WRAPPER; the command gets /dev/null
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # its own process group, killed as a whole
-                )  # fmt: skip
-        except (OSError, ValueError) as exc:
+                    **spawn_kwargs(account, accounts.switching),
+                )
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
             # Report it as failed rather than be sent the same start message forever.
             log.error("could not start task %s: %s", task_id, exc)
             self.tasks[task_id] = RunningTask(
@@ -322,9 +385,11 @@ class Agent:
             )  # fmt: skip
             return
         self.tasks[task_id] = RunningTask(
-            task_id, attempt, proc.pid, str(directory), proc=proc, started=_start_time(proc.pid)
-        )
-        log.info("started task %s (attempt %s) as pid %s", task_id, attempt, proc.pid)
+            task_id, attempt, proc.pid, str(directory), workdir=str(workdir), proc=proc,
+            started=_start_time(proc.pid),
+        )  # fmt: skip
+        log.info("started task %s (attempt %s) as pid %s, user %s",
+                 task_id, attempt, proc.pid, account.name)  # fmt: skip
 
     def kill(self, task: RunningTask, grace: float) -> None:
         if task.state != "Running" or task.killed:
@@ -425,7 +490,8 @@ class Agent:
     # --- state file ------------------------------------------------------------------
 
     def _save(self) -> None:
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        """Write the state file atomically, 0600 (it holds the node token)."""
+        self.state_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         data = {
             "name": self.name,
             "token": self.token,
@@ -436,10 +502,20 @@ class Agent:
             ],
         }
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            os.fchmod(fd, 0o600)  # a leftover tmp file keeps its old mode through O_CREAT
+            handle.write(json.dumps(data))
         tmp.replace(self.state_file)
 
     def _load(self) -> None:
+        legacy = self.work_dir / "state.json"  # where agents before the state dir kept it
+        if not self.state_file.exists() and legacy.is_file():
+            # Keep the node token across the upgrade (the join token no longer re-registers a
+            # taken name), and take it out of the tasks' reach.
+            legacy.chmod(0o600)
+            legacy.replace(self.state_file)
+            log.info("moved the state file %s into the state dir %s", legacy, self.state_dir)
         try:
             data = json.loads(self.state_file.read_text())
         except (OSError, ValueError):

@@ -1,6 +1,6 @@
 """HTTP endpoints of the agent protocol (/api/v1/agent/). Agents authenticate with the
-cluster join token to register, then with their node token (`Authorization: Node <token>`),
-which acts only for its own node."""
+cluster join token to register a new name, then with their node token
+(`Authorization: Node <token>`), which acts only for its own node, re-registration included."""
 
 from __future__ import annotations
 
@@ -52,15 +52,22 @@ class RegisterView(APIView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
-        """Join the cluster with the join token; returns this node's own token."""
+        """Join the cluster with the join token (new names only; returns the node's own token),
+        or register again with the node's own token (`Authorization: Node <token>`)."""
+        header = authentication.get_authorization_header(request).decode(errors="replace")
+        scheme, _, given = header.partition(" ")
+        if scheme == NodeTokenAuthentication.keyword:
+            try:
+                answer = protocol.register(request.data, node_token=given.strip())
+            except protocol.ProtocolError as exc:
+                return _error(exc)
+            return Response(answer, status=status.HTTP_200_OK)
         expected = settings.BERTH_JOIN_TOKEN
         if not expected:
             return Response(
                 {"detail": "registration is closed: the server has no BERTH_JOIN_TOKEN"},
                 status=status.HTTP_403_FORBIDDEN,
             )
-        header = authentication.get_authorization_header(request).decode(errors="replace")
-        scheme, _, given = header.partition(" ")
         # Bytes: compare_digest refuses non-ASCII text, which a header may well hold.
         if scheme != "Bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
             return Response({"detail": "wrong or missing join token"}, status=401)

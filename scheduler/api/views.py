@@ -124,6 +124,13 @@ class NodeViewSet(
         """Stop placing new tasks; once the running jobs finish the node is Drained."""
         return self._operate(operations.drain_node)
 
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"], url_path="reset-token")
+    def reset_token(self, request: Request, name: str) -> Response:
+        """Staff: forget the node's token, so that the next agent registering this name with
+        the join token takes it (a reinstalled machine, or a leaked node token)."""
+        return self._operate(operations.reset_node_token)
+
 
 class TemplateViewSet(viewsets.ModelViewSet[JobTemplate]):
     queryset = JobTemplate.objects.select_related("owner")

@@ -67,9 +67,9 @@ def test_it_runs_a_command_and_reports_its_output_and_exit_code(tmp_path):
 
 def test_it_kills_the_whole_group_with_sigterm_then_sigkill(tmp_path):
     agent = RecordingAgent(tmp_path)
-    marker = tmp_path / "child.pid"
+    marker = tmp_path / "task-2-0" / "child.pid"  # in the task's own work dir
     # The task traps TERM and has a child that ignores it: only SIGKILL ends them.
-    command = f"trap '' TERM; (trap '' TERM; echo $$ > {marker}; sleep 60) & echo started; sleep 60"
+    command = "trap '' TERM; (trap '' TERM; echo $$ > child.pid; sleep 60) & echo started; sleep 60"
     agent.answers = [{"start": [start_order(2, command)]}]
     run_until(agent, lambda: marker.exists() and marker.read_text().strip())
     child = int(marker.read_text())
@@ -120,7 +120,7 @@ def test_it_runs_a_task_in_its_own_group_and_directory_with_its_env(tmp_path):
     agent.answers = [{"start": [start_order(5, command, CUDA_VISIBLE_DEVICES="1,3", RANK="2")]}]
     run_until(agent, lambda: any(r["state"] == "Succeeded" for r in agent.reports()))
     first, pgid = agent.output(5).splitlines()
-    assert first == f"{tmp_path / 'task-5-0'} 1,3 2 has-path"  # env merged over os.environ
+    assert first == f"{tmp_path / 'task-5-0'} 1,3 2 has-path"
     assert int(pgid) != os.getpgid(0)  # a group of its own, apart from the agent's
 
 
@@ -178,7 +178,8 @@ def test_it_does_not_adopt_a_process_that_only_reuses_the_pid(tmp_path):
         state = {"name": "test-node", "token": "t", "server": "http://server.invalid",
                  "tasks": [{"id": 10, "attempt": 0, "pid": other.pid, "dir": str(tmp_path),
                             "started": "1"}]}  # fmt: skip
-        (tmp_path / "state.json").write_text(json.dumps(state))
+        (tmp_path / "state").mkdir()
+        (tmp_path / "state" / "state.json").write_text(json.dumps(state))
         agent = RecordingAgent(tmp_path)
         agent._load()
         agent.step()
@@ -242,7 +243,7 @@ def test_it_leaves_its_tasks_running_when_it_stops(tmp_path):
     pid = agent.tasks[11].pid
     try:
         assert _alive(pid)
-        saved = json.loads((tmp_path / "state.json").read_text())
+        saved = json.loads((tmp_path / "state" / "state.json").read_text())
         assert [t["pid"] for t in saved["tasks"]] == [pid]
     finally:
         os.killpg(pid, signal.SIGKILL)

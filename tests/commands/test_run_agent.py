@@ -42,9 +42,11 @@ def wait_for(check: Callable[[], Any], timeout: float = 8.0, what: str = "it") -
         time.sleep(0.05)
 
 
-def manage(tmp: Path, *args: str) -> subprocess.Popen[bytes]:
-    """Start a management command as its own process; its output goes to tmp/command.log."""
-    env = {**os.environ, "BERTH_DATA_DIR": str(tmp / "data"), "PYTHONUNBUFFERED": "1"}
+def manage(tmp: Path, *args: str, **env_vars: str) -> subprocess.Popen[bytes]:
+    """Start a management command as its own process; its output goes to tmp/command.log.
+    It finds the join token in BERTH_JOIN_TOKEN, as an agent does."""
+    env = {**os.environ, "BERTH_DATA_DIR": str(tmp / "data"), "PYTHONUNBUFFERED": "1",
+           "BERTH_JOIN_TOKEN": JOIN, **env_vars}  # fmt: skip
     with open(tmp / "command.log", "wb") as log:
         return subprocess.Popen([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT,
                                 env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
@@ -87,7 +89,7 @@ def assign(task: Task, node: Node, devices: list[int]) -> None:
 
 def test_it_registers_runs_a_task_end_to_end_and_stops_cleanly(server, owner, tmp_path):
     work = tmp_path / "agent"
-    agent = manage(tmp_path, "run_agent", "--server", server, "--join-token", JOIN,
+    agent = manage(tmp_path, "run_agent", "--server", server,
                    "--name", "cmd-node", "--labels", "zone=a,rack=3", "--fake-gpus", "2",
                    "--work-dir", str(work))  # fmt: skip
     try:
@@ -113,16 +115,52 @@ def test_it_registers_runs_a_task_end_to_end_and_stops_cleanly(server, owner, tm
         assert output == "hi on 1 rank 0\n"
         with LOCK:
             assert not Allocation.objects.filter(task=task).exists()
-        assert (work / "state.json").exists()
+        assert (work / "state" / "state.json").exists()
     finally:
         code = stop(agent)
     assert code == 0, (tmp_path / "command.log").read_text()
 
 
-def test_it_exits_with_a_clear_error_on_bad_options():
+def test_it_exits_with_a_clear_error_on_bad_options(monkeypatch):
+    monkeypatch.setenv("BERTH_JOIN_TOKEN", "x")
     with pytest.raises(CommandError, match="--server"):
-        call_command("run_agent", "--server", "localhost:8000", "--join-token", "x")
+        call_command("run_agent", "--server", "localhost:8000")
     with pytest.raises(CommandError, match="--labels"):
-        call_command("run_agent", "--server", "http://x", "--join-token", "x", "--labels", "a")
+        call_command("run_agent", "--server", "http://x", "--labels", "a")
     with pytest.raises(CommandError, match="--fake-gpus"):
-        call_command("run_agent", "--server", "http://x", "--join-token", "x", "--fake-gpus", "-1")
+        call_command("run_agent", "--server", "http://x", "--fake-gpus", "-1")
+
+
+@pytest.mark.parametrize("command", ["run_agent", "run_simagent"])
+def test_it_refuses_to_start_without_a_join_token_source(command, monkeypatch, tmp_path):
+    monkeypatch.delenv("BERTH_JOIN_TOKEN", raising=False)
+    extra = ["--nodes", "1"] if command == "run_simagent" else []
+    with pytest.raises(CommandError, match="BERTH_JOIN_TOKEN or pass --join-token-file"):
+        call_command(command, "--server", "http://x", *extra)
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(CommandError, match="--join-token-file: .* is empty"):
+        call_command(command, "--server", "http://x", "--join-token-file", str(tmp_path / "empty"),
+                     *extra)  # fmt: skip
+    with pytest.raises(CommandError, match="--join-token-file: cannot read"):
+        call_command(command, "--server", "http://x", "--join-token-file", str(tmp_path / "nope"),
+                     *extra)  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["run_agent", "run_simagent"])
+def test_it_takes_no_join_token_on_its_command_line(command):
+    """A secret on a command line is readable by every process (/proc/*/cmdline)."""
+    with pytest.raises(CommandError, match="unrecognized arguments: --join-token secret"):
+        call_command(command, "--server", "http://x", "--join-token", "secret", "--nodes", "1")
+
+
+def test_it_reads_the_join_token_from_a_file_and_never_shows_it(server, tmp_path):
+    secret = tmp_path / "join"
+    secret.write_text(JOIN + "\n")
+    agent = manage(tmp_path, "run_agent", "--server", server, "--name", "file-node",
+                   "--join-token-file", str(secret), "--work-dir", str(tmp_path / "agent"),
+                   BERTH_JOIN_TOKEN="")  # fmt: skip
+    try:
+        wait_for(lambda: Node.objects.filter(name="file-node").first(), what="register")
+        assert JOIN not in Path(f"/proc/{agent.pid}/cmdline").read_text()
+    finally:
+        assert stop(agent) == 0, (tmp_path / "command.log").read_text()

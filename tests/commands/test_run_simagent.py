@@ -7,14 +7,14 @@ from django.core.management import CommandError, call_command
 
 from scheduler.models import Allocation, Node, Task, TaskLog
 from scheduler.states import TaskState
-from tests.commands.test_run_agent import JOIN, LOCK, assign, manage, server, stop, wait_for
+from tests.commands.test_run_agent import LOCK, assign, manage, server, stop, wait_for
 from tests.factories import make_job
 
 __all__ = ["server"]  # the fixture
 
 
 def test_it_runs_fake_nodes_whose_tasks_end_with_the_asked_exit_code(server, owner, tmp_path):
-    sim = manage(tmp_path, "run_simagent", "--server", server, "--join-token", JOIN,
+    sim = manage(tmp_path, "run_simagent", "--server", server,
                  "--nodes", "3", "--gpus", "2", "--cpu", "16", "--memory", "128Gi",
                  "--prefix", "fake", "--labels", "pool=sim")  # fmt: skip
     try:
@@ -50,7 +50,7 @@ def test_it_runs_fake_nodes_whose_tasks_end_with_the_asked_exit_code(server, own
 
 
 def test_it_exits_with_a_clear_error_on_bad_options():
-    base = ["--server", "http://x", "--join-token", "x"]
+    base = ["--server", "http://x"]
     with pytest.raises(CommandError, match="--nodes"):
         call_command("run_simagent", *base, "--nodes", "0")
     with pytest.raises(CommandError, match="memory"):

@@ -65,21 +65,17 @@ class Cluster:
             "run_agent",
             "--server",
             self.url,
-            "--join-token",
-            JOIN_TOKEN,
             "--name",
             name,
             "--work-dir",
             str(work),
-            "--state-file",
-            str(work / "state.json"),
+            "--state-dir",
+            str(work / "state"),
             *extra,
         )
 
     def simagent(self, *args: str) -> subprocess.Popen[bytes]:
-        return self._start(
-            "simagent", "run_simagent", "--server", self.url, "--join-token", JOIN_TOKEN, *args
-        )
+        return self._start("simagent", "run_simagent", "--server", self.url, *args)
 
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
@@ -114,6 +110,7 @@ def cluster(
             f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         ),
         "BERTH_SECRET_KEY": "e2e",
+        "BERTH_JOIN_TOKEN": JOIN_TOKEN,  # agents read it here, never from their command line
         "BERTH_SCHEDULER_INTERVAL": "0.2",
         "BERTH_HEARTBEAT_INTERVAL": "0.2",
         "BERTH_HEARTBEAT_TIMEOUT": "3",

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from scheduler.agent.runtime import parse_labels
 from scheduler.agent.sim import SimCluster
 from scheduler.core.quantity import parse_cpu, parse_memory
+from scheduler.management.commands.run_agent import join_token_from
 from scheduler.management.stopping import stop_on_signals
 
 
@@ -20,9 +21,17 @@ class Command(BaseCommand):
         " exits with BERTH_SIM_EXIT (default 0)."
     )
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        return super().create_parser(prog_name, subcommand, allow_abbrev=False, **kwargs)
+
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--server", required=True)
-        parser.add_argument("--join-token", required=True)
+        parser.add_argument(
+            "--join-token-file",
+            default=None,
+            metavar="PATH",
+            help="read the cluster's join token from PATH (default: $BERTH_JOIN_TOKEN)",
+        )
         parser.add_argument("--nodes", type=int, required=True, help="how many fake nodes")
         parser.add_argument("--gpus", type=int, default=0, help="GPUs per node")
         parser.add_argument("--cpu", default="8", help="cpu per node, e.g. 64 or 500m")
@@ -43,8 +52,9 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        join_token = join_token_from(options["join_token_file"])
         cluster = SimCluster(
-            options["server"], options["join_token"], options["nodes"], options["gpus"], cpu,
+            options["server"], join_token, options["nodes"], options["gpus"], cpu,
             memory, prefix=options["prefix"], labels=labels, workers=options["workers"],
         )  # fmt: skip
         stop = stop_on_signals()

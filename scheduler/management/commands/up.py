@@ -4,12 +4,18 @@ The web server (daphne), the scheduler loop and a local agent run together. The 
 runs on a worker thread started from daphne's own event loop (sync_to_async), so when it
 publishes a change, async_to_sync sends it on that same loop: the in-memory channel layer,
 which only works inside one event loop, still carries every push to the browsers.
+
+The local agent follows the same rules as `run_agent`: as root its tasks run as an unprivileged
+account, with an environment built from scratch, in work dirs outside the data dir. The data
+dir (secret key, admin password, join token, SQLite database, the agent's node token) is made
+0700 with 0600 files, so no task can read it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import socket
 import threading
@@ -22,7 +28,26 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from scheduler.agent.isolation import DEFAULT_TASK_USER
+from scheduler.agent.runtime import Agent
+
 log = logging.getLogger("berth.up")
+SECRET_FILES = ("secret_key", "admin_password", "join_token", "berth.sqlite3",
+                "berth.sqlite3-journal", "berth.sqlite3-wal", "berth.sqlite3-shm")  # fmt: skip
+
+
+def _lock_data_dir(data: Path) -> None:
+    """Only the server's user may read the data dir: it holds every secret of the cluster."""
+    data.mkdir(mode=0o700, parents=True, exist_ok=True)
+    data.chmod(0o700)
+    for name in SECRET_FILES:
+        if (data / name).exists():
+            (data / name).chmod(0o600)
+
+
+def default_task_dir(data: Path) -> Path:
+    """Task work dirs live beside the data dir, never inside it (tasks must not reach it)."""
+    return data.parent / f"{data.name}-tasks"
 
 
 def _kept_secret(path: Path, make: Any = lambda: secrets.token_urlsafe(24)) -> str:
@@ -58,6 +83,18 @@ class Command(BaseCommand):
         )
         parser.add_argument("--agent-name", default="", help="node name (default: hostname)")
         parser.add_argument("--labels", default="", help="local node labels, k=v,k=v")
+        parser.add_argument(
+            "--agent-work-dir",
+            default=None,
+            help="where the local agent makes task work dirs (default: DATA_DIR-tasks, beside"
+            " the data dir)",
+        )
+        parser.add_argument(
+            "--task-user",
+            default=os.environ.get("BERTH_TASK_USER", "").strip() or DEFAULT_TASK_USER,
+            help="as root: the account for tasks whose owner has no Unix account here"
+            " (default: $BERTH_TASK_USER or nobody; never root)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         port = options["port"]
@@ -68,23 +105,33 @@ class Command(BaseCommand):
         host = options["host"]
         self._check_port_free(host, port)
 
+        data = Path(settings.DATA_DIR)
+        work = Path(options["agent_work_dir"] or default_task_dir(data))
+        if work.resolve().is_relative_to(data.resolve()):
+            raise CommandError(
+                f"--agent-work-dir: {work} is inside the data dir {data}, which holds the"
+                " cluster's secrets: choose a directory outside it"
+            )
+        _lock_data_dir(data)
         call_command("migrate", interactive=False, verbosity=0)
         login = self._ensure_admin()
-        data = Path(settings.DATA_DIR)
         if not settings.BERTH_JOIN_TOKEN:
             settings.BERTH_JOIN_TOKEN = _kept_secret(data / "join_token")
+        _lock_data_dir(data)  # the database file may be new
         url = f"http://{host}:{port}"
+        agent = None if options["no_agent"] else self._local_agent(port, work, options)
 
         self.stdout.write(self.style.SUCCESS(f"Berth is starting on {url}"))
         self.stdout.write(f"  admin login:  {login}")
         self.stdout.write(f"  API docs:     {url}/api/docs/   admin: {url}/admin/")
         self.stdout.write(f"  database:     {settings.DATABASES['default']['NAME']}")
-        if not options["no_agent"]:
+        if agent is not None:
             self.stdout.write(
                 f"  local agent:  joins with the token in {data / 'join_token'}"
                 if (data / "join_token").exists()
                 else "  local agent:  joins with BERTH_JOIN_TOKEN"
             )
+            self.stdout.write(f"  task dirs:    {agent.work_dir}")
         self.stdout.write("Press Ctrl-C to stop.")
 
         from daphne.server import Server  # installs the asyncio reactor; import late
@@ -98,10 +145,10 @@ class Command(BaseCommand):
             loop = asyncio.get_event_loop()
             if not options["no_scheduler"]:
                 loop.create_task(self._scheduler(stop))
-            if not options["no_agent"]:
+            if agent is not None:
                 threading.Thread(
                     target=self._agent,
-                    args=(f"http://127.0.0.1:{port}", options, stop),
+                    args=(agent, stop),
                     name="berth-local-agent",
                     daemon=True,
                 ).start()
@@ -146,17 +193,26 @@ class Command(BaseCommand):
 
         await sync_to_async(run, thread_sensitive=False)()
 
-    def _agent(self, server: str, options: dict[str, Any], stop: threading.Event) -> None:
-        from scheduler.agent.runtime import Agent
-
+    def _local_agent(self, port: int, work: Path, options: dict[str, Any]) -> Agent:
+        """The local agent, checked (task account, directories) before anything starts."""
+        data = Path(settings.DATA_DIR)
         agent = Agent(
-            server=server,
-            join_token=settings.BERTH_JOIN_TOKEN,
+            server=f"http://127.0.0.1:{port}",
+            join_token=settings.BERTH_JOIN_TOKEN,  # in memory: never on a command line
             name=options["agent_name"] or None,
             labels=options["labels"],
             fake_gpus=options["fake_gpus"],
-            work_dir=Path(settings.DATA_DIR) / "agent",
+            work_dir=work,
+            state_dir=data / "agent",
+            task_user=options["task_user"],
         )
+        try:
+            agent.prepare()
+        except (ValueError, OSError) as exc:
+            raise CommandError(f"local agent: {exc}") from None
+        return agent
+
+    def _agent(self, agent: Agent, stop: threading.Event) -> None:
         try:
             agent.run(stop)
         except Exception:

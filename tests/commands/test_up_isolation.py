@@ -1,0 +1,109 @@
+"""`manage.py up` as root: the local agent's tasks run unprivileged with a clean environment and
+cannot read the data dir (secret key, admin password, join token, SQLite database, the agent's
+node token). A real `up` process; the job goes in and its output comes out over REST."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_SECRET = "up-server-only-secret-5b1e"
+
+
+def call(url: str, token: str, body: dict[str, Any] | None = None) -> Any:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def until(check: Any, what: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except OSError:
+            value = None
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+@pytest.mark.root
+def test_up_runs_tasks_unprivileged_and_they_cannot_read_its_data_dir(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "REDIS_URL", "BERTH_SECRET_KEY", "BERTH_TEST_DB_NAME",
+                        "DJANGO_SETTINGS_MODULE", "BERTH_JOIN_TOKEN")}  # fmt: skip
+    env.update({"BERTH_DATA_DIR": str(data), "BERTH_SCHEDULER_INTERVAL": "0.3",
+                "BERTH_HEARTBEAT_INTERVAL": "0.3", "UP_TEST_SECRET": SERVER_SECRET})  # fmt: skip
+    log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - closed below
+    up = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port)],
+                          cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                          start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        until(lambda: urllib.request.urlopen(f"{url}/accounts/login/", timeout=1), "up to serve")
+        made = subprocess.run([sys.executable, str(ROOT / "manage.py"), "drf_create_token",
+                               "admin"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              check=True)  # fmt: skip
+        token = re.search(r"token (\S+) for user", made.stdout).group(1)  # type: ignore[union-attr]
+        probe = "; ".join([
+            'echo "uid=$(id -u)"', "env", "tr '\\0' '\\n' < /proc/$PPID/environ",
+            f"tr '\\0' '\\n' < /proc/{up.pid}/environ", f"ls -la {data}",
+            *(f"cat {data / name}" for name in ("secret_key", "admin_password", "join_token",
+                                                 "agent/state.json")),
+            f"head -c 4096 {data / 'berth.sqlite3'}", "echo probe-done",
+        ])  # fmt: skip
+        resources = {"cpu": "0.1", "memory": "16Mi"}
+        spec = {"name": "probe",
+                "tasks": [{"name": "main", "command": probe, "resources": resources}]}  # fmt: skip
+        job = call(f"{url}/api/v1/jobs/", token, spec)["id"]
+        until(lambda: call(f"{url}/api/v1/jobs/{job}/", token)["state"] == "Succeeded",
+              "the probe to succeed")  # fmt: skip
+        seen = "".join(t["data"] for t in call(f"{url}/api/v1/jobs/{job}/logs/", token)["tasks"])
+    finally:
+        os.killpg(up.pid, signal.SIGTERM)
+        up.wait(timeout=20)
+        log.close()
+
+    assert "probe-done" in seen and "Permission denied" in seen, seen
+    assert int(seen.split("uid=", 1)[1].split()[0]) != 0
+    secrets = [(data / n).read_text().strip() for n in ("secret_key", "admin_password",
+                                                        "join_token")]  # fmt: skip
+    secrets.append(json.loads((data / "agent" / "state.json").read_text())["token"])
+    for secret in [*secrets, SERVER_SECRET]:
+        assert secret and secret not in seen
+    assert "SQLite format" not in seen
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    for name in ("secret_key", "admin_password", "join_token", "berth.sqlite3"):
+        assert stat.S_IMODE((data / name).stat().st_mode) == 0o600, name
+
+
+def test_up_refuses_task_dirs_inside_its_data_dir(settings: Any, tmp_path: Path) -> None:
+    from django.core.management import CommandError, call_command
+
+    settings.DATA_DIR = tmp_path / "data"
+    with pytest.raises(CommandError, match="--agent-work-dir: .* is inside the data dir"):
+        call_command("up", "--port", "18501", "--agent-work-dir", str(tmp_path / "data" / "t"))
+    assert not (tmp_path / "data").exists()  # refused before anything was made
