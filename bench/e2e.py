@@ -42,7 +42,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import slurm_peer  # noqa: E402
-
 from scheduler.agent.client import Backoff, parse_retry_after  # noqa: E402
 
 FINAL = ("Succeeded", "Failed", "Cancelled")
@@ -98,8 +97,9 @@ class Processes:
 
     def start(self, name: str, cmd: list[str]) -> None:
         out = open(self.work / f"{name}.log", "wb")  # noqa: SIM115 - lives with the process
-        self.procs.append(subprocess.Popen(cmd, env=self.env, cwd=ROOT, stdout=out,
-                                           stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+        proc = subprocess.Popen(cmd, env=self.env, cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        self.procs.append(proc)
 
     def log(self, name: str) -> str:
         return (self.work / f"{name}.log").read_text(errors="replace")
