@@ -35,11 +35,8 @@ def elements(parent: Job) -> Any:
 
 def on_node(parent: Job) -> set[int]:
     """Indices of the elements that hold a node (tasks Assigned or Running)."""
-    return set(
-        Task.objects.filter(job__array_parent=parent, state__in=TASK_ON_NODE).values_list(
-            "job__array_index", flat=True
-        )
-    )
+    rows = Task.objects.filter(job__array_parent=parent, state__in=TASK_ON_NODE)
+    return {int(i) for i in rows.values_list("job__array_index", flat=True) if i is not None}
 
 
 def agent_runs_assigned() -> None:

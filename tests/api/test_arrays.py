@@ -135,7 +135,7 @@ def test_another_users_array_is_404(api, owner, outsider, staff):
     assert api(outsider).get(f"/api/v1/jobs/{parent['id']}/").status_code == 404
     assert api(outsider).post(f"/api/v1/jobs/{parent['id']}/cancel/").status_code == 404
     assert api(outsider).get(f"/api/v1/jobs/?array={parent['id']}").json()["count"] == 0
-    element = Job.objects.filter(array_parent_id=parent["id"]).first()
+    element = Job.objects.filter(array_parent_id=parent["id"]).earliest("id")
     assert api(outsider).get(f"/api/v1/jobs/{element.pk}/").status_code == 404
     assert api(staff).get(f"/api/v1/jobs/{parent['id']}/").status_code == 200
 
