@@ -16,17 +16,19 @@ pending reason. Everything here is set-based, so a 10,000-element array costs a 
 
 from __future__ import annotations
 
+import copy
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
 from scheduler import notify
 from scheduler.arrayspec import format_indices, parse_array
+from scheduler.bulk import insert_select
 from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
 from scheduler.events import record
 from scheduler.models import Event, Job, Queue, Task
@@ -42,6 +44,7 @@ from scheduler.states import (
 
 BATCH = 2000  # rows per INSERT/UPDATE statement (SQLite's variable limit allows it)
 PARENT_ACTIVE = (JobState.PENDING, JobState.RUNNING)
+TaskGroup = tuple[str, int, int, int, int]  # name, replicas, cpu, memory, gpu
 
 
 def limit_text(limit: int) -> str:
@@ -62,7 +65,7 @@ def submit_array(owner: Any, spec: dict[str, Any], queue: Queue, labels: dict[st
     parsed = parse_array(spec["array"], array_max_elements())
     size, limit = len(parsed.indices), parsed.limit
     # Resources are parsed once for all elements, not once per task row.
-    groups = [
+    groups: list[TaskGroup] = [
         (g["name"], g["replicas"], parse_cpu(g["resources"]["cpu"]),
          parse_memory(g["resources"]["memory"]), parse_gpu(g["resources"]["gpu"]))
         for g in spec["tasks"]
@@ -82,32 +85,12 @@ def submit_array(owner: Any, spec: dict[str, Any], queue: Queue, labels: dict[st
             array_counts={"states": {JobState.PENDING.value: size}, "held": 0},
             hold_reason=f"array of {size}: {size} pending",
         )  # fmt: skip
-        element_spec = {k: v for k, v in spec.items() if k != "array"}
-        element_labels = {**labels, "berth/array": str(parent.pk)}
-        held = limit_text(limit) if limit is not None else ""
-        elements = [
-            Job(
-                **common,
-                spec=element_spec,
-                labels=element_labels,
-                walltime=spec["walltime"],
-                active_deadline_seconds=spec["active_deadline_seconds"],
-                array_parent=parent,
-                array_index=index,
-                hold_reason=held if limit is not None and position >= limit else "",
-            )  # fmt: skip
-            for position, index in enumerate(parsed.indices)
-        ]
-        Job.objects.bulk_create(elements, batch_size=BATCH)
-        Task.objects.bulk_create(
-            (
-                Task(job_id=element.pk, group=name, index=i, cpu=cpu, memory=memory, gpu=gpu)
-                for element in elements
-                for name, replicas, cpu, memory, gpu in groups
-                for i in range(replicas)
-            ),
-            batch_size=BATCH,
-        )
+        element = Job(
+            **common, spec={k: v for k, v in spec.items() if k != "array"},
+            labels={**labels, "berth/array": str(parent.pk)}, walltime=spec["walltime"],
+            active_deadline_seconds=spec["active_deadline_seconds"], array_parent=parent,
+        )  # fmt: skip
+        create_elements(element, parsed.indices, limit, groups)
         shown = f" at most {limit} at once" if limit is not None else ""
         record(
             "JobSubmitted", "Submitted",
@@ -117,6 +100,51 @@ def submit_array(owner: Any, spec: dict[str, Any], queue: Queue, labels: dict[st
         )  # fmt: skip
         notify.changed(jobs=[parent.pk])
     return parent
+
+
+def create_elements(
+    element: Job, indices: tuple[int, ...], limit: int | None, groups: list[TaskGroup],
+    *, set_based: bool | None = None,
+) -> None:  # fmt: skip
+    """One job per index like `element` (the first `limit` released, the rest held), each
+    with its task rows. On PostgreSQL in a few INSERT ... SELECT statements (bulk.py);
+    elsewhere with bulk_create. Both write the same rows (tests/test_arrays.py)."""
+    held = limit_text(limit) if limit is not None else ""
+    released = limit if limit is not None else len(indices)
+    if set_based is None:
+        set_based = connection.vendor == "postgresql"
+    if set_based:
+        insert_select(
+            element,
+            {"array_index": ("t.idx", []),
+             "hold_reason": ("CASE WHEN t.ord > %s THEN %s ELSE '' END", [released, held])},
+            "unnest(%s::integer[]) WITH ORDINALITY AS t(idx, ord)", [list(indices)],
+        )  # fmt: skip
+        jobs = connection.ops.quote_name(Job._meta.db_table)
+        for name, replicas, cpu, memory, gpu in groups:
+            insert_select(
+                Task(job_id=0, group=name, index=0, cpu=cpu, memory=memory, gpu=gpu),
+                {"job_id": ("j.id", []), "index": ("r.i", [])},
+                f"{jobs} AS j CROSS JOIN generate_series(0, %s) AS r(i)"
+                " WHERE j.array_parent_id = %s ORDER BY j.id, r.i",
+                [replicas - 1, element.array_parent_id],
+            )  # fmt: skip
+        return
+    elements = []
+    for position, index in enumerate(indices):
+        row = copy.copy(element)
+        row.array_index, row.hold_reason = index, held if position >= released else ""
+        elements.append(row)
+    Job.objects.bulk_create(elements, batch_size=BATCH)
+    Task.objects.bulk_create(
+        (
+            Task(job_id=row.pk, group=name, index=i, cpu=cpu, memory=memory, gpu=gpu)
+            for row in elements
+            for name, replicas, cpu, memory, gpu in groups
+            for i in range(replicas)
+        ),
+        batch_size=BATCH,
+    )
 
 
 # --- 2. cancel -----------------------------------------------------------------------------

@@ -221,3 +221,37 @@ def test_each_elements_tasks_start_with_its_index(owner, settings):
         3: {(p, "3", "3")}, 5: {(p, "5", "3")}, 7: {(p, "7", "3")}, "plain": {("-", "-", "-")},
     }  # fmt: skip
     assert plain.pk in by_job and len(starts) == 7
+
+
+@pytest.mark.postgres
+def test_the_set_based_insert_writes_the_same_rows_as_bulk_create(owner):
+    from scheduler.arrays import create_elements
+
+    def rows(parent: Job) -> list[dict[str, Any]]:
+        drop = {"id", "array_parent_id", "created_at", "job_id"}
+        jobs = [
+            {k: v for k, v in job.items() if k not in drop}
+            for job in elements(parent).values()
+        ]  # fmt: skip
+        tasks = [
+            {k: v for k, v in task.items() if k not in drop}
+            for task in Task.objects.filter(job__array_parent=parent)
+            .order_by("job__array_index", "group", "index").values()
+        ]  # fmt: skip
+        return jobs + tasks
+
+    made = []
+    for set_based in (True, False):
+        parent = submit_array(owner, "0")  # a parent to hang the elements on
+        Job.objects.filter(array_parent=parent).delete()
+        template = Job(
+            name="sweep", owner=owner, queue=parent.queue, spec={"x": [1]}, labels={"a": "b"},
+            walltime=5, priority=3, array_parent=parent,
+        )  # fmt: skip
+        groups = [("main", 2, 1000, 2**30, 1), ("side", 1, 500, 2**20, 0)]
+        create_elements(template, (4, 2, 9), 2, groups, set_based=set_based)
+        made.append(rows(parent))
+    assert made[0] == made[1]
+    assert [(r.get("array_index"), r.get("hold_reason")) for r in made[0][:3]] == [
+        (2, ""), (4, ""), (9, "array limit: 2/2 active"),
+    ]  # fmt: skip
