@@ -232,9 +232,9 @@ def release_held_elements() -> int:
     again, highest index first. Returns how many elements were released.
     """
     parents = list(
-        Job.objects.filter(array_limit__isnull=False, state__in=PARENT_ACTIVE).values_list(
-            "id", "array_limit"
-        )
+        Job.objects.filter(
+            array_size__isnull=False, array_limit__isnull=False, state__in=PARENT_ACTIVE
+        ).values_list("id", "array_limit")
     )
     if not parents:
         return 0

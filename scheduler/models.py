@@ -301,6 +301,16 @@ class Job(models.Model):
                 condition=~Q(hold_reason=""),
                 name="job_array_held",
             ),
+            # The arrays pass finds active parents each cycle without scanning elements.
+            models.Index(
+                fields=["state"], condition=Q(array_size__isnull=False), name="job_array_parents"
+            ),
+            # Each cycle looks for user requests (cancel/suspend/resume) still to carry out.
+            models.Index(
+                fields=["requested_action"],
+                condition=~Q(requested_action=""),
+                name="job_requested",
+            ),
             # Job lists show top-level jobs (plain jobs and array parents) newest first.
             models.Index(
                 fields=["owner", "-id"],
