@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from dashboard.queries import cluster_summary
 from scheduler.models import Job
 from scheduler.states import JobState
 from scheduler.submit import submit_job
@@ -71,3 +72,8 @@ def test_another_users_array_is_404(owner, outsider, signed_in):
     assert client.get(f"/jobs/{parent.pk}/").status_code == 404
     plain = make_job(owner, "plain")
     assert signed_in(owner).get(f"/jobs/{plain.pk}/elements/").status_code == 404
+
+
+def test_the_cluster_summary_counts_elements_not_the_parent(owner, signed_in):
+    make_array(owner, "0-3")
+    assert cluster_summary()["pending"] == 4
