@@ -91,10 +91,10 @@ def submit_array(owner: Any, spec: dict[str, Any], queue: Queue, labels: dict[st
             active_deadline_seconds=spec["active_deadline_seconds"], array_parent=parent,
         )  # fmt: skip
         create_elements(element, parsed.indices, limit, groups)
-        shown = f" at most {limit} at once" if limit is not None else ""
+        shown = f", at most {limit} at once" if limit is not None else ""
         record(
             "JobSubmitted", "Submitted",
-            f"array {parsed.text}: {size} elements of {per_element} tasks{shown},"
+            f"array {parsed.text}: {size} elements of {per_element} task(s){shown},"
             f" in queue {queue.name}",
             job=parent,
         )  # fmt: skip

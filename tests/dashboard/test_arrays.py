@@ -60,6 +60,7 @@ def test_the_parents_page_lists_its_elements_and_an_elements_page_its_array(owne
     html = client.get(f"/jobs/{parent.pk}/").content.decode()
     assert 'aria-label="array elements"' in html and html.count('id="job-row-') == 4
     assert "Suspend" not in html and "Cancel" in html  # suspend is per element
+    assert 'aria-label="tasks"' not in html and "array <b>0-3</b>" in html
     element = Job.objects.get(array_parent=parent, array_index=2)
     html = client.get(f"/jobs/{element.pk}/").content.decode()
     assert f'element <b>2</b> of array <a href="/jobs/{parent.pk}/">' in html
