@@ -60,6 +60,8 @@ def _ranges(text: str, max_elements: int) -> list[tuple[int, int, int]]:
 
 def parse_array(value: object, max_elements: int) -> ArraySpec:
     """`value` ("0-999%10") as an ArraySpec, or ArraySpecError saying what is wrong."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        value = str(value)  # `array: 7` in YAML: one element
     if isinstance(value, bool) or not isinstance(value, str):
         raise ArraySpecError(f'must be a string like "0-999" or "0-999%10", got {value!r}')
     text = value.strip()

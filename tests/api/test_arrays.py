@@ -53,6 +53,7 @@ def test_it_submits_an_array_as_a_parent_and_one_job_per_index(api, owner):
         ("0-9:3", [0, 3, 6, 9], None),
         (" 2-3 % 1 ", [2, 3], 1),
         ("7", [7], None),
+        (7, [7], None),
     ],
 )
 def test_it_accepts_lists_steps_and_a_limit(api, owner, array, indices, limit):
@@ -74,7 +75,9 @@ def test_it_accepts_lists_steps_and_a_limit(api, owner, array, indices, limit):
         ("0-100000", "at most 100000 elements"),
         ("0-999999999", "indices must be at most"),
         ("", "must not be empty"),
-        (5, "must be a string"),
+        (True, "must be a string"),
+        (-1, "must be a string"),
+        ([1, 2], "must be a string"),
         ("0" * 2000, "at most 1000 characters"),
     ],
 )
@@ -164,3 +167,13 @@ def test_an_element_can_be_cancelled_on_its_own(api, owner):
     assert api(owner).post(f"/api/v1/jobs/{element.pk}/cancel/").status_code == 202
     asked = Job.objects.filter(array_parent_id=parent["id"], requested_action=JobRequest.CANCEL)
     assert list(asked.values_list("array_index", flat=True)) == [2]
+
+
+def test_it_accepts_an_array_in_yaml(api, owner):
+    body = (
+        "name: sweep\narray: 0-9:3%2\n"
+        "tasks:\n- name: main\n  command: echo $BERTH_ARRAY_INDEX\n"
+    )
+    response = api(owner).post("/api/v1/jobs/", body, content_type="application/yaml")
+    assert response.status_code == 201, response.content
+    assert (response.json()["array"]["spec"], response.json()["array"]["size"]) == ("0-9:3%2", 4)
