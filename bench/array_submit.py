@@ -83,15 +83,19 @@ def main() -> None:
             args.elements * args.replicas
         )
     median = statistics.median(times)
-    print(json.dumps({
-        "elements": args.elements,
-        "tasks_per_element": args.replicas,
-        "database": "postgresql",
-        "runs_ms": [round(t * 1000, 1) for t in times],
-        "median_ms": round(median * 1000, 1),
-        "elements_per_s": round(args.elements / median),
-        "tasks_per_s": round(args.elements * args.replicas / median),
-    }))
+    print(
+        json.dumps(
+            {
+                "elements": args.elements,
+                "tasks_per_element": args.replicas,
+                "database": "postgresql",
+                "runs_ms": [round(t * 1000, 1) for t in times],
+                "median_ms": round(median * 1000, 1),
+                "elements_per_s": round(args.elements / median),
+                "tasks_per_s": round(args.elements * args.replicas / median),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,7 @@ def insert_select(
         params.append(value)
     table = quote(model._meta.db_table)
     sql = (
-        f"INSERT INTO {table} ({', '.join(columns)}) "
-        f"SELECT {', '.join(expressions)} FROM {source}"
+        f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(expressions)} FROM {source}"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, *source_params])

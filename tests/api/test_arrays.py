@@ -41,9 +41,7 @@ def test_it_submits_an_array_as_a_parent_and_one_job_per_index(api, owner):
     assert Task.objects.filter(job__array_parent=parent).count() == 10
     # One event for the whole array, none per element.
     assert Event.objects.filter(job__array_parent=parent).count() == 0
-    assert list(Event.objects.filter(job=parent).values_list("kind", flat=True)) == [
-        "JobSubmitted"
-    ]
+    assert list(Event.objects.filter(job=parent).values_list("kind", flat=True)) == ["JobSubmitted"]
 
 
 @pytest.mark.parametrize(
@@ -170,10 +168,7 @@ def test_an_element_can_be_cancelled_on_its_own(api, owner):
 
 
 def test_it_accepts_an_array_in_yaml(api, owner):
-    body = (
-        "name: sweep\narray: 0-9:3%2\n"
-        "tasks:\n- name: main\n  command: echo $BERTH_ARRAY_INDEX\n"
-    )
+    body = "name: sweep\narray: 0-9:3%2\ntasks:\n- name: main\n  command: echo $BERTH_ARRAY_INDEX\n"
     response = api(owner).post("/api/v1/jobs/", body, content_type="application/yaml")
     assert response.status_code == 201, response.content
     assert (response.json()["array"]["spec"], response.json()["array"]["size"]) == ("0-9:3%2", 4)
