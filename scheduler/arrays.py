@@ -168,7 +168,8 @@ def request_cancel(parent: Job, user: Any) -> bool:
         )
         who = getattr(user, "username", "") or "system"
         parent.requested_at = now
-        parent.save(update_fields=["requested_at"])
+        parent.reason, parent.message = "CancelRequested", f"by {who}: {asked} elements to stop"
+        parent.save(update_fields=["requested_at", "reason", "message"])
         record("JobCancelRequested", "UserRequest", f"by {who}: {asked} elements", job=parent)
         notify.changed(jobs=[parent.pk])
     return True

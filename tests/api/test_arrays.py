@@ -150,6 +150,8 @@ def test_cancel_on_the_parent_reaches_every_element(api, owner):
     assert set(elements.values_list("requested_action", flat=True)) == {JobRequest.CANCEL}
     # The parent is not asked itself: it ends once its elements have stopped.
     assert Job.objects.get(pk=parent["id"]).requested_action == JobRequest.NONE
+    assert response.json()["reason"] == "CancelRequested"
+    assert response.json()["message"] == "by alice: 4 elements to stop"
 
 
 def test_suspend_on_the_parent_is_refused_with_the_way_to_do_it(api, owner):
