@@ -83,6 +83,7 @@ def cluster_summary() -> dict[str, Any]:
     by_queue: dict[str, Counter[str]] = defaultdict(Counter)
     for name, state, n in (
         Job.objects.filter(state__in=(JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED))
+        .filter(array_size__isnull=True)  # an array's parent only summarises its elements
         .values_list("queue__name", "state")
         .annotate(n=Count("id"))
         .order_by()

@@ -9,12 +9,13 @@ import yaml
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from dashboard import queries
+from dashboard.arrays import element_page
 from scheduler import operations
 from scheduler.models import Flow, Job, JobTemplate, Node, Queue
 from scheduler.specs import SpecError
@@ -62,6 +63,8 @@ def jobs(request: HttpRequest) -> HttpResponse:
     if filters["q"]:
         q = filters["q"]
         rows = rows.filter(pk=int(q)) if q.isdigit() else rows.filter(name__icontains=q)
+    if not filters["q"].isdigit():  # an array is one row (its parent); an id finds any job
+        rows = rows.filter(array_parent__isnull=True)
     before = request.GET.get("before", "")
     if before.isdigit():
         rows = rows.filter(pk__lt=int(before))
@@ -77,7 +80,25 @@ def jobs(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def job(request: HttpRequest, job_id: int) -> HttpResponse:
-    return render(request, "dashboard/job.html", queries.job_detail(_job_for_user(request, job_id)))
+    the_job = _job_for_user(request, job_id)
+    context = queries.job_detail(the_job)
+    if the_job.is_array:
+        context.update(element_page(the_job, request.GET))
+    return render(request, "dashboard/job.html", context)
+
+
+@login_required
+def job_elements(request: HttpRequest, job_id: int) -> HttpResponse:
+    """An array's elements, a page at a time: the jobs list's expanded row (htmx fragment)."""
+    parent = _job_for_user(request, job_id)
+    if not parent.is_array:
+        raise Http404("not an array")
+    if request.GET.get("collapsed"):
+        return render(request, "dashboard/jobs.html#array-collapsed", {"job": parent})
+    context = element_page(parent, request.GET)
+    if request.GET.get("panel"):  # a state filter or the next page, inside the open panel
+        return render(request, "dashboard/jobs.html#array-panel", context)
+    return render(request, "dashboard/jobs.html#array-elements", context)
 
 
 @login_required

@@ -17,7 +17,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from scheduler import lifecycle, notify, store
+from scheduler import arrays, lifecycle, notify, store
 from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulerConfig
 
@@ -101,8 +101,12 @@ def run_cycle_once(config: SchedulerConfig | None = None) -> CycleReport:
 
 def _cycle(report: CycleReport, config: SchedulerConfig | None) -> None:
     config = config or SchedulerConfig()
-    # User requests first, so a cancel or suspend takes effect before placement.
-    report.counts["requests"] = _phase(report, "requests", lifecycle.process_requests) or 0
+    # User requests first, so a cancel or suspend takes effect before placement. Array
+    # elements asked to stop are cancelled in bulk first, not one transaction each.
+    report.counts["requests"] = _phase(report, "arrays", arrays.cancel_requested_elements) or 0
+    report.counts["requests"] += _phase(report, "requests", lifecycle.process_requests) or 0
+    # Array limits (%K) after the requests, so a resumed element is held before placement.
+    _phase(report, "arrays", arrays.release_held_elements)
     loaded = _phase(report, "snapshot", _load)
     if loaded is not None:
         result = _phase(report, "schedule", lambda: run_cycle(loaded.snapshot, config))
@@ -128,3 +132,4 @@ def _cycle(report: CycleReport, config: SchedulerConfig | None) -> None:
     report.counts["ttl_deleted"] += _phase(report, "ttl", _flows_ttl) or 0
     # A flow whose last job just finished is closed in this cycle, not the next one.
     _phase(report, "flows", _flows_reconcile)
+    _phase(report, "arrays", arrays.refresh_parents)

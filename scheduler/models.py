@@ -276,6 +276,18 @@ class Job(models.Model):
     template = models.ForeignKey(
         JobTemplate, on_delete=models.SET_NULL, null=True, blank=True, related_name="jobs"
     )
+    # Job arrays (docs/arrays.md). A parent has array_size set and no tasks: it is held, never
+    # scheduled, and its state and array_counts summarise its elements (scheduler/arrays.py).
+    # An element is a real job with array_parent and its array_index.
+    array_parent = models.ForeignKey(
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="array_elements"
+    )
+    array_index = models.PositiveIntegerField(null=True, blank=True)
+    array_size = models.PositiveIntegerField(null=True, blank=True, help_text="parents only")
+    array_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="parents only: at most this many elements active"
+    )
+    array_counts = models.JSONField(default=dict, blank=True, help_text="elements per state")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -288,6 +300,13 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(min_available__gte=1), name="job_min_available_positive"
             ),
+            models.UniqueConstraint(
+                fields=["array_parent", "array_index"], name="job_array_index_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(array_limit__isnull=True) | Q(array_limit__gte=1),
+                name="job_array_limit_positive",
+            ),
         ]
         indexes = [
             # The store adapter loads active jobs by state every cycle.
@@ -297,6 +316,30 @@ class Job(models.Model):
             # TTL cleanup scans finished jobs by finish time.
             models.Index(fields=["state", "finished_at"], name="job_state_finished"),
             models.Index(fields=["flow", "step"], name="job_flow_step"),
+            # Array element counts per state (the arrays pass, the API's parent rows).
+            models.Index(fields=["array_parent", "state"], name="job_array_state"),
+            # The limit pass releases an array's held elements in index order.
+            models.Index(
+                fields=["array_parent", "array_index"],
+                condition=~Q(hold_reason=""),
+                name="job_array_held",
+            ),
+            # The arrays pass finds active parents each cycle without scanning elements.
+            models.Index(
+                fields=["state"], condition=Q(array_size__isnull=False), name="job_array_parents"
+            ),
+            # Each cycle looks for user requests (cancel/suspend/resume) still to carry out.
+            models.Index(
+                fields=["requested_action"],
+                condition=~Q(requested_action=""),
+                name="job_requested",
+            ),
+            # Job lists show top-level jobs (plain jobs and array parents) newest first.
+            models.Index(
+                fields=["owner", "-id"],
+                condition=Q(array_parent__isnull=True),
+                name="job_owner_top",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -309,6 +352,18 @@ class Job(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+    @property
+    def is_array(self) -> bool:
+        """An array parent: a summary row whose elements are the real jobs."""
+        return self.array_size is not None
+
+    @property
+    def array_job_id(self) -> str:
+        """Slurm's display id: "123_5" for element 5 of array 123, else the id."""
+        if self.array_parent_id is not None:
+            return f"{self.array_parent_id}_{self.array_index}"
+        return str(self.pk)
 
 
 class Task(models.Model):

@@ -11,7 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler import lifecycle, notify
+from scheduler import arrays, lifecycle, notify
 from scheduler.events import record
 from scheduler.models import Flow, Job, Node
 from scheduler.states import FLOW_FINAL, JOB_FINAL, JobRequest, JobState, NodeState
@@ -25,6 +25,8 @@ class OperationError(Exception):
 def request_job_action(job: Job, action: str, user: Any) -> Job:
     if action not in (JobRequest.CANCEL, JobRequest.SUSPEND, JobRequest.RESUME):
         raise OperationError(f"unknown action {action!r}")
+    if job.is_array:
+        return _request_array_action(job, action, user)
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         if job.state in JOB_FINAL:
@@ -47,6 +49,18 @@ def request_job_action(job: Job, action: str, user: Any) -> Job:
         record(f"Job{action.capitalize()}Requested", "UserRequest", f"by {who}", job=job)
         notify.changed(jobs=[job.pk])
     return job
+
+
+def _request_array_action(parent: Job, action: str, user: Any) -> Job:
+    """An array parent: cancel reaches every element; suspend and resume are per element."""
+    if action != JobRequest.CANCEL:
+        raise OperationError(
+            f"job {parent.pk} is an array: {action} its elements one by one"
+            f" (GET /api/v1/jobs/?array={parent.pk})"
+        )
+    if not arrays.request_cancel(parent, user):
+        raise OperationError(f"array {parent.pk} is {parent.state}: nothing to cancel")
+    return parent
 
 
 def request_flow_cancel(flow: Flow, user: Any) -> Flow:

@@ -12,6 +12,7 @@ import copy
 import re
 from typing import Any
 
+from scheduler.arrayspec import ArraySpecError, parse_array
 from scheduler.core.quantity import format_cpu, format_memory, parse_cpu, parse_gpu, parse_memory
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
@@ -21,6 +22,7 @@ ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 JOB_FIELDS = {
     "name", "queue", "priority", "preemptible", "min_available", "walltime",
     "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry", "labels", "tasks",
+    "array",
 }  # fmt: skip
 TASK_FIELDS = {"name", "replicas", "command", "env", "resources", "node_selector"}
 RESOURCE_FIELDS = {"cpu", "memory", "gpu"}
@@ -167,6 +169,9 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
     spec["max_retry"] = _int(errors, data, "max_retry", "max_retry", default=0, minimum=0,
                              maximum=100)  # fmt: skip
     spec["labels"] = _str_map(errors, data.get("labels"), "labels")
+    elements = 0
+    if data.get("array") is not None:  # only array jobs carry the key: other specs are unchanged
+        spec["array"], elements = _array(errors, data["array"])
 
     tasks = data.get("tasks")
     spec["tasks"] = []
@@ -210,8 +215,37 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
             "min_available", f"must be at most the total replicas ({total}), got {min_available}"
         )  # noqa: E501
     spec["min_available"] = min_available if min_available is not None else max(total, 1)
+    max_tasks = array_max_tasks()
+    if elements * total > max_tasks:
+        errors.add("array", f"{elements} elements of {total} tasks make {elements * total} tasks;"
+                            f" at most {max_tasks} per array")  # fmt: skip
     errors.raise_if_any()
     return spec
+
+
+def array_max_elements() -> int:
+    """The largest array a spec may ask for (setting BERTH_ARRAY_MAX_ELEMENTS)."""
+    from django.conf import settings  # settings only, no database: specs stay pure
+
+    return int(getattr(settings, "BERTH_ARRAY_MAX_ELEMENTS", 100_000))
+
+
+def array_max_tasks() -> int:
+    """The most task rows one array may create (setting BERTH_ARRAY_MAX_TASKS)."""
+    from django.conf import settings
+
+    return int(getattr(settings, "BERTH_ARRAY_MAX_TASKS", 200_000))
+
+
+def _array(errors: _Errors, value: object) -> tuple[str, int]:
+    """An array expression ("0-999%10"), checked and kept as written (without spaces), and
+    its number of elements."""
+    try:
+        parsed = parse_array(value, array_max_elements())
+    except ArraySpecError as exc:
+        errors.add("array", str(exc))
+        return "", 0
+    return parsed.text, len(parsed.indices)
 
 
 def normalize_template_spec(data: object) -> dict[str, Any]:
@@ -230,6 +264,8 @@ def normalize_template_spec(data: object) -> dict[str, Any]:
     else:
         if "name" in data["spec"]:
             errors.add("spec.name", "a template's job takes its name from the flow step")
+        if "array" in data["spec"]:
+            errors.add("spec.array", "not in a template: a flow step fans out with items")
         try:
             spec = normalize_job_spec(
                 {k: v for k, v in data["spec"].items() if k != "name"}, name_required=False

@@ -7,6 +7,7 @@ from typing import Any
 from django.db import transaction
 
 from scheduler import notify
+from scheduler.arrays import submit_array
 from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
 from scheduler.events import record
 from scheduler.models import Flow, FlowStep, Job, JobTemplate, Queue, Task
@@ -55,6 +56,10 @@ def submit_job(
         labels["berth/template"] = template.name
     if step is not None:
         labels["berth/step"] = step.name
+    if "array" in spec:
+        if flow is not None:
+            raise SpecError({"array": ["not in a flow step: a step fans out with items"]})
+        return submit_array(owner, spec, queue, labels)
     with transaction.atomic():
         job = Job.objects.create(
             name=spec["name"],

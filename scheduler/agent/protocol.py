@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from scheduler import notify
+from scheduler.arrays import array_env
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.events import record
 from scheduler.models import Allocation, Device, Node, Task, TaskLog, hash_token
@@ -410,6 +411,7 @@ def _start_message(task: Task, node: Node) -> dict[str, Any]:
             "MASTER_ADDR": master,
             "MASTER_PORT": str(20000 + job.pk % 20000),
             "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in devices),
+            **array_env(job),  # BERTH_ARRAY_INDEX etc. for an array's element
         }
     )
     return {

@@ -10,6 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from scheduler.arrays import indices_by_state
 from scheduler.core.quantity import (
     format_cpu,
     format_memory,
@@ -156,6 +157,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     )
     tasks = TaskSerializer(many=True, read_only=True)
     pending_reasons = serializers.SerializerMethodField()
+    array = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -164,9 +166,28 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "walltime", "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry",
             "retries", "labels", "spec", "state", "reason", "message", "pending_reasons",
             "estimated_start_at", "requested_action", "flow", "template", "step", "item_index",
+            "array", "array_parent", "array_index",
             "tasks", "created_at", "started_at", "finished_at",
         ]  # fmt: skip
         read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_array(self, job: Job) -> dict[str, Any] | None:
+        """An array parent's summary (null for other jobs); see docs/arrays.md."""
+        if not job.is_array:
+            return None
+        counts = job.array_counts or {}
+        data: dict[str, Any] = {
+            "spec": job.spec.get("array"),
+            "size": job.array_size,
+            "limit": job.array_limit,
+            "counts": counts.get("states", {}),
+            "held": counts.get("held", 0),
+            "elements": f"/api/v1/jobs/?array={job.pk}",
+        }
+        if self.context.get("array_indices"):
+            data["indices"] = indices_by_state(job)
+        return data
 
     def get_pending_reasons(self, job: Job) -> list[str]:
         reasons = list(job.pending_reasons or [])

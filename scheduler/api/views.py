@@ -168,10 +168,18 @@ class JobFilter(filters.FilterSet):
     queue = filters.CharFilter(field_name="queue__name")
     owner = filters.CharFilter(field_name="owner__username")
     flow = filters.NumberFilter(field_name="flow_id")
+    array = filters.NumberFilter(field_name="array_parent_id", label="the elements of this array")
 
     class Meta:
         model = Job
-        fields = ["state", "queue", "owner", "flow"]
+        fields = ["state", "queue", "owner", "flow", "array"]
+
+
+def _flat(request: Request) -> bool:
+    """Does a job list ask for array elements beside the other jobs?"""
+    return "array" in request.query_params or request.query_params.get("flat", "") in (
+        "1", "true", "yes",
+    )  # fmt: skip
 
 
 class JobViewSet(
@@ -187,6 +195,8 @@ class JobViewSet(
         jobs = Job.objects.visible_to(self.request.user).select_related(
             "owner", "queue", "template", "step"
         )
+        if self.action == "list" and not _flat(self.request):
+            jobs = jobs.filter(array_parent__isnull=True)  # an array is one row: its parent
         if self.action != "list":
             jobs = jobs.prefetch_related(
                 Prefetch(
@@ -202,6 +212,23 @@ class JobViewSet(
 
     def get_serializer_class(self) -> type[BaseSerializer[Job]]:
         return JobListSerializer if self.action == "list" else JobSerializer
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        # Only one job's page spells out its array's indices per state (it reads every row).
+        return {**super().get_serializer_context(), "array_indices": self.action == "retrieve"}
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("array", int, description="only the elements of this array"),
+            OpenApiParameter(
+                "flat", bool, description="array elements beside the other jobs (default: an"
+                " array is one row, its parent)",
+            ),  # fmt: skip
+        ]
+    )
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Jobs, newest first. An array shows as one row (its parent, with element counts)."""
+        return super().list(request, *args, **kwargs)
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: JobSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
