@@ -9,6 +9,7 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/v1/", include("scheduler.api.ops_urls")),
     path("api/v1/", include("scheduler.api.urls")),
     path("api/v1/agent/", include("scheduler.agent.urls")),
     path("", include("dashboard.urls")),

@@ -392,3 +392,37 @@ class Event(models.Model):
         return cls.objects.filter(
             Q(job__owner=user) | Q(flow__owner=user) | (Q(job__isnull=True) & Q(flow__isnull=True))
         )
+
+
+# --- operations: API tokens, the scheduler's heartbeat, usage accounting -------------------
+
+API_TOKEN_PREFIX = "berth_"
+
+
+class ApiToken(models.Model):
+    """A user's self-service API token. Only the key's sha256 is stored; `prefix` (the key's
+    first characters) lets the user tell tokens apart without revealing them."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=16, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["user", "-id"], name="apitoken_user")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    def issue_key(self) -> str:
+        """Make a new key; only its hash and prefix are kept. Returns the key (shown once)."""
+        key = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
+        self.key_hash = hash_token(key)
+        self.prefix = key[: len(API_TOKEN_PREFIX) + 6]
+        return key
