@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -16,7 +18,8 @@ def _htmx(request: HttpRequest) -> bool:
 
 
 def _tokens_context(request: HttpRequest, **extra: object) -> dict[str, object]:
-    rows = ApiToken.objects.filter(user_id=request.user.pk).order_by("-id")
+    user: Any = request.user  # signed in (login_required)
+    rows = ApiToken.objects.filter(user=user).order_by("-id")
     return {"tokens": rows, "new_key": "", "new_token": None, "errors": {}, **extra}
 
 

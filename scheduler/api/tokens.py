@@ -78,7 +78,8 @@ class TokenViewSet(
     lookup_value_regex = r"[0-9]+"
 
     def get_queryset(self) -> Any:
-        return ApiToken.objects.filter(user_id=self.request.user.pk).order_by("-id")
+        user: Any = self.request.user  # authenticated (CreateOpenToAll)
+        return ApiToken.objects.filter(user=user).order_by("-id")
 
     def get_throttles(self) -> list[BaseThrottle]:
         return [TokenCreateThrottle()] if self.action == "create" else []
