@@ -426,3 +426,20 @@ class ApiToken(models.Model):
         self.key_hash = hash_token(key)
         self.prefix = key[: len(API_TOKEN_PREFIX) + 6]
         return key
+
+
+class SchedulerHeartbeat(models.Model):
+    """One row (pk=1) the leading scheduler rewrites after every cycle: when it last ran, and
+    its per-phase timings as histogram buckets. Every web worker reads it for /healthz and
+    /metrics, wherever the scheduler runs."""
+
+    leader = models.CharField(max_length=255, blank=True, help_text="host:pid of the writer")
+    interval_seconds = models.FloatField(default=1.0)
+    last_cycle_at = models.DateTimeField()
+    last_cycle_seconds = models.FloatField(default=0.0)
+    cycles = models.BigIntegerField(default=0)
+    # {phase: {"buckets": [count per upper bound, not cumulative], "sum": s, "count": n}}
+    phase_histograms = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"last cycle {self.last_cycle_at} by {self.leader}"
