@@ -443,3 +443,57 @@ class SchedulerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"last cycle {self.last_cycle_at} by {self.leader}"
+
+
+class UsageRecord(models.Model):
+    """What one task attempt used, written in the transaction that ends it. It names its job
+    and task by id, not foreign key, so accounting outlives TTL deletion of the job."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )  # fmt: skip
+    username = models.CharField(max_length=150)  # kept if the account is deleted
+    queue = models.CharField(max_length=63)
+    job_id = models.BigIntegerField()
+    task_id = models.BigIntegerField()
+    attempt = models.PositiveIntegerField(default=0)
+    state = models.CharField(max_length=16, choices=TaskState.choices)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    day = models.DateField(help_text="UTC day the attempt ended; its whole usage counts there")
+    wall_seconds = models.FloatField()
+    cpu_seconds = models.FloatField(help_text="cores x seconds")
+    gpu_seconds = models.FloatField(help_text="devices x seconds")
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["task_id", "attempt"], name="usage_once_per_attempt"),
+        ]
+        indexes = [
+            # /api/v1/usage/ filters by end time, for everyone (staff) or one user.
+            models.Index(fields=["finished_at"], name="usage_finished"),
+            models.Index(fields=["user", "finished_at"], name="usage_user_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id}#{self.attempt} of {self.username}: {self.wall_seconds:.0f}s"
+
+
+class FinishedJobCount(models.Model):
+    """How many jobs ended in each (queue, final state) since the start: the source of the
+    berth_jobs_finished_total counter, kept in the database so every process agrees."""
+
+    queue = models.CharField(max_length=63)
+    state = models.CharField(max_length=16, choices=JobState.choices)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["queue", "state"]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "state"], name="finishedjobcount_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.state}: {self.count}"

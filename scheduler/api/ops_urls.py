@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from scheduler.api import tokens
+from scheduler.api import tokens, usage
 
 router = SimpleRouter()
 router.register("tokens", tokens.TokenViewSet, basename="token")
 
-urlpatterns = router.urls
+urlpatterns = [path("usage/", usage.UsageView.as_view(), name="usage"), *router.urls]
