@@ -55,7 +55,11 @@ def _run_and_end(agent, job: Job, ran_seconds: float, state: str = "Succeeded") 
 
 
 def _measured(tasks: list[Task]) -> float:
-    return sum((t.finished_at - t.started_at).total_seconds() for t in tasks)
+    total = 0.0
+    for t in tasks:
+        assert t.finished_at is not None and t.started_at is not None
+        total += (t.finished_at - t.started_at).total_seconds()
+    return total
 
 
 def test_records_equal_the_tasks_measured_durations_and_survive_ttl(api, owner):
@@ -109,6 +113,7 @@ def test_tasks_lost_with_their_node_are_accounted_up_to_the_loss(owner, settings
     (record,) = UsageRecord.objects.all()
     task = Task.objects.get()
     assert record.state == "Lost"
+    assert task.finished_at is not None
     assert record.wall_seconds == pytest.approx((task.finished_at - started).total_seconds())
     assert record.gpu_seconds == pytest.approx(record.wall_seconds)
 
