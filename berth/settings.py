@@ -71,6 +71,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "berth.metrics.HttpMetricsMiddleware",  # first, so it times everything below it
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -232,3 +233,5 @@ BERTH_LOG_CHUNK_BYTES = env_int("BERTH_LOG_CHUNK_BYTES", 64 * 1024, minimum=1024
 BERTH_LOG_MAX_BYTES = env_int("BERTH_LOG_MAX_BYTES", 8 * 1024 * 1024, minimum=1024)
 # Token creation (POST /api/v1/tokens/, what `berth login` calls): per address or user.
 BERTH_TOKEN_CREATE_RATE = env_rate("BERTH_TOKEN_CREATE_RATE", "20/minute")
+# /metrics also answers `Authorization: Bearer <this>` (for Prometheus) when set.
+BERTH_METRICS_TOKEN = os.environ.get("BERTH_METRICS_TOKEN", "").strip()
