@@ -81,7 +81,8 @@ class UsageQueryError(ValueError):
 
 
 def _moment(name: str, raw: str, errors: dict[str, list[str]]) -> datetime | None:
-    """A date (midnight UTC) or an ISO 8601 time (UTC when it names no zone)."""
+    """An ISO 8601 time (UTC when it names no zone) or a date: midnight UTC starting it for
+    `since`, ending it for `until`, so since=2026-11-01&until=2026-11-30 is all of November."""
     text = raw.strip()
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00")) if len(text) <= 40 else None
@@ -90,6 +91,8 @@ def _moment(name: str, raw: str, errors: dict[str, list[str]]) -> datetime | Non
     if value is None:
         errors[name] = ["expected a date (2026-11-01) or an ISO 8601 time"]
         return None
+    if name == "until" and len(text) == len("2026-11-30"):
+        value += timedelta(days=1)
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
