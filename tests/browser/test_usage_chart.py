@@ -11,8 +11,12 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from scheduler.models import UsageRecord
-from tests.browser.test_live_pages import CHROMIUM_ARGS, SHOTS, _sign_in
-from tests.browser.test_live_pages import server  # noqa: F401 - the live server fixture
+from tests.browser.test_live_pages import (
+    CHROMIUM_ARGS,
+    SHOTS,
+    _sign_in,
+    server,  # noqa: F401 - the live server fixture
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 

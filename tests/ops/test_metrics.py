@@ -138,3 +138,16 @@ def test_worker_processes_are_summed_in_multiprocess_mode(tmp_path):
     total = sum(v for (name, _), v in samples.items() if name == "berth_http_requests_total")
     assert total == 5
     assert samples[("berth_http_request_duration_seconds_count", (("view", "unmatched"),))] == 5
+
+
+def test_the_grafana_dashboard_uses_only_exported_metrics(staff):
+    import json
+    import re
+
+    record_cycle({"snapshot": 0.01}, 0.01, 1.0)
+    Client().get("/healthz")  # HTTP metrics have samples once a request was answered
+    exported = {name for name, _ in _scrape(staff)}
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    used = {name for panel in dashboard["panels"] for target in panel["targets"]
+            for name in re.findall(r"berth_[a-z_]+", target["expr"])}  # fmt: skip
+    assert used and used <= exported, used - exported
