@@ -91,9 +91,15 @@ def _moment(name: str, raw: str, errors: dict[str, list[str]]) -> datetime | Non
     if value is None:
         errors[name] = ["expected a date (2026-11-01) or an ISO 8601 time"]
         return None
-    if name == "until" and len(text) == len("2026-11-30"):
-        value += timedelta(days=1)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    value = value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:
+        if name == "until" and len(text) == len("2026-11-30"):
+            value += timedelta(days=1)
+        value.astimezone(UTC) - timedelta(days=MAX_SPAN_DAYS + 31)  # room for the defaults
+    except (OverflowError, ValueError):
+        errors[name] = ["out of range"]
+        return None
+    return value
 
 
 def parse_usage_query(

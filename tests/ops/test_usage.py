@@ -187,6 +187,10 @@ def test_it_answers_csv(api, owner):
         ("since=2026-02-01&until=2026-01-01", "since"),
         ("since=2020-01-01&until=2026-01-01", "since"),
         ("format=xml", "format"),
+        ("until=9999-12-31", "until"),
+        ("since=0001-01-01", "since"),
+        ("since=2026-11-01T00:00:00%2B99:00", "since"),
+        ("since=" + "1" * 500, "since"),
         ("format=csv&group_by=x", "group_by"),
     ],
 )
