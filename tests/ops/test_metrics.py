@@ -151,3 +151,20 @@ def test_the_grafana_dashboard_uses_only_exported_metrics(staff):
     used = {name for panel in dashboard["panels"] for target in panel["targets"]
             for name in re.findall(r"berth_[a-z_]+", target["expr"])}  # fmt: skip
     assert used and used <= exported, used - exported
+
+
+def _http_total(method: str, status: str) -> float:
+    from berth.metrics import http_metrics_text
+
+    samples = _samples(http_metrics_text().decode())
+    return samples.get(("berth_http_requests_total", (("method", method), ("status", status))), 0)
+
+
+@pytest.mark.asyncio
+async def test_requests_through_the_async_handler_are_counted_too():
+    from django.test import AsyncClient
+
+    before = _http_total("GET", "404")
+    for _ in range(2):
+        assert (await AsyncClient().get("/no-such-page/")).status_code == 404
+    assert _http_total("GET", "404") == before + 2
