@@ -37,14 +37,14 @@ def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = N
         if task.job_id not in jobs:
             continue
         owner_id, username, queue = jobs[task.job_id]
-        assert task.started_at is not None
         finished = task.finished_at if state is None and task.finished_at else now
-        wall = max(0.0, (finished - task.started_at).total_seconds())
+        start = _start(task, finished)
+        wall = max(0.0, (finished - start).total_seconds())
         records.append(
             UsageRecord(
                 user_id=owner_id, username=username, queue=queue, job_id=task.job_id,
                 task_id=task.pk, attempt=task.attempt, state=state or task.state,
-                started_at=task.started_at, finished_at=finished,
+                started_at=start, finished_at=finished,
                 day=finished.astimezone(UTC).date(), wall_seconds=wall,
                 cpu_seconds=task.cpu * wall / 1000, gpu_seconds=task.gpu * wall,
             )
@@ -52,6 +52,16 @@ def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = N
     # A report re-sent for an attempt already recorded is ignored, never counted twice.
     UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
     return len(records)
+
+
+def _start(task: Task, finished: datetime) -> datetime:
+    """When the attempt's usage starts: its reported start; but a task that started and ended
+    between two heartbeats was never reported running (the server then sets its start to its
+    end), so it counts from when its resources were bound to it instead of as nothing."""
+    assert task.started_at is not None
+    if task.started_at >= finished and task.assigned_at is not None:
+        return min(task.assigned_at, finished)
+    return task.started_at
 
 
 def record_job_end(job: Job, state: str) -> None:

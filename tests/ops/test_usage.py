@@ -102,6 +102,24 @@ def test_a_re_sent_final_report_is_not_counted_twice(owner):
     assert UsageRecord.objects.count() == 1
 
 
+def test_a_task_that_ran_between_two_heartbeats_counts_from_its_binding(owner):
+    agent = _agent()
+    job = make_job(owner, gpu=1, cpu=2000)
+    place(job, Node.objects.get(), state=TaskState.ASSIGNED, devices=1)
+    Task.objects.update(assigned_at=timezone.now() - timedelta(seconds=30))
+    (task,) = job.tasks.all()
+    # Never reported Running: the first report the server sees is the end.
+    _beat(agent, [{"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0}])
+    task.refresh_from_db()
+    assert task.started_at == task.finished_at
+    (record,) = UsageRecord.objects.all()
+    assert task.assigned_at is not None and task.finished_at is not None
+    bound = (task.finished_at - task.assigned_at).total_seconds()
+    assert record.wall_seconds == pytest.approx(bound) and bound >= 30
+    assert record.started_at == task.assigned_at
+    assert record.cpu_seconds == pytest.approx(2 * bound)
+
+
 def test_tasks_lost_with_their_node_are_accounted_up_to_the_loss(owner, settings):
     node = make_node("gpu-02", gpus=1)
     job = make_job(owner, gpu=1, cpu=1000)
