@@ -275,12 +275,16 @@ def _up(url: str) -> bool:
 def _agents_at_rest(db: Database, seconds: float) -> dict[str, Any]:
     """Agent requests per second with no work: each request renews its node's lease
     (`last_heartbeat`), so count lease renewals seen by sampling every node twice a second."""
-    seen = dict(db.conn.execute("SELECT id, last_heartbeat FROM scheduler_node").fetchall())
+    def leases() -> dict[int, Any]:
+        rows = db.conn.execute("SELECT id, last_heartbeat FROM scheduler_node").fetchall()
+        return {int(node): at for node, at in rows}
+
+    seen = leases()
     renewals = 0
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
         time.sleep(0.5)
-        now = dict(db.conn.execute("SELECT id, last_heartbeat FROM scheduler_node").fetchall())
+        now = leases()
         renewals += sum(1 for k, v in now.items() if seen.get(k) != v)
         seen = now
     return {"requests_per_s": round(renewals / seconds, 2), "connections": db.connections()}
@@ -311,7 +315,7 @@ def _load(args: argparse.Namespace, url: str, token: str, db: Database) -> dict[
 
     def client_loop(n: int) -> int:
         with submitter.client() as http:
-            return sum(1 for _ in range(n) if submitter.post(http, body))
+            return sum(1 for _ in range(n) if submitter.post(http, body) is not None)
 
     with ThreadPoolExecutor(args.clients) as pool:
         accepted = sum(pool.map(client_loop, per_client))

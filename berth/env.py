@@ -93,3 +93,15 @@ def env_url(
         expected = ", ".join(f"{s}://" for s in schemes)
         raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected a URL starting with {expected}")
     return raw
+
+
+def env_rate(name: str, default: str, environ: Mapping[str, str] | None = None) -> str:
+    """A request rate as DRF's throttles read it: `N/second|minute|hour|day`."""
+    environ = os.environ if environ is None else environ
+    raw = (environ.get(name) or "").strip()
+    if not raw:
+        return default
+    count, sep, period = raw.partition("/")
+    if not sep or not count.isdigit() or int(count) < 1 or period[:1] not in ("s", "m", "h", "d"):
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected a rate such as 20/minute")
+    return raw

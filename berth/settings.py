@@ -15,7 +15,7 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
-from berth.env import env_bool, env_float, env_int, env_list, env_url
+from berth.env import env_bool, env_float, env_int, env_list, env_rate, env_url
 
 # Lets admin and DRF classes be written ModelAdmin[Job] at run time, as the type checker reads them.
 django_stubs_ext.monkeypatch()
@@ -71,6 +71,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "berth.metrics.HttpMetricsMiddleware",  # first, so it times everything below it
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -141,6 +142,16 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+if REDIS_URL:
+    # One cache for every worker process, so rate limits (token creation) count across them.
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": os.environ.get("BERTH_CHANNEL_PREFIX", "berth"),
+        }
+    }
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -165,7 +176,8 @@ WHITENOISE_AUTOREFRESH = DEBUG
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # Self-service tokens and DRF authtoken keys (manage.py drf_create_token).
+        "scheduler.api.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -221,3 +233,7 @@ BERTH_LOG_CHUNK_BYTES = env_int("BERTH_LOG_CHUNK_BYTES", 64 * 1024, minimum=1024
 BERTH_LOG_MAX_BYTES = env_int("BERTH_LOG_MAX_BYTES", 8 * 1024 * 1024, minimum=1024)
 BERTH_ARRAY_MAX_ELEMENTS = env_int("BERTH_ARRAY_MAX_ELEMENTS", 100_000, minimum=1)
 BERTH_ARRAY_MAX_TASKS = env_int("BERTH_ARRAY_MAX_TASKS", 200_000, minimum=1)
+# Token creation (POST /api/v1/tokens/, what `berth login` calls): per address or user.
+BERTH_TOKEN_CREATE_RATE = env_rate("BERTH_TOKEN_CREATE_RATE", "20/minute")
+# /metrics also answers `Authorization: Bearer <this>` (for Prometheus) when set.
+BERTH_METRICS_TOKEN = os.environ.get("BERTH_METRICS_TOKEN", "").strip()

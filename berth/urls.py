@@ -4,11 +4,18 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from berth.metrics import metrics
+from scheduler.health import healthz
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("healthz", healthz, name="healthz"),
+    path("healthz/", healthz),
+    path("metrics", metrics, name="metrics"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/v1/", include("scheduler.api.ops_urls")),
     path("api/v1/", include("scheduler.api.urls")),
     path("api/v1/agent/", include("scheduler.agent.urls")),
     path("", include("dashboard.urls")),

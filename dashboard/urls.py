@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dashboard import views
+from dashboard import ops_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -18,4 +18,7 @@ urlpatterns = [
     path("nodes/", views.nodes, name="nodes"),
     path("nodes/<str:name>/<str:action>/", views.node_action, name="node-action"),
     path("submit/", views.submit, name="submit"),
+    path("usage/", ops_views.usage, name="usage"),
+    path("tokens/", ops_views.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", ops_views.token_revoke, name="token-revoke"),
 ]

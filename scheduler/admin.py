@@ -13,6 +13,7 @@ from scheduler import operations
 from scheduler.core.quantity import format_cpu, format_memory
 from scheduler.models import (
     Allocation,
+    ApiToken,
     Device,
     Event,
     Flow,
@@ -23,6 +24,7 @@ from scheduler.models import (
     Queue,
     Task,
     TaskLog,
+    UsageRecord,
 )
 
 
@@ -218,3 +220,35 @@ class EventAdmin(admin.ModelAdmin[Event]):
     search_fields = ["message", "=job__id", "=flow__id", "node__name"]
     list_select_related = ["job", "flow", "node"]
     readonly_fields = ["time", "kind", "reason", "message", "job", "flow", "node"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
+    """Staff see and revoke (delete) users' tokens; keys are made only by their owners."""
+
+    list_display = ["name", "user", "prefix", "created_at", "last_used_at", "expires_at"]
+    search_fields = ["name", "user__username", "prefix"]
+    list_select_related = ["user"]
+    readonly_fields = ["user", "name", "prefix", "created_at", "last_used_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
+    """The accounting trail: read-only."""
+
+    list_display = ["finished_at", "username", "queue", "job_id", "task_id", "attempt", "state",
+                    "wall_seconds", "cpu_seconds", "gpu_seconds"]  # fmt: skip
+    list_filter = ["queue", "state", "day"]
+    search_fields = ["username", "=job_id"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

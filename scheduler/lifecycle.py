@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from scheduler import notify
+from scheduler import accounting, notify
 from scheduler.events import record
 from scheduler.models import Allocation, Job, Node, Task
 from scheduler.states import (
@@ -54,6 +54,7 @@ def _set_state(job: Job, state: str, reason: str, message: str, now: datetime) -
     if state == JobState.RUNNING and job.started_at is None:
         job.started_at = now
     if state in JOB_FINAL:
+        accounting.record_job_end(job, state)
         job.finished_at = now
         job.pending_reasons = []
         job.estimated_start_at = None
@@ -380,6 +381,7 @@ def check_nodes(now: datetime | None = None) -> int:
             Task.objects.filter(pk__in=[t.pk for t in lost]).update(
                 state=TaskState.LOST, finished_at=now, message=f"node {node.name} not ready"
             )
+            accounting.record_task_ends(lost, now, state=TaskState.LOST)
             record(
                 "NodeNotReady",
                 "HeartbeatTimeout",

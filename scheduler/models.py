@@ -470,3 +470,108 @@ class Event(models.Model):
         return cls.objects.filter(
             Q(job__owner=user) | Q(flow__owner=user) | (Q(job__isnull=True) & Q(flow__isnull=True))
         )
+
+
+# --- operations: API tokens, the scheduler's heartbeat, usage accounting -------------------
+
+API_TOKEN_PREFIX = "berth_"
+
+
+class ApiToken(models.Model):
+    """A user's self-service API token. Only the key's sha256 is stored; `prefix` (the key's
+    first characters) lets the user tell tokens apart without revealing them."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=16, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["user", "-id"], name="apitoken_user")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    def issue_key(self) -> str:
+        """Make a new key; only its hash and prefix are kept. Returns the key (shown once)."""
+        key = API_TOKEN_PREFIX + secrets.token_urlsafe(32)
+        self.key_hash = hash_token(key)
+        self.prefix = key[: len(API_TOKEN_PREFIX) + 6]
+        return key
+
+
+class SchedulerHeartbeat(models.Model):
+    """One row (pk=1) the leading scheduler rewrites after every cycle: when it last ran, and
+    its per-phase timings as histogram buckets. Every web worker reads it for /healthz and
+    /metrics, wherever the scheduler runs."""
+
+    leader = models.CharField(max_length=255, blank=True, help_text="host:pid of the writer")
+    interval_seconds = models.FloatField(default=1.0)
+    last_cycle_at = models.DateTimeField()
+    last_cycle_seconds = models.FloatField(default=0.0)
+    cycles = models.BigIntegerField(default=0)
+    # {phase: {"buckets": [count per upper bound, not cumulative], "sum": s, "count": n}}
+    phase_histograms = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"last cycle {self.last_cycle_at} by {self.leader}"
+
+
+class UsageRecord(models.Model):
+    """What one task attempt used, written in the transaction that ends it. It names its job
+    and task by id, not foreign key, so accounting outlives TTL deletion of the job."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )  # fmt: skip
+    username = models.CharField(max_length=150)  # kept if the account is deleted
+    queue = models.CharField(max_length=63)
+    job_id = models.BigIntegerField()
+    task_id = models.BigIntegerField()
+    attempt = models.PositiveIntegerField(default=0)
+    state = models.CharField(max_length=16, choices=TaskState.choices)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    day = models.DateField(help_text="UTC day the attempt ended; its whole usage counts there")
+    wall_seconds = models.FloatField()
+    cpu_seconds = models.FloatField(help_text="cores x seconds")
+    gpu_seconds = models.FloatField(help_text="devices x seconds")
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["task_id", "attempt"], name="usage_once_per_attempt"),
+        ]
+        indexes = [
+            # /api/v1/usage/ filters by end time, for everyone (staff) or one user.
+            models.Index(fields=["finished_at"], name="usage_finished"),
+            models.Index(fields=["user", "finished_at"], name="usage_user_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id}#{self.attempt} of {self.username}: {self.wall_seconds:.0f}s"
+
+
+class FinishedJobCount(models.Model):
+    """How many jobs ended in each (queue, final state) since the start: the source of the
+    berth_jobs_finished_total counter, kept in the database so every process agrees."""
+
+    queue = models.CharField(max_length=63)
+    state = models.CharField(max_length=16, choices=JobState.choices)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["queue", "state"]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "state"], name="finishedjobcount_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.state}: {self.count}"

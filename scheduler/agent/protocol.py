@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from scheduler import notify
+from scheduler.accounting import record_task_ends
 from scheduler.arrays import array_env
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.events import record
@@ -372,6 +373,7 @@ def _finish(task: Task, state: str, exit_code: int | None, message: str, now: An
     task.finished_at = now
     task.message = message
     task.save(update_fields=["state", "exit_code", "started_at", "finished_at", "message"])
+    record_task_ends([task], now)  # usage accounting, in the same transaction
     Allocation.objects.filter(task=task).delete()
     what = f"{task.group}-{task.index}"
     if state == TaskState.FAILED:

@@ -10,8 +10,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
+from scheduler.heartbeat import record_cycle
 from scheduler.leader import LeaderLock, leader_lock
-from scheduler.loop import run_cycle_once
+from scheduler.loop import CycleReport, run_cycle_once
 from scheduler.management.stopping import stop_on_signals
 
 log = logging.getLogger("berth.scheduler")
@@ -55,7 +56,7 @@ class Command(BaseCommand):
             if options["once"]:
                 if not lock.try_acquire():
                     raise CommandError("another scheduler is the leader; not running a cycle")
-                report = run_cycle_once()
+                report = _cycle_and_heartbeat(interval)
                 self.stdout.write(report.line())
                 return
             run_loop(lock, interval, stop)
@@ -83,7 +84,7 @@ def run_loop(
             leading = False
             continue
         try:
-            report = run_cycle_once()
+            report = _cycle_and_heartbeat(interval)
             if log_idle or report.busy:
                 log.info(report.line())
         except Exception:  # a crash in one cycle is logged; the loop goes on
@@ -91,3 +92,14 @@ def run_loop(
         finally:
             close_old_connections()
         stop.wait(max(0.0, interval - (time.monotonic() - started)))
+
+
+def _cycle_and_heartbeat(interval: float) -> CycleReport:
+    """One cycle, then the heartbeat /healthz and /metrics read (last cycle, phase timings)."""
+    started = time.perf_counter()
+    report = run_cycle_once()
+    try:
+        record_cycle(report.durations, time.perf_counter() - started, interval)
+    except Exception:  # the heartbeat is for monitoring; a failure never stops scheduling
+        log.exception("recording the scheduler heartbeat failed")
+    return report

@@ -1,0 +1,163 @@
+"""Usage accounting, written when things end and never recomputed from live rows.
+
+`record_task_ends` is called in the transaction that ends a task attempt (an agent's report in
+scheduler/agent/protocol.py, a lost node in scheduler/lifecycle.py); `record_job_end` where a
+job reaches a final state (scheduler/lifecycle.py). Both are idempotent per attempt / cheap
+single-row updates, and write nothing that refers to the job by foreign key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count, F, QuerySet, Sum
+
+from scheduler.models import FinishedJobCount, Job, Queue, Task, UsageRecord
+
+
+def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = None) -> int:
+    """Record what each ended attempt used: wall time from its start to `now` (or its own
+    finish time), cpu-seconds = millicores x seconds / 1000, gpu-seconds = devices x seconds.
+    Attempts that never started used nothing and leave no record. `state` overrides the
+    tasks' own state (for callers that ended them with a bulk update)."""
+    started = [t for t in tasks if t.started_at is not None]
+    if not started:
+        return 0
+    jobs = {
+        job_id: (owner_id, username, queue)
+        for job_id, owner_id, username, queue in Job.objects.filter(
+            pk__in={t.job_id for t in started}
+        ).values_list("id", "owner_id", "owner__username", "queue__name")
+    }
+    records = []
+    for task in started:
+        if task.job_id not in jobs:
+            continue
+        owner_id, username, queue = jobs[task.job_id]
+        finished = task.finished_at if state is None and task.finished_at else now
+        start = _start(task, finished)
+        wall = max(0.0, (finished - start).total_seconds())
+        records.append(
+            UsageRecord(
+                user_id=owner_id, username=username, queue=queue, job_id=task.job_id,
+                task_id=task.pk, attempt=task.attempt, state=state or task.state,
+                started_at=start, finished_at=finished,
+                day=finished.astimezone(UTC).date(), wall_seconds=wall,
+                cpu_seconds=task.cpu * wall / 1000, gpu_seconds=task.gpu * wall,
+            )
+        )  # fmt: skip
+    # A report re-sent for an attempt already recorded is ignored, never counted twice.
+    UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
+    return len(records)
+
+
+def _start(task: Task, finished: datetime) -> datetime:
+    """When the attempt's usage starts: its reported start; but a task that started and ended
+    between two heartbeats was never reported running (the server then sets its start to its
+    end), so it counts from when its resources were bound to it instead of as nothing."""
+    assert task.started_at is not None
+    if task.started_at >= finished and task.assigned_at is not None:
+        return min(task.assigned_at, finished)
+    return task.started_at
+
+
+def record_job_end(job: Job, state: str) -> None:
+    """Count one job reaching final `state` in its queue."""
+    queue = Queue.objects.filter(pk=job.queue_id).values_list("name", flat=True).first() or ""
+    counter = FinishedJobCount.objects.filter(queue=queue, state=state)
+    if counter.update(count=F("count") + 1):
+        return
+    try:
+        with transaction.atomic():
+            FinishedJobCount.objects.create(queue=queue, state=state, count=1)
+    except IntegrityError:  # created meanwhile by another process
+        counter.update(count=F("count") + 1)
+
+
+# --- reading it back ----------------------------------------------------------------------
+
+GROUPS = ("user", "queue", "day")
+_GROUP_FIELDS = {"user": "username", "queue": "queue", "day": "day"}
+MAX_SPAN_DAYS = 400
+
+
+class UsageQueryError(ValueError):
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
+def _moment(name: str, raw: str, errors: dict[str, list[str]]) -> datetime | None:
+    """An ISO 8601 time (UTC when it names no zone) or a date: midnight UTC starting it for
+    `since`, ending it for `until`, so since=2026-11-01&until=2026-11-30 is all of November."""
+    text = raw.strip()
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00")) if len(text) <= 40 else None
+    except ValueError:
+        value = None
+    if value is None:
+        errors[name] = ["expected a date (2026-11-01) or an ISO 8601 time"]
+        return None
+    value = value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:
+        if name == "until" and len(text) == len("2026-11-30"):
+            value += timedelta(days=1)
+        value.astimezone(UTC) - timedelta(days=MAX_SPAN_DAYS + 31)  # room for the defaults
+    except (OverflowError, ValueError):
+        errors[name] = ["out of range"]
+        return None
+    return value
+
+
+def parse_usage_query(
+    params: dict[str, str], now: datetime
+) -> tuple[datetime, datetime, list[str]]:
+    """since, until, group_by from query parameters; every bad one is named at once."""
+    errors: dict[str, list[str]] = {}
+    until = _moment("until", params["until"], errors) if params.get("until") else now
+    since = (
+        _moment("since", params["since"], errors)
+        if params.get("since")
+        else (until or now) - timedelta(days=30)
+    )
+    group_by = [g.strip() for g in (params.get("group_by") or "user").split(",") if g.strip()]
+    unknown = [g for g in group_by if g not in GROUPS]
+    if unknown or not group_by or len(set(group_by)) != len(group_by):
+        errors["group_by"] = [f"a comma-separated choice of {', '.join(GROUPS)}, each once"]
+    if since is not None and until is not None and not errors:
+        if since >= until:
+            errors["since"] = ["must be before until"]
+        elif until - since > timedelta(days=MAX_SPAN_DAYS):
+            errors["since"] = [f"at most {MAX_SPAN_DAYS} days before until"]
+    if errors:
+        raise UsageQueryError(errors)
+    assert since is not None and until is not None
+    return since, until, group_by
+
+
+def usage_rows(records: QuerySet[UsageRecord], group_by: list[str]) -> list[dict[str, Any]]:
+    """Sums per group: jobs (distinct), task attempts, cpu/gpu/wall seconds, GPU-hours."""
+    fields = [_GROUP_FIELDS[g] for g in group_by]
+    rows = (
+        records.values(*fields)
+        .annotate(
+            jobs=Count("job_id", distinct=True), tasks=Count("id"), cpu_seconds=Sum("cpu_seconds"),
+            gpu_seconds=Sum("gpu_seconds"), wall_seconds=Sum("wall_seconds"),
+        )  # fmt: skip
+        .order_by(*fields)
+    )
+    out = []
+    for row in rows:
+        item: dict[str, Any] = {g: row[_GROUP_FIELDS[g]] for g in group_by}
+        if "day" in item:
+            item["day"] = item["day"].isoformat()
+        item.update(
+            jobs=row["jobs"], tasks=row["tasks"], cpu_seconds=round(row["cpu_seconds"], 3),
+            gpu_seconds=round(row["gpu_seconds"], 3), wall_seconds=round(row["wall_seconds"], 3),
+            gpu_hours=round(row["gpu_seconds"] / 3600, 4),
+        )  # fmt: skip
+        out.append(item)
+    return out

@@ -1,0 +1,13 @@
+"""API routes for operations: self-service tokens and usage accounting."""
+
+from __future__ import annotations
+
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from scheduler.api import tokens, usage
+
+router = SimpleRouter()
+router.register("tokens", tokens.TokenViewSet, basename="token")
+
+urlpatterns = [path("usage/", usage.UsageView.as_view(), name="usage"), *router.urls]
