@@ -57,8 +57,9 @@ def render(samples: list[dict[str, Any]], title: str) -> str:
         parts.append(_polyline([at(r["t"], r[key]) for r in rows], colour))
     for i, (key, colour) in enumerate(SERIES):
         x = PAD + 10 + i * 170
+        label = key.replace("_", " ")
         parts.append(f'<rect x="{x}" y="{HEIGHT - 18}" width="12" height="4" fill="{colour}"/>'
-                     f'<text x="{x + 16}" y="{HEIGHT - 12}">{key.replace("_", " ")}</text>')  # fmt: skip
+                     f'<text x="{x + 16}" y="{HEIGHT - 12}">{label}</text>')  # fmt: skip
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from scheduler.api import views
+from scheduler.api import account, views
 
 router = DefaultRouter()
 router.register("queues", views.QueueViewSet, basename="queue")
@@ -12,4 +13,4 @@ router.register("jobs", views.JobViewSet, basename="job")
 router.register("flows", views.FlowViewSet, basename="flow")
 router.register("events", views.EventViewSet, basename="event")
 
-urlpatterns = router.urls
+urlpatterns = [path("me/", account.MeView.as_view(), name="me"), *router.urls]

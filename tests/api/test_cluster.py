@@ -112,3 +112,9 @@ def test_task_states_are_shown(api, owner):
     place(job, node, state=TaskState.ASSIGNED)
     (task,) = api(owner).get(f"/api/v1/jobs/{job.pk}/").json()["tasks"]
     assert (task["node"], task["state"], task["devices"]) == ("n1", "Assigned", [])
+
+
+def test_me_says_who_the_caller_is(api, owner, staff):
+    assert api(owner).get("/api/v1/me/").json() == {"username": "alice", "is_staff": False}
+    assert api(staff).get("/api/v1/me/").json() == {"username": "admin", "is_staff": True}
+    assert api(None).get("/api/v1/me/").status_code in (401, 403)

@@ -1,0 +1,456 @@
+"""`berth`: the command line for Berth users, in the spirit of sbatch/squeue/scancel/sacct.
+
+Configured by BERTH_URL and BERTH_TOKEN, or by `berth login URL`. Every listing takes --json.
+Errors print the server's field messages and exit 1.
+"""
+
+from __future__ import annotations
+
+import getpass
+import shlex
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+import httpx
+
+from berth.cli.client import (
+    API,
+    ApiError,
+    Client,
+    CliError,
+    Settings,
+    api_error,
+    load_settings,
+    save_settings,
+)
+from berth.cli.output import emit_json, job_reason, table
+from berth.cli.specs import (
+    apply_job_options,
+    directives,
+    is_script,
+    job_from_options,
+    load_spec_file,
+    safe_name,
+)
+
+JOB_FINAL = ("Succeeded", "Failed", "Cancelled")
+FLOW_FINAL = ("Succeeded", "Failed", "Cancelled")
+POLL_SECONDS = 1.0
+
+
+class BerthGroup(click.Group):
+    """Turns CliError into a message on stderr and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CliError as exc:
+            fail(str(exc))
+
+
+def fail(message: str) -> NoReturn:
+    click.echo(f"berth: {message}" if "\n" not in message else f"berth: error\n{message}",
+               err=True)  # fmt: skip
+    sys.exit(1)
+
+
+def client() -> Client:
+    return Client(load_settings())
+
+
+@click.group(cls=BerthGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="berth", prog_name="berth")
+def cli() -> None:
+    """Submit, watch and manage Berth jobs and flows from the terminal.
+
+    Set BERTH_URL and BERTH_TOKEN, or run `berth login URL` once.
+    """
+
+
+# --- login ------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("url", required=False)
+@click.option("--username", "-u", default=None, help="default: your login name")
+def login(url: str | None, username: str | None) -> None:
+    """Sign in: ask for your password, get an API token and keep it (mode 0600) in
+    ~/.config/berth/config.json."""
+    url = (url or _saved_url() or click.prompt("Server URL")).rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise CliError(f"URL must start with http:// or https://, got {url!r}")
+    username = username or click.prompt("Username", default=getpass.getuser())
+    password = click.prompt("Password", hide_input=True)
+    body = {"username": username, "password": password,
+            "name": f"berth-cli@{socket.gethostname()}"[:100]}  # fmt: skip
+    try:
+        response = httpx.post(f"{url}{API}/tokens/", json=body, timeout=30)
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach {url}: {exc}") from None
+    if response.status_code >= 400:
+        raise api_error(response)
+    token = response.json()["token"]
+    path = save_settings(Settings(url=url, token=token, username=username))
+    click.echo(f"Logged in to {url} as {username} (token kept in {path})")
+
+
+def _saved_url() -> str:
+    try:
+        return load_settings().url
+    except CliError:
+        return ""
+
+
+# --- jobs -------------------------------------------------------------------------------
+
+
+JOB_OPTIONS = [
+    click.option("--name", "-J", default=None, help="job name"),
+    click.option("--queue", "-q", default=None, help="queue (default: the server's default)"),
+    click.option("--gpus", "-G", type=click.IntRange(min=0), default=None, help="GPUs per task"),
+    click.option("--cpu", "-c", default=None, help='cores per task: 2, 0.5 or "500m"'),
+    click.option("--mem", "-m", default=None, help="memory per task: 512Mi, 16Gi, ..."),
+    click.option("--time", "-t", default=None, help="walltime: 90 (seconds), 1h30m, 01:30:00"),
+    click.option("--array", "-a", default=None, help="job array: 0-99, 0-99%10 (10 at once)"),
+    click.option("--priority", type=int, default=None, help="priority (capped by the queue)"),
+]
+
+
+def job_options(fn: Any) -> Any:
+    for option in reversed(JOB_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+@cli.command()
+@job_options
+@click.option("--wait", "-W", is_flag=True, help="follow the job; exit with its exit status")
+@click.option("--json", "as_json", is_flag=True, help="print the created job as JSON")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def submit(args: tuple[str, ...], wait: bool, as_json: bool, **options: Any) -> None:
+    """Submit a job: a YAML/JSON spec FILE, a shell script with #BERTH option lines, or a
+    command after `--`.
+
+    \b
+      berth submit job.yaml
+      berth submit train.sh            # #BERTH --gpus 1 --time 2h lines at the top
+      berth submit --gpus 1 --time 1h30m -- python train.py --lr 0.1
+    """
+    if not args:
+        raise click.UsageError("give a spec FILE, a script, or `-- COMMAND...`")
+    spec = _job_spec(args, options)
+    api = client()
+    job = api.post("jobs/", spec)
+    if as_json:
+        emit_json(job)
+    else:
+        click.echo(f"Submitted job {job['id']}")
+    if wait:
+        sys.exit(_wait_for_job(api, int(job["id"]), quiet=as_json))
+
+
+def _job_spec(args: tuple[str, ...], options: dict[str, Any]) -> dict[str, Any]:
+    path = Path(args[0])
+    if len(args) == 1 and path.is_file():
+        text = path.read_text(errors="replace")
+        if path.suffix in (".yaml", ".yml", ".json") or not is_script(text):
+            if any(options.get(k) is not None for k in ("gpus", "cpu", "mem")):
+                raise CliError("--gpus/--cpu/--mem apply to commands and scripts; "
+                               "a spec file says its resources per task")  # fmt: skip
+            return apply_job_options(load_spec_file(path), options)
+        return job_from_options(text, {**_script_options(text, path), **_given(options)})
+    return job_from_options(shlex.join(args), options)
+
+
+def _script_options(text: str, path: Path) -> dict[str, Any]:
+    """The script's #BERTH lines, read with the same options as the command line."""
+    try:
+        context = submit.make_context("#BERTH", [*directives(text), "--", "script"])
+    except click.ClickException as exc:
+        raise CliError(f"{path}: #BERTH line: {exc.format_message()}") from None
+    if context.params["args"] != ("script",):
+        raise CliError(f"{path}: #BERTH lines hold no command: {context.params['args'][:-1]}")
+    found = {k: v for k, v in context.params.items() if k not in ("args", "wait", "as_json")}
+    found["name"] = found.get("name") or safe_name(path.stem)
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def _given(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def _wait_for_job(api: Client, job_id: int, quiet: bool = False) -> int:
+    """Poll until the job ends; its exit status: 0 if it succeeded, the failing task's exit
+    code (or 1) if it failed, 1 if it was cancelled."""
+    last = None
+    while True:
+        job = api.get(f"jobs/{job_id}/")
+        if job["state"] != last and not quiet:
+            why = job_reason(job)
+            click.echo(f"job {job_id}: {job['state']}" + (f" ({why})" if why else ""), err=True)
+            last = job["state"]
+        if job["state"] in JOB_FINAL:
+            return exit_status(job)
+        time.sleep(POLL_SECONDS)
+
+
+def exit_status(job: dict[str, Any]) -> int:
+    if job["state"] == "Succeeded":
+        return 0
+    if job["state"] == "Failed":
+        codes = [t.get("exit_code") for t in job.get("tasks", [])]
+        failing = [c for c in codes if isinstance(c, int) and c != 0]
+        return max(1, min(255, failing[0])) if failing else 1
+    return 1
+
+
+@cli.command()
+@click.option("--all", "-a", "all_users", is_flag=True, help="every user's jobs you may see")
+@click.option("--state", "-s", default=None, help="Pending, Running, Succeeded, ...")
+@click.option("--user", "-u", default=None, help="this user's jobs")
+@click.option("--queue", "-q", default=None)
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def jobs(all_users: bool, state: str | None, user: str | None, queue: str | None, limit: int,
+         as_json: bool) -> None:  # fmt: skip
+    """List jobs (yours unless --all or --user), newest first."""
+    api = client()
+    owner = user if user or all_users else _me(api)
+    rows = api.paged("jobs/", limit=limit, state=state, owner=owner, queue=queue,
+                     ordering="-id")  # fmt: skip
+    if as_json:
+        emit_json(rows)
+        return
+    table(rows, [("ID", lambda j: j["id"]), ("NAME", lambda j: j["name"]),
+                 ("USER", lambda j: j.get("owner")), ("QUEUE", lambda j: j.get("queue")),
+                 ("STATE", lambda j: j["state"]), ("REASON", job_reason)], "no jobs")  # fmt: skip
+
+
+def _me(api: Client) -> str:
+    return api.settings.username or str(api.get("me/")["username"])
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def show(job_id: int, as_json: bool) -> None:
+    """One job: its state, reason, tasks and where they run."""
+    job = client().get(f"jobs/{job_id}/")
+    if as_json:
+        emit_json(job)
+        return
+    for key in ("id", "name", "owner", "queue", "priority", "state", "reason", "message",
+                "walltime", "created_at", "started_at", "finished_at"):  # fmt: skip
+        click.echo(f"{key:>12}: {job.get(key) if job.get(key) not in (None, '') else '-'}")
+    for reason in job.get("pending_reasons") or []:
+        click.echo(f"{'waiting':>12}: {reason}")
+    table(job.get("tasks", []), [("TASK", lambda t: f"{t['group']}-{t['index']}"),
+                                 ("STATE", lambda t: t["state"]), ("NODE", lambda t: t["node"]),
+                                 ("GPUS", lambda t: ",".join(map(str, t["devices"])) or None),
+                                 ("EXIT", lambda t: t["exit_code"]),
+                                 ("ATTEMPT", lambda t: t["attempt"])], "no tasks")  # fmt: skip
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
+@click.option("--attempt", type=int, default=None, help="an earlier attempt's output")
+def logs(job_id: int, follow: bool, attempt: int | None) -> None:
+    """A job's output, task by task (with -f: live, until the job ends)."""
+    api = client()
+    offsets: dict[int, int] = {}
+    several = False
+    while True:
+        data = api.get(f"jobs/{job_id}/logs/", attempt=attempt)
+        several = several or len(data["tasks"]) > 1
+        for task in data["tasks"]:
+            _print_new(api, job_id, task, offsets, several, attempt)
+        if not follow:
+            return
+        if api.get(f"jobs/{job_id}/")["state"] in JOB_FINAL:
+            # One last read: output that arrived between the two requests.
+            for task in api.get(f"jobs/{job_id}/logs/", attempt=attempt)["tasks"]:
+                _print_new(api, job_id, task, offsets, several, attempt)
+            return
+        time.sleep(POLL_SECONDS)
+
+
+def _print_new(api: Client, job_id: int, task: dict[str, Any], offsets: dict[int, int],
+               several: bool, attempt: int | None) -> None:  # fmt: skip
+    """Print what `task` wrote after what was printed already."""
+    seen = offsets.get(task["id"])
+    if seen is not None:
+        task = api.get(f"jobs/{job_id}/logs/", task=task["id"], after=seen,
+                       attempt=attempt)["tasks"][0]  # fmt: skip
+    text = task["data"]
+    offsets[task["id"]] = max(task.get("next_offset", 0), seen or 0)
+    if not text:
+        return
+    if several:
+        prefix = f"[{task['group']}-{task['index']}] "
+        text = "".join(prefix + line for line in text.splitlines(keepends=True))
+    click.echo(text, nl=False)
+    sys.stdout.flush()
+
+
+def _job_action(action: str, job_ids: tuple[int, ...]) -> None:
+    api = client()
+    failed = False
+    for job_id in job_ids:
+        try:
+            job = api.post(f"jobs/{job_id}/{action}/")
+            click.echo(f"job {job_id}: {action} requested ({job['state']})")
+        except ApiError as exc:
+            failed = True
+            click.echo(f"berth: job {job_id}: {'; '.join(exc.messages)}", err=True)
+    if failed:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+def cancel(job_ids: tuple[int, ...]) -> None:
+    """Cancel jobs: running tasks are stopped (SIGTERM, then SIGKILL)."""
+    _job_action("cancel", job_ids)
+
+
+@cli.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+def suspend(job_ids: tuple[int, ...]) -> None:
+    """Suspend jobs: tasks stop and resources are freed until you resume them."""
+    _job_action("suspend", job_ids)
+
+
+@cli.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+def resume(job_ids: tuple[int, ...]) -> None:
+    """Resume suspended jobs."""
+    _job_action("resume", job_ids)
+
+
+# --- flows ------------------------------------------------------------------------------
+
+
+@cli.command("flows")
+@click.option("--state", "-s", default=None)
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def list_flows(state: str | None, limit: int, as_json: bool) -> None:
+    """List flows, newest first."""
+    rows = client().paged("flows/", limit=limit, state=state, ordering="-id")
+    if as_json:
+        emit_json(rows)
+        return
+    table(rows, [("ID", lambda f: f["id"]), ("NAME", lambda f: f["name"]),
+                 ("USER", lambda f: f.get("owner")), ("STATE", lambda f: f["state"]),
+                 ("STEPS", _steps_summary), ("MESSAGE", lambda f: f.get("message"))],
+          "no flows")  # fmt: skip
+
+
+def _steps_summary(flow: dict[str, Any]) -> str:
+    steps = flow.get("steps", [])
+    done = sum(1 for s in steps if s["state"] in ("Succeeded", "Skipped"))
+    return f"{done}/{len(steps)}"
+
+
+@cli.group()
+def flow() -> None:
+    """Submit, show and cancel flows."""
+
+
+@flow.command("submit")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def flow_submit(file: Path, as_json: bool) -> None:
+    """Submit a flow spec (YAML or JSON)."""
+    created = client().post("flows/", load_spec_file(file))
+    if as_json:
+        emit_json(created)
+    else:
+        click.echo(f"Submitted flow {created['id']}")
+
+
+@flow.command("show")
+@click.argument("flow_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def flow_show(flow_id: int, as_json: bool) -> None:
+    """A flow's steps and the jobs each created."""
+    data = client().get(f"flows/{flow_id}/")
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"flow {data['id']} {data['name']}: {data['state']}"
+               + (f" ({data['message']})" if data.get("message") else ""))  # fmt: skip
+    table(data.get("steps", []), [("STEP", lambda s: s["name"]), ("STATE", lambda s: s["state"]),
+                                  ("DEPENDS ON", lambda s: ",".join(s["depends_on"]) or None),
+                                  ("JOBS", lambda s: ",".join(map(str, s["jobs"])) or None),
+                                  ("MESSAGE", lambda s: s.get("message"))], "no steps")  # fmt: skip
+
+
+@flow.command("cancel")
+@click.argument("flow_id", type=int)
+def flow_cancel(flow_id: int) -> None:
+    """Cancel a flow and every job it runs."""
+    data = client().post(f"flows/{flow_id}/cancel/")
+    click.echo(f"flow {flow_id}: cancel requested ({data['state']})")
+
+
+# --- cluster ----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def nodes(as_json: bool) -> None:
+    """The cluster's nodes: state, cpu, memory and GPUs free/total."""
+    rows = client().paged("nodes/")
+    if as_json:
+        emit_json(rows)
+        return
+    table(rows, [("NAME", lambda n: n["name"]), ("STATE", lambda n: n["state"]),
+                 ("CPU", lambda n: n.get("cpu")), ("MEMORY", lambda n: n.get("memory")),
+                 ("GPUS", _gpus), ("LABELS", _labels)], "no nodes")  # fmt: skip
+
+
+def _gpus(node: dict[str, Any]) -> str:
+    devices = node.get("devices", [])
+    free = sum(1 for d in devices if d.get("job") is None and d.get("healthy", True))
+    return f"{free}/{len(devices)} free"
+
+
+def _labels(node: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted((node.get("labels") or {}).items()))
+
+
+@cli.command()
+@click.option("--since", default=None, help="from this day (YYYY-MM-DD)")
+@click.option("--until", default=None, help="until this day (YYYY-MM-DD)")
+@click.option("--group-by", type=click.Choice(["user", "queue", "day"]), default="user",
+              show_default=True)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True)
+def usage(since: str | None, until: str | None, group_by: str, as_json: bool) -> None:
+    """Accounting: jobs, cpu-hours and GPU-hours (yours, or everyone's for staff)."""
+    data = client().get("usage/", since=since, until=until, group_by=group_by)
+    rows = data.get("results", data) if isinstance(data, dict) else data
+    if as_json:
+        emit_json(rows)
+        return
+    table(rows, [(group_by.upper(), lambda r: r.get(group_by)), ("JOBS", lambda r: r.get("jobs")),
+                 ("CPU-HOURS", lambda r: _hours(r.get("cpu_seconds"))),
+                 ("GPU-HOURS", lambda r: _hours(r.get("gpu_seconds"))),
+                 ("WALL-HOURS", lambda r: _hours(r.get("wall_seconds")))], "no usage")  # fmt: skip
+
+
+def _hours(seconds: Any) -> str:
+    return f"{float(seconds or 0) / 3600:.2f}"
+
+
+def main() -> None:
+    cli(prog_name="berth")
+
+
+if __name__ == "__main__":
+    main()

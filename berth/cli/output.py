@@ -1,0 +1,45 @@
+"""Plain, aligned tables like `squeue` prints (easy to read, easy to `grep`), and JSON for
+scripts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column], empty: str) -> None:
+    if not rows:
+        click.echo(empty)
+        return
+    cells = [[_text(get(row)) for _, get in columns] for row in rows]
+    heads = [name for name, _ in columns]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    for line in [heads, *cells]:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def job_reason(job: dict[str, Any]) -> str:
+    """What a user most wants to know about a job in one cell: why it waits (or when it should
+    start), else how it ended."""
+    if job.get("state") in ("Pending", "Suspended"):
+        reasons = job.get("pending_reasons") or []
+        text = reasons[0] if reasons else (job.get("message") or job.get("reason") or "")
+        start = job.get("estimated_start_at")
+        return f"{text} (start ~{start})" if start else text
+    return job.get("message") or job.get("reason") or ""

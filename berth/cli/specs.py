@@ -1,0 +1,123 @@
+"""Job specs from what users type: command-line options, `#BERTH` script directives (read the
+way `sbatch` reads `#SBATCH` lines), YAML/JSON files, and durations like `1h30m`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from berth.cli.client import CliError
+
+DIRECTIVE = "#BERTH"
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_UNIT_RE = re.compile(r"(\d+)([dhms])")
+
+
+def parse_duration(text: str) -> int:
+    """Seconds from `90` (seconds, as in the job spec), `1h30m`, `45m`, `2d`, `01:30:00`,
+    `30:00` (MM:SS) or `1-12:00:00` (D-HH:MM:SS)."""
+    value = text.strip().lower()
+    if value.isdigit():
+        return int(value)
+    compact = value.replace(" ", "")
+    if re.fullmatch(r"(\d+[dhms])+", compact):
+        return sum(int(n) * _UNITS[u] for n, u in _UNIT_RE.findall(compact))
+    days = 0
+    if "-" in value:
+        head, _, value = value.partition("-")
+        if not head.isdigit():
+            raise CliError(f"--time: cannot read {text!r}")
+        days = int(head)
+    parts = value.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        raise CliError(f"--time: cannot read {text!r} (try 90, 1h30m or 01:30:00)")
+    numbers = [int(p) for p in parts]
+    if len(parts) == 1:
+        numbers = [numbers[0], 0, 0]  # D-HH
+    elif len(parts) == 2:
+        numbers = [0, *numbers]  # MM:SS
+    h, m, s = numbers
+    return days * 86400 + h * 3600 + m * 60 + s
+
+
+def directives(script: str) -> list[str]:
+    """The options on `#BERTH` lines at the top of a script, before its first command."""
+    args: list[str] = []
+    for line in script.splitlines()[1 if script.startswith("#!") else 0 :]:
+        stripped = line.strip()
+        if stripped.startswith(DIRECTIVE):
+            try:
+                args.extend(shlex.split(stripped[len(DIRECTIVE) :], comments=True))
+            except ValueError as exc:
+                raise CliError(f"{DIRECTIVE} line {stripped!r}: {exc}") from None
+        elif stripped and not stripped.startswith("#"):
+            break
+    return args
+
+
+def is_script(text: str) -> bool:
+    return text.startswith("#!") or any(
+        line.strip().startswith(DIRECTIVE) for line in text.splitlines()
+    )
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    """A YAML or JSON job/flow spec."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise CliError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                       f"{str(exc)[:300]}") from None  # fmt: skip
+    if not isinstance(data, dict):
+        raise CliError(f"{path}: expected a mapping (a job spec), got {type(data).__name__}")
+    return data
+
+
+def job_from_options(command: str, options: dict[str, Any]) -> dict[str, Any]:
+    """One task running `command` with the resources the options ask for."""
+    resources: dict[str, Any] = {}
+    if options.get("cpu") is not None:
+        resources["cpu"] = options["cpu"]
+    if options.get("mem") is not None:
+        resources["memory"] = options["mem"]
+    if options.get("gpus") is not None:
+        resources["gpu"] = options["gpus"]
+    task: dict[str, Any] = {"name": "main", "command": command}
+    if resources:
+        task["resources"] = resources
+    words = shlex.split(command, comments=True) if command.strip() else []
+    default_name = Path(words[0]).name if words else "job"
+    spec: dict[str, Any] = {"name": options.get("name") or safe_name(default_name),
+                            "tasks": [task]}  # fmt: skip
+    return apply_job_options(spec, options)
+
+
+def apply_job_options(spec: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """Options that mean the same for any spec override what the spec (or script) says."""
+    out = dict(spec)
+    if options.get("name"):
+        out["name"] = options["name"]
+    if options.get("queue"):
+        out["queue"] = options["queue"]
+    if options.get("time"):
+        out["walltime"] = parse_duration(options["time"])
+    if options.get("array"):
+        out["array"] = options["array"]
+    if options.get("priority") is not None:
+        out["priority"] = options["priority"]
+    return out
+
+
+def safe_name(text: str) -> str:
+    """A job name the server accepts (lowercase letters, digits, '-', '_', '.')."""
+    name = re.sub(r"[^a-z0-9_.-]+", "-", text.lower())[:63].strip("-._")
+    return name or "job"
