@@ -111,4 +111,26 @@ def test_a_bad_spec_prints_the_servers_field_messages(cluster: Cluster, token: s
     assert other.returncode == 1 and "berth:" in other.stderr
 
     nobody = berth(cluster, "not-a-token", "jobs")
-    assert nobody.returncode == 1 and "Invalid token" in nobody.stderr
+    assert nobody.returncode == 1 and "invalid token" in nobody.stderr.lower()
+
+
+def test_login_keeps_a_private_token_that_later_commands_use(cluster: Cluster, owner: Any):
+    config = cluster.tmp / "home-config"
+    env = {k: v for k, v in os.environ.items() if k not in ("BERTH_URL", "BERTH_TOKEN")}
+    env["XDG_CONFIG_HOME"] = str(config)
+
+    def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([BERTH, *args], env=env, capture_output=True, text=True,
+                              input=stdin, timeout=60)  # fmt: skip
+
+    wrong = run("login", cluster.url, "-u", "alice", stdin="not-her-password\n")
+    assert wrong.returncode == 1 and "invalid username or password" in wrong.stderr
+    assert not (config / "berth" / "config.json").exists()
+
+    ok = run("login", cluster.url, "-u", "alice", stdin="alice-pass-123\n")
+    assert ok.returncode == 0, ok.stderr
+    saved = config / "berth" / "config.json"
+    assert saved.stat().st_mode & 0o777 == 0o600
+    assert json.loads(saved.read_text())["username"] == "alice"
+    listed = run("jobs", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
