@@ -163,7 +163,10 @@ def _job_spec(args: tuple[str, ...], options: dict[str, Any]) -> dict[str, Any]:
                                "a spec file says its resources per task")  # fmt: skip
             return apply_job_options(load_spec_file(path), options)
         return job_from_options(text, {**_script_options(text, path), **_given(options)})
-    return job_from_options(shlex.join(args), options)
+    # One argument is a shell command line as typed ('echo $HOME; sleep 2'); several are a
+    # command and its arguments, quoted so that each reaches the program as it was given.
+    command = args[0] if len(args) == 1 else shlex.join(args)
+    return job_from_options(command, options)
 
 
 def _script_options(text: str, path: Path) -> dict[str, Any]:
