@@ -10,12 +10,12 @@ middleware for plain Django views, and handler500 for errors raised in middlewar
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.deprecation import MiddlewareMixin
 from django.views import defaults
 from psycopg_pool import PoolTimeout
 
@@ -50,17 +50,9 @@ def busy_response(detail: str = BUSY_DETAIL, status: int = 503) -> HttpResponse:
     return response
 
 
-class DatabaseOverloadMiddleware:
-    """Turns a view's connection-starved exception into 503 + Retry-After."""
-
-    sync_capable = True
-    async_capable = False
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        return self.get_response(request)
+class DatabaseOverloadMiddleware(MiddlewareMixin):
+    """Turns a view's connection-starved exception into 503 + Retry-After. Sync and async
+    capable, so async views (the agents' held leases) are not pushed onto a thread."""
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> Any:
         if is_database_overload(exception):

@@ -135,7 +135,7 @@ TEMPLATES = [
 # BERTH_DB_POOL_MAX_IDLE seconds per connection).
 DB_POOL_MAX = env_int("BERTH_DB_POOL_MAX", 4, minimum=0)
 DB_POOL_MIN = env_int("BERTH_DB_POOL_MIN", DB_POOL_MAX, minimum=0)
-DB_POOL_TIMEOUT = env_float("BERTH_DB_POOL_TIMEOUT", 3.0, minimum=0.01)
+DB_POOL_TIMEOUT = env_float("BERTH_DB_POOL_TIMEOUT", 5.0, minimum=0.01)
 DB_POOL_MAX_IDLE = env_float("BERTH_DB_POOL_MAX_IDLE", 60.0, minimum=0.1)
 # Lets an operator (and the tests) tell Berth's connections apart in pg_stat_activity.
 DB_APPLICATION_NAME = os.environ.get("BERTH_DB_APPLICATION_NAME", "").strip() or "berth"
@@ -215,7 +215,8 @@ else:
 # Request bodies: larger ones are answered 413 before Django reads them (berth/limits.py).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("BERTH_MAX_BODY_BYTES", 2 * 1024 * 1024, minimum=1024)
 # In-flight HTTP requests per worker process; more are answered 503 + Retry-After at once.
-BERTH_MAX_INFLIGHT = env_int("BERTH_MAX_INFLIGHT", 200, minimum=0)
+# Agents' held lease requests count too (one per node for up to ~12 s), hence the headroom.
+BERTH_MAX_INFLIGHT = env_int("BERTH_MAX_INFLIGHT", 1000, minimum=0)
 BERTH_RETRY_AFTER_SECONDS = env_int("BERTH_RETRY_AFTER_SECONDS", 1, minimum=1)
 # POSTs to sign-in-like endpoints per client address (and per username) per window.
 BERTH_LOGIN_ATTEMPTS = env_int("BERTH_LOGIN_ATTEMPTS", 10, minimum=1)
@@ -226,6 +227,8 @@ SECURE_PROXY = env_bool("BERTH_SECURE_PROXY", default=False)
 if SECURE_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = True
+    # Load balancers probe health over plain HTTP.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz/?$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env_int("BERTH_HSTS_SECONDS", 365 * 24 * 3600, minimum=0)
