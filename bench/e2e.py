@@ -1,6 +1,6 @@
 """End-to-end throughput: submit N short jobs over REST and time them to completion.
 
-Starts, as real processes on this machine: the web server (daphne), `run_scheduler` and
+Starts, as real processes on this machine: the web server (`./run serve`), `run_scheduler` and
 `run_simagent` (many fake nodes over the agent protocol), all on PostgreSQL and Redis. Submits
 N jobs from concurrent HTTP clients, samples the database every interval, and prints one JSON
 object: jobs/s accepted, started and finished end to end, scheduler cycle times, and queue
@@ -27,12 +27,15 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.client import BENCH_SECRET_KEY, post_json  # noqa: E402
 
 
 def free_port() -> int:
@@ -58,6 +61,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=0.5, help="seconds each job runs")
     parser.add_argument("--clients", type=int, default=8, help="concurrent submitting clients")
     parser.add_argument("--interval", type=float, default=0.5, help="scheduler interval (s)")
+    parser.add_argument("--workers", type=int, default=0, help="web workers (0: serve's default)")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument(
         "--database",
@@ -76,7 +80,7 @@ def main() -> None:
         **os.environ,
         "DATABASE_URL": db_url,
         "REDIS_URL": args.redis,
-        "BERTH_SECRET_KEY": "bench",
+        "BERTH_SECRET_KEY": BENCH_SECRET_KEY,
         "BERTH_JOIN_TOKEN": "bench-join",
         "BERTH_SCHEDULER_INTERVAL": str(args.interval),
         "BERTH_HEARTBEAT_INTERVAL": "0.5",
@@ -120,24 +124,13 @@ def main() -> None:
         return proc
 
     url = f"http://127.0.0.1:{port}"
-    start(
-        "web",
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "berth.asgi:application",
-        ],
-    )
+    workers = ["--workers", str(args.workers)] if args.workers else []
+    start("web", [str(ROOT / "run"), "serve", "--port", str(port), "--no-migrate", *workers])
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                urllib.request.urlopen(f"{url}/api/schema/", timeout=1)
+                urllib.request.urlopen(f"{url}/accounts/login/", timeout=1)
                 break
             except Exception:
                 time.sleep(0.2)
@@ -193,20 +186,22 @@ def main() -> None:
         latencies: list[float] = []
         failures = 0
 
+        statuses: Counter[int] = Counter()
+        spec = json.loads(body)
+        headers = {"Authorization": f"Token {token}"}
+
         def submit(_: int) -> None:
+            # 429/503 are retried after their Retry-After (bounded) as a polite client does.
             nonlocal failures
-            request = urllib.request.Request(
-                f"{url}/api/v1/jobs/",
-                data=body,
-                method="POST",
-                headers={"Content-Type": "application/json", "Authorization": f"Token {token}"},
-            )
             started = time.monotonic()
             try:
-                with urllib.request.urlopen(request, timeout=60) as response:
-                    response.read()
+                status, _body = post_json(f"{url}/api/v1/jobs/", spec, headers)
+            except OSError:
+                status = 0  # refused or reset: counted as "0"
+            statuses[status] += 1
+            if status == 201:
                 latencies.append(time.monotonic() - started)
-            except Exception:
+            else:
                 failures += 1
 
         submit_start = time.monotonic()
@@ -255,6 +250,7 @@ def main() -> None:
                     "clients": args.clients,
                     "job_duration_s": args.duration,
                     "submit_failures": failures,
+                    "status_codes": {str(k): v for k, v in sorted(statuses.items())},
                     "accepted_per_s": round((args.jobs - failures) / submit_seconds, 1),
                     "submit_latency_ms": {
                         "p50": round(percentile(latencies, 0.5) * 1000, 1),

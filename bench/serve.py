@@ -28,12 +28,11 @@ import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.client import post_json  # noqa: E402
+from bench.client import BENCH_SECRET_KEY, post_json  # noqa: E402
 
 APP_NAME = "berth-bench-web"
 
@@ -85,7 +84,7 @@ def main() -> None:
         **os.environ,
         "DATABASE_URL": f"{base}/berth_bench_serve",
         "REDIS_URL": args.redis,
-        "BERTH_SECRET_KEY": "bench-only-key-" + "x0y1z2" * 10,
+        "BERTH_SECRET_KEY": BENCH_SECRET_KEY,
         "BERTH_DATA_DIR": str(work),
         "BERTH_CHANNEL_PREFIX": "berth-bench-serve",
         "BERTH_DB_APPLICATION_NAME": APP_NAME,

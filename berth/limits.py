@@ -8,13 +8,16 @@ DATA_UPLOAD_MAX_MEMORY_SIZE alone would not bound what a client can make the ser
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asgiref.typing import ASGIReceiveCallable, ASGISendCallable
 from django.conf import settings
 
+# Plain callables: asgiref's TypedDict events are more ceremony than this file needs.
 Scope = dict[str, Any]
 App = Any
+ASGIReceiveCallable = Callable[[], Awaitable[Any]]
+ASGISendCallable = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 async def _answer(send: ASGISendCallable, status: int, detail: str, retry_after: int = 0) -> None:
