@@ -145,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # Names this tier's connections in pg_stat_activity (the scheduler keeps "berth").
     os.environ.setdefault("BERTH_DB_APPLICATION_NAME", "berth-web")
+    # Web workers keep their whole pool open: connections at rest = connections under load.
+    pool_max = os.environ.get("BERTH_DB_POOL_MAX", "").strip() or "4"
+    os.environ.setdefault("BERTH_DB_POOL_MIN", pool_max)
     from django.core.exceptions import ImproperlyConfigured
 
     from berth.env import ImproperlyConfiguredEnv

@@ -130,11 +130,12 @@ TEMPLATES = [
 # finds none free waits BERTH_DB_POOL_TIMEOUT seconds, then gets 503 + Retry-After (see
 # berth/overload.py). Django returns a pooled connection at the end of every request, so
 # the number a deployment opens is bounded: workers x max + the scheduler's own.
-# min = max by default: a worker opens its connections at start and keeps exactly those, so
-# the count is the same at rest and under load (a smaller min shrinks back only after
-# BERTH_DB_POOL_MAX_IDLE seconds per connection).
+# `./run serve` sets min = max for web workers: each opens its connections at start and keeps
+# exactly those, so the count is the same at rest and under load. Elsewhere (the scheduler,
+# commands) one is kept and more open only while threads need them, closed again after
+# BERTH_DB_POOL_MAX_IDLE seconds.
 DB_POOL_MAX = env_int("BERTH_DB_POOL_MAX", 4, minimum=0)
-DB_POOL_MIN = env_int("BERTH_DB_POOL_MIN", DB_POOL_MAX, minimum=0)
+DB_POOL_MIN = env_int("BERTH_DB_POOL_MIN", min(1, DB_POOL_MAX), minimum=0)
 DB_POOL_TIMEOUT = env_float("BERTH_DB_POOL_TIMEOUT", 5.0, minimum=0.01)
 DB_POOL_MAX_IDLE = env_float("BERTH_DB_POOL_MAX_IDLE", 60.0, minimum=0.1)
 # Lets an operator (and the tests) tell Berth's connections apart in pg_stat_activity.

@@ -124,7 +124,7 @@ def test_the_database_pool_is_sized_from_the_environment():
         BERTH_DB_POOL_TIMEOUT="2.5", BERTH_DB_APPLICATION_NAME="berth-web",
     )  # fmt: skip
     assert result.stdout.split("\n")[-2] == (
-        "0 {'min_size': 7, 'max_size': 7, 'timeout': 2.5, 'max_idle': 60.0} berth-web"
+        "0 {'min_size': 1, 'max_size': 7, 'timeout': 2.5, 'max_idle': 60.0} berth-web"
     ), result.stderr
 
 
