@@ -167,7 +167,9 @@ def _databases() -> dict[str, Any]:
             "NAME": DATA_DIR / "berth.sqlite3",
         }
     else:
-        db = dict(dj_database_url.parse(DATABASE_URL, conn_max_age=0))
+        # Health checks: a pooled connection is tested as it is handed out, so a database
+        # restart costs a reconnect, not one failed request per stale connection.
+        db = dict(dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True))
         if db["ENGINE"] == "django.db.backends.postgresql":
             db["OPTIONS"] = _postgres_options()
     if db["ENGINE"] == "django.db.backends.sqlite3":

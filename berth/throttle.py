@@ -1,8 +1,8 @@
 """A small limiter for sign-in-like endpoints: password login and agent registration.
 
 Counts failed POSTs per client address and per username in the cache (Redis when REDIS_URL
-is set, so every worker process shares the count) over a fixed window; past
-BERTH_LOGIN_ATTEMPTS the client gets 429 with Retry-After until the window ends. An attempt
+is set, so every worker process shares the count) for BERTH_LOGIN_WINDOW_SECONDS from the
+first one; past BERTH_LOGIN_ATTEMPTS the client gets 429 with Retry-After. An attempt
 is counted before the view runs and taken back when it succeeds, so parallel guesses are
 counted too while a hundred agents registering from one host never are.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,23 +27,24 @@ log = logging.getLogger("berth.throttle")
 THROTTLED_PATHS = ("/accounts/login/", "/admin/login/", "/api/v1/agent/register/")
 
 
-def _attempt_keys(request: HttpRequest, window_start: int) -> list[str]:
-    keys = [f"signin:{window_start}:addr:{request.META.get('REMOTE_ADDR', '')}"]
+def _attempt_keys(request: HttpRequest) -> list[str]:
+    keys = [f"signin:addr:{request.META.get('REMOTE_ADDR', '')}"]
     username = request.POST.get("username", "")
     if username:
         # Hashed: usernames are data, keep arbitrary bytes out of cache keys.
         digest = hashlib.sha256(username.encode("utf-8", "replace")).hexdigest()[:32]
-        keys.append(f"signin:{window_start}:user:{digest}")
+        keys.append(f"signin:user:{digest}")
     return keys
 
 
 def _count(key: str, window: int) -> int:
-    # add() then incr(): atomic in Redis, so concurrent workers never lose a count.
-    cache.add(key, 0, timeout=window + 1)
+    # add() then incr(): atomic in Redis, so concurrent workers never lose a count; the key
+    # expires `window` seconds after the first attempt (incr keeps the expiry).
+    cache.add(key, 0, timeout=window)
     try:
         return int(cache.incr(key))
     except ValueError:  # expired between add and incr
-        cache.add(key, 1, timeout=window + 1)
+        cache.add(key, 1, timeout=window)
         return 1
 
 
@@ -59,12 +59,10 @@ class _Attempt:
 
     def __init__(self, request: HttpRequest) -> None:
         window = int(settings.BERTH_LOGIN_WINDOW_SECONDS)
-        now = int(time.time())
-        window_start = now - now % window
         self.keys: list[str] = []
         self.refusal: HttpResponse | None = None
         try:
-            self.keys = _attempt_keys(request, window_start)
+            self.keys = _attempt_keys(request)
             counts = [_count(key, window) for key in self.keys]
         except Exception:  # the shared cache (Redis) is down: let people sign in, say so
             log.exception("sign-in throttle unavailable; allowing the request")
@@ -72,7 +70,7 @@ class _Attempt:
             return
         if max(counts) > settings.BERTH_LOGIN_ATTEMPTS:
             response = busy_response("too many sign-in attempts, retry later", status=429)
-            response["Retry-After"] = str(window_start + window - now)
+            response["Retry-After"] = str(window)  # at most: the count may be older
             self.refusal = response
 
     def finish(self, request: HttpRequest, response: HttpResponse) -> None:

@@ -175,6 +175,18 @@ def test_it_serves_many_concurrent_submissions_and_keeps_its_connections(serve, 
     status, body = post_json(f"{server.url}/api/v1/jobs/?limit=1", None, headers, method="GET")
     assert status == 200 and body["count"] == 16 * 25
 
+    # PostgreSQL drops every server connection (a restart, a failover): pooled connections
+    # are checked as they are handed out, so no request fails and the pool refills.
+    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (server.app_name,),
+        )
+    for _ in range(2 * workers * pool_max):
+        status, _body = post_json(f"{server.url}/api/v1/jobs/?limit=1", None, headers, "GET", 0)
+        assert status == 200
+    wait_for(lambda: server.connections() == at_rest, 30, "the pools to refill")
+
 
 def test_a_starved_pool_answers_503_with_retry_after_then_recovers(serve, token, owner):
     server = serve(1, BERTH_DB_POOL_MAX="1", BERTH_DB_POOL_TIMEOUT="0.5")
