@@ -3,7 +3,8 @@
 Starts one server as a real process on PostgreSQL and Redis (database `berth_bench_serve` on
 DATABASE_URL's server, dropped and recreated), submits N jobs from C concurrent HTTP clients
 and prints one JSON object: accepted/s, submit latency p50/p99, status-code counts, and the
-server's PostgreSQL connections (peak during the run, at rest before and after).
+server's PostgreSQL connections (peak during the run, at rest before and after), and the
+server's CPU time per request (comparable across runs on a busy machine, unlike rates).
 
     python bench/serve.py --stack serve --workers 4 --jobs 800 --clients 16
     python bench/serve.py --stack daphne --jobs 800 --clients 16
@@ -46,6 +47,21 @@ def free_port() -> int:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def cpu_seconds(group: int) -> float:
+    """CPU time (user + system) used so far by the live processes of a process group: the
+    cost of the work itself, whatever else the machine is running."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group:  # pgrp
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
 
 
 def server_command(stack: str, port: int, workers: int) -> list[str]:
@@ -159,10 +175,12 @@ def main() -> None:
             latencies.append(time.monotonic() - started)
             statuses[status] += 1
 
+        cpu_before = cpu_seconds(proc.pid)
         t0 = time.monotonic()
         with ThreadPoolExecutor(args.clients) as pool:
             list(pool.map(submit, range(args.jobs)))
         seconds = time.monotonic() - t0
+        server_cpu = cpu_seconds(proc.pid) - cpu_before
         done.set()
         watcher.join()
         time.sleep(1)
@@ -178,6 +196,8 @@ def main() -> None:
                         "p50": round(percentile(latencies, 0.5) * 1000, 1),
                         "p99": round(percentile(latencies, 0.99) * 1000, 1),
                     },
+                    "server_cpu_ms_per_request": round(server_cpu * 1000 / args.jobs, 1),
+                    "load_average_1m": round(os.getloadavg()[0], 1),
                     "status_codes": {str(k): v for k, v in sorted(statuses.items())},
                     "db_connections": {
                         "at_rest": at_rest,

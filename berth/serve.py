@@ -21,9 +21,10 @@ REQUIRED = {
     "REDIS_URL": "a redis://host:6379/0 URL",
     "BERTH_SECRET_KEY": "at least 50 random characters",
 }
-# Workers per core by default: sync views wait on PostgreSQL most of the time (measured in
-# docs/serving.md), so a little more than one process per core keeps the cores busy.
-WORKERS_PER_CORE = 2
+# Workers per core by default. Django gives every ASGI request a thread of its own, so one
+# process already overlaps its requests' database waits; more processes than cores only add
+# connections and memory (measured in docs/serving.md).
+WORKERS_PER_CORE = 1
 
 
 class BerthUvicornWorker(UvicornWorker):
