@@ -259,3 +259,21 @@ def test_serve_refuses_sqlite():
     )
     assert result.returncode != 0
     assert "DATABASE_URL must be a postgres://" in result.stderr
+
+
+def test_serve_migrates_a_fresh_database_before_serving(serve):
+    name = f"test_serve_fresh_{uuid.uuid4().hex[:8]}"
+    base = admin_dsn().rsplit("/", 1)[0]
+    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        server = serve(1, DATABASE_URL=f"{base}/{name}")
+        with psycopg.connect(f"{base}/{name}", autocommit=True) as conn:
+            row = conn.execute("SELECT to_regclass('scheduler_job') IS NOT NULL").fetchone()
+        assert row == (True,)
+        assert get_once(f"{server.url}/api/v1/jobs/", {})[0] == 401  # served, and asks for auth
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        server.proc.wait(timeout=30)
+    finally:
+        with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
