@@ -21,6 +21,11 @@ from psycopg_pool import PoolTimeout
 
 # PostgreSQL's too_many_connections: max_connections, a role's or a database's limit.
 TOO_MANY_CONNECTIONS = "53300"
+REFUSED_MESSAGES = (
+    "too many clients",  # max_connections
+    "too many connections for",  # a role's or a database's CONNECTION LIMIT
+    "remaining connection slots are reserved",
+)
 BUSY_DETAIL = "server busy: no database connection free, retry shortly"
 
 
@@ -33,7 +38,9 @@ def is_database_overload(exc: BaseException | None) -> bool:
         if isinstance(exc, PoolTimeout):
             return True
         if isinstance(exc, psycopg.OperationalError) and (
-            exc.sqlstate == TOO_MANY_CONNECTIONS or "too many clients" in str(exc)
+            exc.sqlstate == TOO_MANY_CONNECTIONS
+            # A refused connection carries no SQLSTATE in psycopg, only the server's message.
+            or any(words in str(exc) for words in REFUSED_MESSAGES)
         ):
             return True
         exc = exc.__cause__ or exc.__context__
