@@ -21,6 +21,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.client import BENCH_SECRET_KEY  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -39,7 +41,7 @@ def main() -> None:
         conn.execute("DROP DATABASE IF EXISTS berth_bench_jobs WITH (FORCE)")
         conn.execute("CREATE DATABASE berth_bench_jobs")
     env = {"DATABASE_URL": args.database.rsplit("/", 1)[0] + "/berth_bench_jobs",
-           "BERTH_SECRET_KEY": "bench", "BERTH_ALLOWED_HOSTS": "testserver"}  # fmt: skip
+           "BERTH_SECRET_KEY": BENCH_SECRET_KEY, "BERTH_ALLOWED_HOSTS": "testserver"}  # fmt: skip
     os.environ.update(env)
     subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"],
                    env={**os.environ}, check=True, cwd=ROOT)  # fmt: skip

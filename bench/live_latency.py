@@ -28,6 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.client import BENCH_SECRET_KEY  # noqa: E402
+
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 
@@ -58,7 +61,7 @@ def main() -> None:
     db_url = args.database.rsplit("/", 1)[0] + "/berth_bench_live"
     data = Path(tempfile.mkdtemp(prefix="berth-live-"))
     env = {**os.environ, "DATABASE_URL": db_url, "REDIS_URL": args.redis,
-           "BERTH_SECRET_KEY": "bench", "BERTH_DATA_DIR": str(data),
+           "BERTH_SECRET_KEY": BENCH_SECRET_KEY, "BERTH_DATA_DIR": str(data),
            "BERTH_CHANNEL_PREFIX": "berth-live-bench"}  # fmt: skip
     os.environ.update(env)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "berth.settings")
@@ -141,14 +144,17 @@ async def measure(url: str, job_id: int, updates: int, gap: float) -> list[float
         await page.wait_for_timeout(500)  # let the socket open
         # Read only the status section's text on each mutation: cheap, so the observer itself
         # adds next to nothing to what is measured.
-        await page.evaluate("""(id) => {
+        await page.evaluate(
+            """(id) => {
             window.__seen = {};
             new MutationObserver(() => {
                 const status = document.getElementById(`job-${id}-status`);
                 const m = status && status.textContent.match(/tick-(\\d+)/);
                 if (m && !(m[1] in window.__seen)) window.__seen[m[1]] = Date.now();
             }).observe(document.body, {childList: true, subtree: true, characterData: true});
-        }""", job_id)
+        }""",
+            job_id,
+        )
         latencies = []
         for i in range(updates):
             committed = await asyncio.to_thread(commit_change, job_id, i)

@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels with login checks."""
+"""ASGI entry point: HTTP through Django behind the request limits, websockets through
+Channels with login checks. `./run serve` runs it in several worker processes."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from berth.limits import RequestLimits  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": RequestLimits(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

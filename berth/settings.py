@@ -30,9 +30,16 @@ EMBEDDED = DATABASE_URL is None
 DEBUG = env_bool("BERTH_DEBUG", default=EMBEDDED)
 
 
+# Keys that were ever written in Berth's code or docs, and so are known to everyone.
+_PUBLIC_KEYS = {"bench", "e2e", "insecure-key-for-tests-only", "change-me", "changeme", "secret"}
+MIN_SECRET_KEY_LENGTH = 50
+
+
 def _secret_key() -> str:
     key = os.environ.get("BERTH_SECRET_KEY", "").strip()
     if key:
+        if not DEBUG:
+            _refuse_weak_secret_key(key)
         return key
     if not DEBUG:
         raise ImproperlyConfigured("BERTH_SECRET_KEY is required when BERTH_DEBUG is off")
@@ -43,6 +50,22 @@ def _secret_key() -> str:
         path.write_text(secrets.token_urlsafe(50))
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+def _refuse_weak_secret_key(key: str) -> None:
+    """Sessions, CSRF tokens and password resets are signed with it: a guessable key is a
+    forgeable login. Same rules as Django's check --deploy (security.W009), enforced."""
+    weak = (
+        len(key) < MIN_SECRET_KEY_LENGTH
+        or len(set(key)) < 5
+        or key.startswith("django-insecure")
+        or key.lower() in _PUBLIC_KEYS
+    )
+    if weak:
+        raise ImproperlyConfigured(
+            f"BERTH_SECRET_KEY is too weak: use at least {MIN_SECRET_KEY_LENGTH} random"
+            " characters (python3 -c 'import secrets; print(secrets.token_urlsafe(50))')"
+        )
 
 
 SECRET_KEY = _secret_key()
@@ -73,6 +96,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "berth.metrics.HttpMetricsMiddleware",  # first, so it times everything below it
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "berth.throttle.SignInThrottleMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -80,6 +104,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "berth.overload.DatabaseOverloadMiddleware",
 ]
 
 ROOT_URLCONF = "berth.urls"
@@ -102,6 +127,39 @@ TEMPLATES = [
 ]
 
 
+# Each worker process keeps a pool of at most BERTH_DB_POOL_MAX connections; a request that
+# finds none free waits BERTH_DB_POOL_TIMEOUT seconds, then gets 503 + Retry-After (see
+# berth/overload.py). Django returns a pooled connection at the end of every request, so
+# the number a deployment opens is bounded: workers x max + the scheduler's own.
+# `./run serve` sets min = max for web workers: each opens its connections at start and keeps
+# exactly those, so the count is the same at rest and under load. Elsewhere (the scheduler,
+# commands) one is kept and more open only while threads need them, closed again after
+# BERTH_DB_POOL_MAX_IDLE seconds.
+DB_POOL_MAX = env_int("BERTH_DB_POOL_MAX", 4, minimum=0)
+DB_POOL_MIN = env_int("BERTH_DB_POOL_MIN", min(1, DB_POOL_MAX), minimum=0)
+DB_POOL_TIMEOUT = env_float("BERTH_DB_POOL_TIMEOUT", 5.0, minimum=0.01)
+DB_POOL_MAX_IDLE = env_float("BERTH_DB_POOL_MAX_IDLE", 60.0, minimum=0.1)
+# Lets an operator (and the tests) tell Berth's connections apart in pg_stat_activity.
+DB_APPLICATION_NAME = os.environ.get("BERTH_DB_APPLICATION_NAME", "").strip() or "berth"
+if DB_POOL_MAX and DB_POOL_MIN > DB_POOL_MAX:
+    raise ImproperlyConfigured(
+        f"BERTH_DB_POOL_MIN={DB_POOL_MIN} is larger than BERTH_DB_POOL_MAX={DB_POOL_MAX}"
+    )
+
+
+def _postgres_options() -> dict[str, Any]:
+    options: dict[str, Any] = {"application_name": DB_APPLICATION_NAME[:63]}
+    if DB_POOL_MAX:
+        # BERTH_DB_POOL_MAX=0: no pool, one connection per request, closed at its end.
+        options["pool"] = {
+            "min_size": DB_POOL_MIN,
+            "max_size": DB_POOL_MAX,
+            "timeout": DB_POOL_TIMEOUT,
+            "max_idle": DB_POOL_MAX_IDLE,
+        }
+    return options
+
+
 def _databases() -> dict[str, Any]:
     if DATABASE_URL is None:
         DATA_DIR.mkdir(parents=True, exist_ok=True)
@@ -110,7 +168,11 @@ def _databases() -> dict[str, Any]:
             "NAME": DATA_DIR / "berth.sqlite3",
         }
     else:
-        db = dict(dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True))
+        # Health checks: a pooled connection is tested as it is handed out, so a database
+        # restart costs a reconnect, not one failed request per stale connection.
+        db = dict(dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True))
+        if db["ENGINE"] == "django.db.backends.postgresql":
+            db["OPTIONS"] = _postgres_options()
     if db["ENGINE"] == "django.db.backends.sqlite3":
         # WAL lets the web server read while the scheduler loop writes; IMMEDIATE takes
         # the write lock at BEGIN so two writers queue instead of failing mid-transaction.
@@ -142,15 +204,44 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# Rate limits (sign-in, token creation) count in the cache: shared by every worker process.
 if REDIS_URL:
-    # One cache for every worker process, so rate limits (token creation) count across them.
     CACHES = {
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
-            "KEY_PREFIX": os.environ.get("BERTH_CHANNEL_PREFIX", "berth"),
+            "KEY_PREFIX": os.environ.get("BERTH_CHANNEL_PREFIX", "berth") + "-cache",
         }
     }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# Request bodies: larger ones are answered 413 before Django reads them (berth/limits.py).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("BERTH_MAX_BODY_BYTES", 2 * 1024 * 1024, minimum=1024)
+# In-flight HTTP requests per worker process; more are answered 503 + Retry-After at once.
+# Agents' held lease requests count too (one per node for up to ~12 s), hence the headroom.
+BERTH_MAX_INFLIGHT = env_int("BERTH_MAX_INFLIGHT", 1000, minimum=0)
+BERTH_RETRY_AFTER_SECONDS = env_int("BERTH_RETRY_AFTER_SECONDS", 1, minimum=1)
+# POSTs to sign-in-like endpoints per client address (and per username) per window.
+BERTH_LOGIN_ATTEMPTS = env_int("BERTH_LOGIN_ATTEMPTS", 10, minimum=1)
+BERTH_LOGIN_WINDOW_SECONDS = env_int("BERTH_LOGIN_WINDOW_SECONDS", 60, minimum=1)
+
+# TLS terminated by a reverse proxy that sets X-Forwarded-Proto (see docs/serving.md).
+SECURE_PROXY = env_bool("BERTH_SECURE_PROXY", default=False)
+if SECURE_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    # Load balancers probe health over plain HTTP.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz/?$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("BERTH_HSTS_SECONDS", 365 * 24 * 3600, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("BERTH_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    SECURE_HSTS_PRELOAD = env_bool("BERTH_HSTS_PRELOAD", default=False)
+    if not SECURE_HSTS_PRELOAD:
+        # Preloading is a promise to browser vendors an operator makes on purpose, not a
+        # default: check --deploy would otherwise always warn about it.
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -7,6 +7,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from berth.metrics import metrics
 from scheduler.health import healthz
 
+# A request starved of database connections gets 503 + Retry-After, wherever it failed.
+handler500 = "berth.overload.server_error"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),

@@ -41,6 +41,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"skipped in CI, which must run it: {report.longrepr}"
 
 
+@pytest.fixture(autouse=True)
+def _forget_sign_in_attempts() -> None:
+    """Failed sign-ins are counted in the cache (Redis, shared by the whole run): start each
+    test with none, or one test's wrong join tokens would throttle the next test's agents."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 @pytest.fixture
 def owner(db: None) -> User:
     return User.objects.create_user("alice", password="alice-pass-123")

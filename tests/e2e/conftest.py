@@ -109,7 +109,8 @@ def cluster(
         "DATABASE_URL": (
             f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         ),
-        "BERTH_SECRET_KEY": "e2e",
+        # Long enough for DEBUG-off settings, which refuse short keys; public: tests only.
+        "BERTH_SECRET_KEY": "e2e-tests-only-secret-key-never-in-production-0123456789",
         "BERTH_JOIN_TOKEN": JOIN_TOKEN,  # agents read it here, never from their command line
         "BERTH_SCHEDULER_INTERVAL": "0.2",
         "BERTH_HEARTBEAT_INTERVAL": "0.2",
