@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 
 from uvicorn_worker import UvicornWorker
@@ -110,6 +111,20 @@ def prepare(migrate: bool) -> None:
             close_pool()
 
 
+def prepare_metrics_dir() -> None:
+    """/metrics must sum the HTTP counters of every worker, whichever one is scraped:
+    prometheus_client's multiprocess mode keeps them in files in one directory, emptied at
+    start so a previous run's workers are not counted again."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip()
+    if not path:
+        path = tempfile.mkdtemp(prefix="berth-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    for name in os.listdir(path):
+        if name.endswith(".db"):
+            os.unlink(os.path.join(path, name))
+
+
 def gunicorn_argv(args: argparse.Namespace) -> list[str]:
     argv = [
         sys.executable,
@@ -129,6 +144,8 @@ def gunicorn_argv(args: argparse.Namespace) -> list[str]:
         "20",
         # Its default path is one per user: two servers on a host would fight over it.
         "--no-control-socket",
+        "--config",
+        "python:berth.gunicorn_hooks",
     ]
     access_log = os.environ.get("BERTH_ACCESS_LOG", "").strip()
     if access_log:  # off by default: one line per request costs throughput under load
@@ -144,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"./run serve: {problem}", file=sys.stderr)
         print("see docs/configuration.md", file=sys.stderr)
         return 2
+    prepare_metrics_dir()
     # Names this tier's connections in pg_stat_activity (the scheduler keeps "berth").
     os.environ.setdefault("BERTH_DB_APPLICATION_NAME", "berth-web")
     # Web workers keep their whole pool open: connections at rest = connections under load.

@@ -277,3 +277,29 @@ def test_serve_migrates_a_fresh_database_before_serving(serve):
     finally:
         with psycopg.connect(admin_dsn(), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_metrics_count_the_requests_of_every_worker(serve, staff):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server = serve(4)
+    headers = {"Authorization": f"Token {Token.objects.create(user=staff).key}"}
+    for _ in range(40):  # a fresh connection each: the workers share them out
+        status, _body = post_json(f"{server.url}/api/v1/me/", None, headers, "GET", 0)
+        assert status == 200
+
+    def served(family: str) -> float:
+        status, text = post_json(f"{server.url}/metrics", None, headers, "GET", 0)
+        assert status == 200, text
+        return sum(
+            sample.value
+            for metric in text_string_to_metric_families(text)
+            if metric.name == family
+            for sample in metric.samples
+            if sample.name == f"{family}_total" and sample.labels.get("status") == "200"
+            and sample.labels.get("method") == "GET"
+        )
+
+    # Whichever worker answers the scrape, it reports all four workers' requests.
+    assert served("berth_http_requests") >= 40
+    assert served("berth_http_requests") >= 40
