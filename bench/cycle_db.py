@@ -111,7 +111,6 @@ def fill(nodes: int, gpus: int, jobs: int) -> None:
 def measure(meter: QueryMeter) -> dict[str, Any]:
     """One cycle through the loop, with per-phase figures from its report where it has them."""
     from django.db import connection
-
     from django.utils import timezone
 
     from scheduler.loop import run_cycle_once
