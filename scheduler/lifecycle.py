@@ -245,32 +245,37 @@ class JobView:
 def sync_jobs(now: datetime | None = None) -> int:
     """Derive each active job's state from its tasks; returns the number of jobs changed.
 
-    Only jobs with a task that left Pending are read, in two queries, and only jobs whose
-    state must change are locked and written: a cluster where nothing changed costs two
-    queries whatever its size. The common moves (tasks started, all tasks succeeded) are
+    Only jobs with a task that left Pending are read, in one query, and only jobs whose
+    state must change are locked and written: a cluster where nothing changed costs one
+    query whatever its size. The common moves (tasks started, all tasks succeeded) are
     written set-based; failures, retries and stops go one job at a time.
     """
     now = _now(now)
     active = (JobState.PENDING, JobState.RUNNING, JobState.TERMINATING, JobState.SUSPENDED)
     started_jobs = Task.objects.exclude(state=TaskState.PENDING).values("job_id")
-    views = {
-        pk: JobView(state, min_available)
-        for pk, state, min_available in Job.objects.filter(
-            state__in=active, pk__in=started_jobs
-        ).values_list("id", "state", "min_available")
-    }
+    views: dict[int, JobView] = {}
     tasks_by_job: dict[int, list[TaskView]] = defaultdict(list)
     rows = (
         Task.objects.filter(job__state__in=active, job_id__in=started_jobs)
         .order_by("job_id", "group", "index")
-        .values_list("job_id", "state", "group", "index", "exit_code", "message", "started_at")
+        .values_list(
+            "job_id",
+            "job__state",
+            "job__min_available",
+            "state",
+            "group",
+            "index",
+            "exit_code",
+            "message",
+            "started_at",
+        )
     )
-    for job_id, state, group, index, exit_code, message, started_at in rows:
-        tasks_by_job[job_id].append(TaskView(state, group, index, exit_code, message, started_at))
+    for job_id, job_state, min_available, state, group, index, code, message, started in rows:
+        views[job_id] = JobView(job_state, min_available)
+        tasks_by_job[job_id].append(TaskView(state, group, index, code, message, started))
     moves: dict[str, dict[int, list[TaskView]]] = defaultdict(dict)
     for job_id, tasks in tasks_by_job.items():
-        view = views.get(job_id)
-        move = _next_move(view, tasks) if view is not None else None
+        move = _next_move(views[job_id], tasks)
         if move is not None:
             moves[move][job_id] = tasks
     changed = _mark_running(moves["running"], now) + _mark_succeeded(moves["succeeded"], now)
@@ -344,7 +349,7 @@ def _mark_running(jobs: dict[int, list[TaskView]], now: datetime) -> int:
                 job_id=job_id,
                 flow_id=flow_id,
                 message=f"{old} -> Running: {messages[job_id]}",
-            )  # fmt: skip
+            )
             for job_id, (old, flow_id) in locked.items()
         )
         notify.changed(jobs=locked)
@@ -382,7 +387,7 @@ def _mark_succeeded(jobs: dict[int, list[TaskView]], now: datetime) -> int:
                 job_id=job_id,
                 flow_id=flow_id,
                 message=f"{old} -> Succeeded: all tasks succeeded",
-            )  # fmt: skip
+            )
             for job_id, (old, flow_id) in locked.items()
         )
         notify.changed(jobs=locked)

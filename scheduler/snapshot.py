@@ -9,12 +9,15 @@ reasons are kept in `Loaded` so the commit writes them once as events and pendin
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Q, TextField
+from django.db.models.fields.json import KeyTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from scheduler.core.model import DeviceInfo, JobInfo, NodeInfo, QueueInfo, Snapshot, TaskInfo
@@ -67,23 +70,30 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
         Q(state=JobState.PENDING, hold_reason="")
         | Q(state__in=(JobState.RUNNING, JobState.TERMINATING, JobState.SUSPENDED))
     ).exclude(requested_action=JobRequest.CANCEL)
-    jobs = wanted.order_by("id").values_list(
-        "id",
-        "name",
-        "queue_id",
-        "owner_id",
-        "priority",
-        "preemptible",
-        "min_available",
-        "created_at",
-        "walltime",
-        "state",
-        "reason",
-        "requested_action",
-        "pending_reasons",
-        "estimated_start_at",
-        "flow_id",
-        "spec__tasks",
+    # The spec's task list comes as text and is parsed only for jobs with a task to place:
+    # running jobs' selectors matter to nothing.
+    spec_tasks = Cast(KeyTransform("tasks", "spec"), TextField())
+    jobs = (
+        wanted.annotate(spec_tasks=spec_tasks)
+        .order_by("id")
+        .values_list(
+            "id",
+            "name",
+            "queue_id",
+            "owner_id",
+            "priority",
+            "preemptible",
+            "min_available",
+            "created_at",
+            "walltime",
+            "state",
+            "reason",
+            "requested_action",
+            "pending_reasons",
+            "estimated_start_at",
+            "flow_id",
+            "spec_tasks",
+        )
     )
     tasks_by_job: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
     # The same job query as a subquery: one statement whatever the backlog's size. Tasks that
@@ -119,7 +129,11 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
         job_id = row[0]
         tasks = tasks_by_job.get(job_id, [])
         try:
-            selectors: dict[str, dict[str, str]] | None = _selectors(row[15])
+            selectors: dict[str, dict[str, str]] | None = (
+                _selectors(json.loads(row[15]) if row[15] is not None else None)
+                if any(t[7] == TaskState.PENDING for t in tasks)
+                else {}
+            )
         except (TypeError, ValueError, AttributeError) as exc:
             # One job whose stored spec makes no sense places nothing new; what it already
             # holds still counts, and everyone else goes on.
