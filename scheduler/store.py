@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, TextField, Value, When
 from django.utils import timezone
 
 from scheduler import notify
-from scheduler.bulk import chunks, insert_new, update_rows
+from scheduler.bulk import CHUNK, chunks, insert_new, update_rows
 from scheduler.core.cycle import Bind, CycleResult, Evict
 from scheduler.lifecycle import PREEMPTED
 from scheduler.models import Allocation, Event, Job, Node, Task
@@ -29,9 +28,6 @@ from scheduler.states import TASK_ON_NODE, JobRequest, JobState, NodeState, Task
 
 __all__ = ["Applied", "Loaded", "apply_decisions", "bind_jobs", "load_snapshot"]
 log = logging.getLogger("berth.store")
-CHUNK = 1000
-
-# --- writing decisions ----------------------------------------------------------------------
 
 
 @dataclass
@@ -242,10 +238,11 @@ def _evict_jobs(evictions: list[Evict], events: list[Event]) -> set[int]:
         job_id: by_job[job_id].message or f"preempted by job {by_job[job_id].preemptor_job_id}"
         for job_id in ids
     }
-    Job.objects.filter(pk__in=ids).update(
-        state=JobState.SUSPENDED,
-        reason=PREEMPTED,
-        message=Case(*[When(pk=j, then=Value(messages[j])) for j in ids], output_field=TextField()),
+    update_rows(
+        Job,
+        {job_id: (message,) for job_id, message in messages.items()},
+        per_row=["message"],
+        constants={"state": JobState.SUSPENDED, "reason": PREEMPTED},
     )
     for job_id, old, flow_id in victims:
         events.append(
