@@ -145,12 +145,19 @@ def measure(meter: QueryMeter) -> dict[str, Any]:
     }
 
 
+def count(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError("must be between 1 and 1000000")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=200)
-    parser.add_argument("--gpus", type=int, default=8, help="devices per node")
-    parser.add_argument("--jobs", type=int, default=1000, help="pending one-GPU jobs")
-    parser.add_argument("--steady", type=int, default=5, help="steady cycles (median shown)")
+    parser.add_argument("--nodes", type=count, default=200)
+    parser.add_argument("--gpus", type=count, default=8, help="devices per node")
+    parser.add_argument("--jobs", type=count, default=1000, help="pending one-GPU jobs")
+    parser.add_argument("--steady", type=count, default=5, help="steady cycles (median shown)")
     parser.add_argument("--database-name", default="bench_cycle_db")
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
