@@ -231,13 +231,13 @@ def main() -> None:
         cycles = [
             float(m)
             for m in re.findall(
-                r"cycle .*?core=([\d.]+)ms", (work / "scheduler.log").read_text()
+                r"cycle .*?schedule=([\d.]+)ms", (work / "scheduler.log").read_text()
             )
         ]
         totals = [
-            float(re.findall(r" total=([\d.]+)ms", line)[0])
+            sum(float(x) for x in re.findall(r"=([\d.]+)ms", line))
             for line in (work / "scheduler.log").read_text().splitlines()
-            if " cycle " in f" {line}" and " total=" in line
+            if " cycle " in f" {line}"
         ]
         waits = [(j[1] - j[0]).total_seconds() for j in jobs if j[1]]
 

@@ -105,6 +105,7 @@ def _phase(report: CycleReport, name: str, fn: Callable[[], Any], label: str = "
     """Run one unit of work as part of phase `name`; a failure is logged under `label`
     (default: the phase) and the cycle goes on."""
     start = time.perf_counter()
+    report.phases.setdefault(name, PhaseTiming())  # a phase added later is reported too
     report.current_phase = name
     try:
         return fn()

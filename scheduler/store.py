@@ -1,7 +1,7 @@
 """The store adapter: a cycle's decisions -> rows (the snapshot side is scheduler.snapshot).
 
 `apply_decisions` writes a cycle's evictions, binds and pending reasons in one transaction
-and a fixed number of set-based statements (scheduler.bulk). Each job's decision is still
+and a fixed number of set-based statements (scheduler.setbased). Each job's decision is still
 guarded on its own: jobs are re-checked under row locks, tasks are claimed only while still
 Pending, allocations are inserted with ON CONFLICT DO NOTHING and the rows that landed are
 read back, so a job whose device was taken meanwhile (the unique device constraint) is undone
@@ -19,10 +19,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from scheduler import notify
-from scheduler.bulk import CHUNK, chunks, insert_new, update_rows
 from scheduler.core.cycle import Bind, CycleResult, Evict
 from scheduler.lifecycle import PREEMPTED
 from scheduler.models import Allocation, Event, Job, Node, Task
+from scheduler.setbased import CHUNK, chunks, insert_new, update_rows
 from scheduler.snapshot import Loaded, load_snapshot
 from scheduler.states import TASK_ON_NODE, JobRequest, JobState, NodeState, TaskState
 

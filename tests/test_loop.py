@@ -20,13 +20,13 @@ def test_it_reports_each_phase_with_its_queries(owner):
 
     report = run_cycle_once()
     assert Task.objects.get(job=job).state == TaskState.ASSIGNED
-    assert list(report.phases) == list(PHASES)
+    assert list(report.phases)[: len(PHASES)] == list(PHASES)
     assert report.phases["load"].queries >= 6
     assert report.phases["commit"].queries > 0
     assert report.phases["core"].queries == 0  # the core never touches the database
     assert report.queries == sum(t.queries for t in report.phases.values())
     assert report.total_seconds >= sum(t.seconds for t in report.phases.values()) * 0.99
-    assert set(report.durations) == {*PHASES, "total"}
+    assert {*PHASES, "total"} <= set(report.durations)
 
 
 def test_its_log_line_shows_every_phase_in_ms(owner):
