@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from scheduler import notify
@@ -182,35 +182,13 @@ def _allocate_devices(
     }
     if not wanted:
         return set()
-    try:
-        with transaction.atomic():
-            rows = [(device_id, task_id, now) for task_id, device_id in wanted]
-            landed = {
-                (t, d) for d, t, _ in insert_new(Allocation, ["device", "task", "created_at"], rows)
-            }
-    except IntegrityError:
-        # A device deleted meanwhile (its node removed): fall back to one job at a time.
-        return _allocate_one_by_one(wanted)
+    rows = [(device_id, task_id, now) for task_id, device_id in wanted]
+    landed = {(t, d) for d, t, _ in insert_new(Allocation, ["device", "task", "created_at"], rows)}
     failed = {job_id for pair, job_id in wanted.items() if pair not in landed}
     if failed:
         undo = [t for (t, _), job_id in wanted.items() if job_id in failed]
         Allocation.objects.filter(task_id__in=undo).delete()
         log.info("placement of jobs %s dropped: a device was taken", sorted(failed))
-    return failed
-
-
-def _allocate_one_by_one(wanted: dict[tuple[int, int], int]) -> set[int]:
-    by_job: dict[int, list[Allocation]] = defaultdict(list)
-    for (task_id, device_id), job_id in wanted.items():
-        by_job[job_id].append(Allocation(task_id=task_id, device_id=device_id))
-    failed = set()
-    for job_id, rows in by_job.items():
-        try:
-            with transaction.atomic():
-                Allocation.objects.bulk_create(rows)
-        except IntegrityError as exc:
-            failed.add(job_id)
-            log.info("placement of job %s dropped: %s", job_id, exc)
     return failed
 
 
