@@ -14,17 +14,30 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
-from datetime import datetime, timedelta
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import (
+    Case,
+    F,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    TextField,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from scheduler import accounting, notify
 from scheduler.events import record
-from scheduler.models import Allocation, Job, Node, Task
+from scheduler.models import Allocation, Event, Job, Node, Task
 from scheduler.states import (
     JOB_FINAL,
     TASK_ON_NODE,
@@ -43,6 +56,18 @@ USER_SUSPENDED = "UserSuspended"
 
 def _now(now: datetime | None) -> datetime:
     return now if now is not None else timezone.now()
+
+
+LATEST = datetime.max.replace(tzinfo=UTC)
+
+
+def after(start: datetime, seconds: float) -> datetime:
+    """`start` plus `seconds`, clamped to the latest datetime there is: a huge walltime,
+    deadline or TTL means "never", not an OverflowError."""
+    try:
+        return start + timedelta(seconds=seconds)
+    except OverflowError:
+        return LATEST if seconds > 0 else datetime.min.replace(tzinfo=UTC)
 
 
 def _set_state(job: Job, state: str, reason: str, message: str, now: datetime) -> None:
@@ -211,30 +236,62 @@ def _carry_out(job: Job, now: datetime) -> bool:
 # --- 2. job states from task states ------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    """What deriving a job's state reads of a task."""
+
+    state: str
+    group: str
+    index: int
+    exit_code: int | None
+    message: str
+    started_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    state: str
+    min_available: int
+
+
 def sync_jobs(now: datetime | None = None) -> int:
     """Derive each active job's state from its tasks; returns the number of jobs changed.
 
-    Only jobs with a task that left Pending are read, so a large backlog of pending jobs
-    costs nothing here.
+    Only jobs with a task that left Pending are read, in one query, and only jobs whose
+    state must change are locked and written: a cluster where nothing changed costs one
+    query whatever its size. The common moves (tasks started, all tasks succeeded) are
+    written set-based; failures, retries and stops go one job at a time.
     """
     now = _now(now)
-    tasks_by_job: dict[int, list[Task]] = defaultdict(list)
-    candidates = (
-        Task.objects.filter(
-            job__state__in=(
-                JobState.PENDING,
-                JobState.RUNNING,
-                JobState.TERMINATING,
-                JobState.SUSPENDED,
-            )
-        )
-        .filter(job_id__in=Task.objects.exclude(state=TaskState.PENDING).values("job_id"))
+    active = (JobState.PENDING, JobState.RUNNING, JobState.TERMINATING, JobState.SUSPENDED)
+    started_jobs = Task.objects.exclude(state=TaskState.PENDING).values("job_id")
+    views: dict[int, JobView] = {}
+    tasks_by_job: dict[int, list[TaskView]] = defaultdict(list)
+    rows = (
+        Task.objects.filter(job__state__in=active, job_id__in=started_jobs)
         .order_by("job_id", "group", "index")
+        .values_list(
+            "job_id",
+            "job__state",
+            "job__min_available",
+            "state",
+            "group",
+            "index",
+            "exit_code",
+            "message",
+            "started_at",
+        )
     )
-    for task in candidates:
-        tasks_by_job[task.job_id].append(task)
-    changed = 0
+    for job_id, job_state, min_available, state, group, index, code, message, started in rows:
+        views[job_id] = JobView(job_state, min_available)
+        tasks_by_job[job_id].append(TaskView(state, group, index, code, message, started))
+    moves: dict[str, dict[int, list[TaskView]]] = defaultdict(dict)
     for job_id, tasks in tasks_by_job.items():
+        move = _next_move(views[job_id], tasks)
+        if move is not None:
+            moves[move][job_id] = tasks
+    changed = _mark_running(moves["running"], now) + _mark_succeeded(moves["succeeded"], now)
+    for job_id, tasks in moves["other"].items():
         try:
             with transaction.atomic():
                 job = Job.objects.select_for_update().get(pk=job_id)
@@ -248,7 +305,113 @@ def sync_jobs(now: datetime | None = None) -> int:
     return changed
 
 
-def _sync_job(job: Job, tasks: list[Task], now: datetime) -> bool:
+def _next_move(job: JobView, tasks: list[TaskView]) -> str | None:
+    """Which change `_sync_job` would make: None, "running", "succeeded" or "other"."""
+    on_node = any(t.state in TASK_ON_NODE for t in tasks)
+    if job.state == JobState.TERMINATING:
+        return None if on_node else "other"
+    if job.state == JobState.SUSPENDED:
+        return None if on_node or all(t.state == TaskState.PENDING for t in tasks) else "other"
+    if any(t.state in (TaskState.FAILED, TaskState.LOST) for t in tasks):
+        return "other"
+    if all(t.state == TaskState.SUCCEEDED for t in tasks):
+        return "succeeded"
+    started = sum(t.state in (TaskState.RUNNING, TaskState.SUCCEEDED) for t in tasks)
+    if job.state == JobState.PENDING and started >= job.min_available:
+        return "running"
+    return None
+
+
+def _lock_jobs(ids: Iterable[int], states: tuple[str, ...]) -> dict[int, tuple[str, int | None]]:
+    """Lock the jobs still in `states`: id -> (state, flow id)."""
+    return {
+        pk: (state, flow_id)
+        for pk, state, flow_id in Job.objects.select_for_update()
+        .filter(pk__in=sorted(ids), state__in=states)
+        .order_by("id")
+        .values_list("id", "state", "flow_id")
+    }
+
+
+def _mark_running(jobs: dict[int, list[TaskView]], now: datetime) -> int:
+    """Pending jobs with min_available tasks started become Running, in one statement."""
+    if not jobs:
+        return 0
+    with transaction.atomic():
+        locked = _lock_jobs(jobs, (JobState.PENDING,))
+        if not locked:
+            return 0
+        messages = {}
+        for job_id in locked:
+            tasks = jobs[job_id]
+            started = sum(t.state in (TaskState.RUNNING, TaskState.SUCCEEDED) for t in tasks)
+            messages[job_id] = f"{started}/{len(tasks)} tasks running"
+        Job.objects.filter(pk__in=sorted(locked)).update(
+            state=JobState.RUNNING,
+            reason="Started",
+            message=_per_job(messages),
+            started_at=Coalesce(F("started_at"), Value(now)),
+            pending_reasons=[],
+            estimated_start_at=None,
+        )
+        Event.objects.bulk_create(
+            Event(
+                kind="JobStateChanged",
+                reason="Started",
+                job_id=job_id,
+                flow_id=flow_id,
+                message=f"{old} -> Running: {messages[job_id]}",
+            )
+            for job_id, (old, flow_id) in locked.items()
+        )
+        notify.changed(jobs=locked)
+    return len(locked)
+
+
+def _mark_succeeded(jobs: dict[int, list[TaskView]], now: datetime) -> int:
+    """Jobs whose every task succeeded become Succeeded, in one statement. A job that ran
+    and ended between two cycles gets its first task's start as its own."""
+    if not jobs:
+        return 0
+    with transaction.atomic():
+        locked = _lock_jobs(jobs, (JobState.PENDING, JobState.RUNNING))
+        if not locked:
+            return 0
+        first_start = (
+            Task.objects.filter(job_id=OuterRef("pk"))
+            .values("job_id")
+            .annotate(first=Min("started_at"))
+            .values("first")
+        )
+        Job.objects.filter(pk__in=sorted(locked)).update(
+            state=JobState.SUCCEEDED,
+            reason="Completed",
+            message="all tasks succeeded",
+            started_at=Coalesce(F("started_at"), Subquery(first_start)),
+            finished_at=now,
+            pending_reasons=[],
+            estimated_start_at=None,
+        )
+        Event.objects.bulk_create(
+            Event(
+                kind="JobStateChanged",
+                reason="Completed",
+                job_id=job_id,
+                flow_id=flow_id,
+                message=f"{old} -> Succeeded: all tasks succeeded",
+            )
+            for job_id, (old, flow_id) in locked.items()
+        )
+        notify.changed(jobs=locked)
+    return len(locked)
+
+
+def _per_job(values: dict[int, str]) -> Case:
+    """One value per job in a single UPDATE."""
+    return Case(*[When(pk=pk, then=Value(v)) for pk, v in values.items()], output_field=TextField())
+
+
+def _sync_job(job: Job, tasks: Sequence[TaskView], now: datetime) -> bool:
     on_node = [t for t in tasks if t.state in TASK_ON_NODE]
     if job.state == JobState.TERMINATING:
         if on_node:
@@ -323,27 +486,27 @@ def enforce_deadlines(now: datetime | None = None) -> int:
         Q(walltime__isnull=False, started_at__isnull=False)
         | Q(active_deadline_seconds__isnull=False)
     )
-    for job in active.only(
+    overdue: list[tuple[int, str, str]] = []
+    rows = active.order_by("id").values_list(
         "id", "state", "walltime", "started_at", "created_at", "active_deadline_seconds"
-    ):
-        reason = message = ""
+    )
+    for job_id, state, walltime, started_at, created_at, deadline in rows:
+        # Only the overdue are locked and written: a quiet cluster costs this one query.
         if (
-            job.state == JobState.RUNNING
-            and job.walltime is not None
-            and job.started_at is not None
-            and now >= job.started_at + timedelta(seconds=job.walltime)
+            state == JobState.RUNNING
+            and walltime is not None
+            and started_at is not None
+            and now >= after(started_at, walltime)
         ):
-            reason, message = "WalltimeExceeded", f"ran longer than its walltime of {job.walltime}s"
-        elif job.active_deadline_seconds is not None and now >= job.created_at + timedelta(
-            seconds=job.active_deadline_seconds
-        ):
-            reason = "DeadlineExceeded"
-            message = f"active longer than active_deadline_seconds={job.active_deadline_seconds}"
-        if not reason:
-            continue
+            reason, message = "WalltimeExceeded", f"ran longer than its walltime of {walltime}s"
+            overdue.append((job_id, reason, message))
+        elif deadline is not None and now >= after(created_at, deadline):
+            message = f"active longer than active_deadline_seconds={deadline}"
+            overdue.append((job_id, "DeadlineExceeded", message))
+    for job_id, reason, message in overdue:
         try:
             with transaction.atomic():
-                fresh = Job.objects.select_for_update().get(pk=job.pk)
+                fresh = Job.objects.select_for_update().get(pk=job_id)
                 if fresh.state in JOB_FINAL or fresh.state == JobState.TERMINATING:
                     continue
                 terminate_job(
@@ -351,7 +514,7 @@ def enforce_deadlines(now: datetime | None = None) -> int:
                 )
                 done += 1
         except Exception:
-            log.exception("deadline on job %s failed", job.pk)
+            log.exception("deadline on job %s failed", job_id)
     return done
 
 
@@ -376,21 +539,15 @@ def check_nodes(now: datetime | None = None) -> int:
             )
             if not claimed:
                 continue
-            lost = list(Task.objects.filter(node=node, state__in=TASK_ON_NODE))
-            _release(lost)
-            Task.objects.filter(pk__in=[t.pk for t in lost]).update(
-                state=TaskState.LOST, finished_at=now, message=f"node {node.name} not ready"
-            )
-            accounting.record_task_ends(lost, now, state=TaskState.LOST)
+            why = f"node {node.name} not ready"
+            lost = _lose(Task.objects.filter(node=node), why, now, reason="NodeNotReady")
             record(
                 "NodeNotReady",
                 "HeartbeatTimeout",
                 f"no heartbeat since {node.last_heartbeat}; {len(lost)} tasks lost",
                 node=node,
             )
-            for task in lost:
-                record("TaskLost", "NodeNotReady", f"node {node.name} not ready", job=task.job)
-            notify.changed(jobs={t.job_id for t in lost}, nodes=[node.pk])
+            notify.changed(nodes=[node.pk])
             done += 1
     draining = Node.objects.filter(admin_state=NodeState.DRAINING).exclude(
         tasks__state__in=TASK_ON_NODE
@@ -413,17 +570,21 @@ def check_nodes(now: datetime | None = None) -> int:
 # --- 4b. nodes that are deleted --------------------------------------------------------
 
 
-def _lose(tasks: QuerySet[Task], why: str, now: datetime) -> list[Task]:
-    """End the tasks of `tasks` that are on a node as Lost and free their devices, as a
-    heartbeat timeout does; `sync_jobs` then sends each job through its retry policy."""
+def _lose(
+    tasks: QuerySet[Task], why: str, now: datetime, reason: str = "NodeDeleted"
+) -> list[Task]:
+    """End the tasks of `tasks` that are on a node as Lost, free their devices and account
+    for what they used (a silent node, a deleted one); `sync_jobs` then sends each job
+    through its retry policy."""
     on_node = tasks.filter(state__in=TASK_ON_NODE).select_related("job")
     lost = list(on_node.select_for_update(of=("self",)))
     _release(lost)
     Task.objects.filter(pk__in=[t.pk for t in lost]).update(
         state=TaskState.LOST, finished_at=now, message=why
     )
+    accounting.record_task_ends(lost, now, state=TaskState.LOST)
     for job in {t.job_id: t.job for t in lost}.values():
-        record("TaskLost", "NodeDeleted", why, job=job)
+        record("TaskLost", reason, why, job=job)
     notify.changed(jobs={t.job_id for t in lost})
     return lost
 
@@ -459,11 +620,7 @@ def ttl_expired_jobs(now: datetime | None = None) -> list[int]:
         .exclude(requested_action=JobRequest.SUSPEND)
         .values_list("id", "finished_at", "ttl_seconds_after_finished")
     )
-    return [
-        job_id
-        for job_id, finished_at, ttl in candidates
-        if finished_at + timedelta(seconds=ttl) <= now
-    ]
+    return [job_id for job_id, finished_at, ttl in candidates if after(finished_at, ttl) <= now]
 
 
 def cleanup_ttl(now: datetime | None = None, batch: int = 500) -> int:

@@ -23,13 +23,43 @@ from scheduler.core.model import SchedulerConfig
 
 log = logging.getLogger("berth.scheduler")
 
+# The phases of a cycle, in order; `total` is the whole cycle.
+PHASES = ("load", "core", "commit", "flows", "lifecycle", "publish")
+
+
+@dataclass
+class PhaseTiming:
+    """Wall time of one phase, and the queries it ran with the time spent inside them."""
+
+    seconds: float = 0.0
+    queries: int = 0
+    db_seconds: float = 0.0
+
 
 @dataclass
 class CycleReport:
-    durations: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, PhaseTiming] = field(
+        default_factory=lambda: {name: PhaseTiming() for name in PHASES}
+    )
+    total_seconds: float = 0.0
     core_timings: dict[str, float] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
+    # The phase running now: the query meter counts each query towards it.
+    current_phase: str = field(default="load", repr=False)
+
+    @property
+    def durations(self) -> dict[str, float]:
+        """Seconds per phase, and `total` (for benchmarks and metrics)."""
+        return {name: t.seconds for name, t in self.phases.items()} | {"total": self.total_seconds}
+
+    @property
+    def queries(self) -> int:
+        return sum(t.queries for t in self.phases.values())
+
+    @property
+    def db_seconds(self) -> float:
+        return sum(t.db_seconds for t in self.phases.values())
 
     @property
     def busy(self) -> bool:
@@ -43,7 +73,8 @@ class CycleReport:
         phases = " ".join(f"{k}={v * 1000:.1f}ms" for k, v in self.durations.items())
         c = self.counts
         text = (
-            f"cycle {phases} placed={c['placed']} preempted={c['preempted']}"
+            f"cycle {phases} queries={self.queries} db={self.db_seconds * 1000:.1f}ms"
+            f" placed={c['placed']} preempted={c['preempted']}"
             f" reclaimed={c['reclaimed']} backfilled={c['backfilled']} pending={c['pending']}"
             f" stale={c['stale']} jobs_changed={c['jobs_changed']} ttl_deleted={c['ttl_deleted']}"
         )
@@ -52,16 +83,38 @@ class CycleReport:
         return text
 
 
-def _phase(report: CycleReport, name: str, fn: Callable[[], Any]) -> Any:
+class _QueryMeter:
+    """Counts each query, and the time inside it, towards the phase that is running."""
+
+    def __init__(self, report: CycleReport) -> None:
+        self.report = report
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        start = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            timing = self.report.phases[self.report.current_phase]
+            timing.queries += 1
+            timing.db_seconds += time.perf_counter() - start
+
+
+def _phase(report: CycleReport, name: str, fn: Callable[[], Any], label: str = "") -> Any:
+    """Run one unit of work as part of phase `name`; a failure is logged under `label`
+    (default: the phase) and the cycle goes on."""
     start = time.perf_counter()
+    report.phases.setdefault(name, PhaseTiming())  # a phase added later is reported too
+    report.current_phase = name
     try:
         return fn()
     except Exception:
-        log.exception("scheduler phase %s failed", name)
-        report.errors.append(name)
+        log.exception("scheduler phase %s failed", label or name)
+        report.errors.append(label or name)
         return None
     finally:
-        report.durations[name] = report.durations.get(name, 0.0) + time.perf_counter() - start
+        report.phases[name].seconds += time.perf_counter() - start
 
 
 def _load() -> store.Loaded:
@@ -91,11 +144,19 @@ def _flows_ttl() -> Any:
 
 
 def run_cycle_once(config: SchedulerConfig | None = None) -> CycleReport:
-    """One full cycle. Returns what it did, for the log line and for tests. Everything the
-    cycle changed is published once, at its end."""
+    """One full cycle. Returns what it did and where its time went, for the log line, tests
+    and benchmarks. Everything the cycle changed is published once, at its end."""
     report = CycleReport()
-    with notify.batch():
-        _cycle(report, config)
+    started = time.perf_counter()
+    try:
+        with connection.execute_wrapper(_QueryMeter(report)):
+            with notify.batch():
+                _cycle(report, config)
+                report.current_phase = "publish"
+                publish_from = time.perf_counter()
+            report.phases["publish"].seconds += time.perf_counter() - publish_from
+    finally:
+        report.total_seconds = time.perf_counter() - started
     return report
 
 
@@ -103,13 +164,17 @@ def _cycle(report: CycleReport, config: SchedulerConfig | None) -> None:
     config = config or SchedulerConfig()
     # User requests first, so a cancel or suspend takes effect before placement. Array
     # elements asked to stop are cancelled in bulk first, not one transaction each.
-    report.counts["requests"] = _phase(report, "arrays", arrays.cancel_requested_elements) or 0
-    report.counts["requests"] += _phase(report, "requests", lifecycle.process_requests) or 0
+    report.counts["requests"] = (
+        _phase(report, "lifecycle", arrays.cancel_requested_elements, "arrays") or 0
+    )
+    report.counts["requests"] += (
+        _phase(report, "lifecycle", lifecycle.process_requests, "requests") or 0
+    )
     # Array limits (%K) after the requests, so a resumed element is held before placement.
-    _phase(report, "arrays", arrays.release_held_elements)
-    loaded = _phase(report, "snapshot", _load)
+    _phase(report, "lifecycle", arrays.release_held_elements, "arrays")
+    loaded = _phase(report, "load", _load)
     if loaded is not None:
-        result = _phase(report, "schedule", lambda: run_cycle(loaded.snapshot, config))
+        result = _phase(report, "core", lambda: run_cycle(loaded.snapshot, config))
         if result is not None:
             report.core_timings = dict(result.timings)
             applied = _phase(report, "commit", lambda: store.apply_decisions(loaded, result))
@@ -124,12 +189,13 @@ def _cycle(report: CycleReport, config: SchedulerConfig | None) -> None:
                 report.counts["reclaimed" if evict.reason == "Reclaimed" else "preempted"] += 1
             report.counts["pending"] = len(result.pending)
     _phase(report, "flows", _flows_reconcile)
-    _phase(report, "lifecycle", lifecycle.lose_orphaned_tasks)  # their node row was deleted
+    # Tasks whose node row was deleted.
+    _phase(report, "lifecycle", lifecycle.lose_orphaned_tasks, "orphans")
     report.counts["jobs_changed"] = _phase(report, "lifecycle", lifecycle.sync_jobs) or 0
-    _phase(report, "lifecycle", lifecycle.enforce_deadlines)
-    _phase(report, "lifecycle", lifecycle.check_nodes)
-    report.counts["ttl_deleted"] = _phase(report, "ttl", lifecycle.cleanup_ttl) or 0
-    report.counts["ttl_deleted"] += _phase(report, "ttl", _flows_ttl) or 0
+    _phase(report, "lifecycle", lifecycle.enforce_deadlines, "deadlines")
+    _phase(report, "lifecycle", lifecycle.check_nodes, "nodes")
+    report.counts["ttl_deleted"] = _phase(report, "lifecycle", lifecycle.cleanup_ttl, "ttl") or 0
+    report.counts["ttl_deleted"] += _phase(report, "lifecycle", _flows_ttl, "flow-ttl") or 0
     # A flow whose last job just finished is closed in this cycle, not the next one.
     _phase(report, "flows", _flows_reconcile)
-    _phase(report, "arrays", arrays.refresh_parents)
+    _phase(report, "lifecycle", arrays.refresh_parents, "arrays")

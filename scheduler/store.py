@@ -1,11 +1,11 @@
-"""The store adapter: database rows -> a core Snapshot, and a cycle's decisions -> rows.
+"""The store adapter: a cycle's decisions -> rows (the snapshot side is scheduler.snapshot).
 
-`load_snapshot` reads everything the core needs in a fixed number of queries (nodes, devices,
-queues, jobs, tasks, allocations), never one per job. `apply_decisions` writes a cycle's
-binds, evictions and pending reasons in one transaction; each job's decisions sit in their own
-savepoint and are guarded by conditional updates and the unique device allocation, so a stale
-decision (the job was cancelled, the node cordoned, the device taken meanwhile) fails alone and
-a device is never double-booked, even with two schedulers running.
+`apply_decisions` writes a cycle's evictions, binds and pending reasons in one transaction
+and a fixed number of set-based statements (scheduler.setbased). Each job's decision is still
+guarded on its own: jobs are re-checked under row locks, tasks are claimed only while still
+Pending, allocations are inserted with ON CONFLICT DO NOTHING and the rows that landed are
+read back, so a job whose device was taken meanwhile (the unique device constraint) is undone
+alone; nothing is ever double-booked, even with two schedulers running.
 """
 
 from __future__ import annotations
@@ -13,206 +13,21 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
 
-from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db import transaction
 from django.utils import timezone
 
 from scheduler import notify
 from scheduler.core.cycle import Bind, CycleResult, Evict
-from scheduler.core.model import DeviceInfo, JobInfo, NodeInfo, QueueInfo, Snapshot, TaskInfo
-from scheduler.core.resources import Resources
-from scheduler.events import record
 from scheduler.lifecycle import PREEMPTED
-from scheduler.models import Allocation, Device, Job, Node, Queue, Task
+from scheduler.models import Allocation, Event, Job, Node, Task
+from scheduler.setbased import CHUNK, chunks, insert_new, update_rows
+from scheduler.snapshot import Loaded, load_snapshot
 from scheduler.states import TASK_ON_NODE, JobRequest, JobState, NodeState, TaskState
 
+__all__ = ["Applied", "Loaded", "apply_decisions", "bind_jobs", "load_snapshot"]
 log = logging.getLogger("berth.store")
-
-
-class StaleDecision(Exception):
-    """The world changed between snapshot and commit; this job's decision is dropped."""
-
-
-@dataclass
-class Loaded:
-    """What the adapter remembers of a snapshot to write decisions back cheaply."""
-
-    snapshot: Snapshot
-    node_ids: dict[str, int]
-    device_ids: dict[tuple[str, int], int]
-    pending_reasons: dict[int, tuple[list[str], datetime | None]] = field(default_factory=dict)
-
-
-def _ts(value: datetime | None) -> float | None:
-    return value.timestamp() if value is not None else None
-
-
-def load_snapshot(now: datetime | None = None) -> Loaded:
-    """Read the cluster as the core sees it, in six queries."""
-    now = now or timezone.now()
-    nodes = list(Node.objects.order_by("name"))
-    devices_by_node: dict[int, list[Device]] = defaultdict(list)
-    for device in Device.objects.order_by("node_id", "index"):
-        devices_by_node[device.node_id].append(device)
-    node_name = {n.pk: n.name for n in nodes}
-    node_infos = [
-        NodeInfo(
-            name=n.name,
-            allocatable=Resources(cpu=n.cpu, memory=n.memory, gpu=len(devices_by_node[n.pk])),
-            labels=dict(n.labels or {}),
-            state=n.state,
-            devices=[
-                DeviceInfo(index=d.index, uuid=d.uuid, model=d.model, healthy=d.healthy)
-                for d in devices_by_node[n.pk]
-            ],
-        )
-        for n in nodes
-    ]
-    queues = [
-        QueueInfo(
-            name=q.name,
-            weight=q.weight,
-            capability=_capability(q.capability),
-            reclaimable=q.reclaimable,
-            priority=q.priority,
-            open=q.open,
-        )
-        for q in Queue.objects.order_by("name")
-    ]
-
-    # Candidates: pending jobs not held, and jobs suspended by preemption (they resume by
-    # themselves). Holders: running and terminating jobs, and suspended jobs whose tasks
-    # are still stopping.
-    wanted = Job.objects.filter(
-        Q(state=JobState.PENDING, hold_reason="")
-        | Q(state__in=(JobState.RUNNING, JobState.TERMINATING, JobState.SUSPENDED))
-    ).exclude(requested_action=JobRequest.CANCEL)
-    jobs = list(
-        wanted.select_related("queue")
-        .only(
-            "id",
-            "name",
-            "queue__name",
-            "owner_id",
-            "priority",
-            "preemptible",
-            "min_available",
-            "created_at",
-            "walltime",
-            "state",
-            "reason",
-            "requested_action",
-            "pending_reasons",
-            "estimated_start_at",
-            "spec",
-        )
-        .order_by("id")
-    )
-    tasks_by_job: dict[int, list[Task]] = defaultdict(list)
-    # The same job query as a subquery: one statement whatever the backlog's size.
-    for task in Task.objects.filter(job__in=wanted.values("pk")).order_by(
-        "job_id", "group", "index"
-    ):
-        tasks_by_job[task.job_id].append(task)
-    devices_by_task: dict[int, list[int]] = defaultdict(list)
-    for task_id, index in Allocation.objects.order_by("device__index").values_list(
-        "task_id", "device__index"
-    ):
-        devices_by_task[task_id].append(index)
-
-    job_infos: list[JobInfo] = []
-    loaded_pending: dict[int, tuple[list[str], datetime | None]] = {}
-    for job in jobs:
-        tasks = tasks_by_job.get(job.pk, [])
-        holding = [t for t in tasks if t.state in TASK_ON_NODE]
-        state = _core_job_state(job, holding)
-        if state is None:
-            continue
-        selectors = _selectors(job.spec)
-        stopping = job.state in (JobState.TERMINATING, JobState.SUSPENDED)
-        task_infos = [
-            TaskInfo(
-                id=t.pk,
-                group=t.group,
-                index=t.index,
-                resources=Resources(cpu=t.cpu, memory=t.memory, gpu=t.gpu),
-                node_selector=selectors.get(t.group, {}),
-                state=_core_task_state(t, stopping),
-                node=node_name.get(t.node_id) if t.node_id else None,
-                devices=tuple(devices_by_task.get(t.pk, ())),
-                started_at=_ts(t.started_at or t.assigned_at),
-            )
-            for t in tasks
-            if t.state in TASK_ON_NODE or t.state == TaskState.PENDING
-        ]
-        job_infos.append(
-            JobInfo(
-                id=job.pk,
-                name=job.name,
-                queue=job.queue.name,
-                owner=str(job.owner_id),
-                priority=job.priority,
-                preemptible=job.preemptible,
-                min_available=job.min_available,
-                created_at=job.created_at.timestamp(),
-                walltime=float(job.walltime) if job.walltime else None,
-                state=state,
-                tasks=task_infos,
-                suspend_requested=job.requested_action == JobRequest.SUSPEND,
-            )
-        )
-        loaded_pending[job.pk] = (list(job.pending_reasons or []), job.estimated_start_at)
-
-    snapshot = Snapshot(now=now.timestamp(), nodes=node_infos, queues=queues, jobs=job_infos)
-    return Loaded(
-        snapshot=snapshot,
-        node_ids={n.name: n.pk for n in nodes},
-        device_ids={
-            (node_name[d.node_id], d.index): d.pk for devs in devices_by_node.values() for d in devs
-        },
-        pending_reasons=loaded_pending,
-    )
-
-
-UNLIMITED = 2**62
-
-
-def _capability(data: dict[str, Any] | None) -> Resources | None:
-    """A queue's capability; a dimension left out (or null) is unlimited."""
-    if not data:
-        return None
-    return Resources(
-        **{d: UNLIMITED if data.get(d) is None else int(data[d]) for d in ("cpu", "memory", "gpu")}
-    )
-
-
-def _selectors(spec: dict[str, Any]) -> dict[str, dict[str, str]]:
-    return {str(t.get("name")): dict(t.get("node_selector") or {}) for t in spec.get("tasks", [])}
-
-
-def _core_task_state(task: Task, stopping: bool) -> str:
-    """A task asked to stop keeps its resources until confirmed: the core calls it Releasing."""
-    if task.state in TASK_ON_NODE:
-        return "Releasing" if task.kill_requested or stopping else str(task.state)
-    return "Pending"
-
-
-def _core_job_state(job: Job, holding: list[Task]) -> str | None:
-    """The job's state as the core knows it: Pending/Suspended (a candidate) or Running."""
-    if job.state == JobState.PENDING:
-        # A pending job with tasks already bound is placed; the core only adds the rest.
-        return "Running" if holding else "Pending"
-    if job.state == JobState.SUSPENDED:
-        if holding:
-            return "Running"  # still stopping: holds what its tasks hold
-        # A preempted job resumes by itself; one a user suspended waits for resume.
-        return "Suspended" if job.reason == PREEMPTED else None
-    if job.state in (JobState.RUNNING, JobState.TERMINATING):
-        return "Running" if holding else None
-    return None
 
 
 @dataclass
@@ -232,133 +47,293 @@ def apply_decisions(loaded: Loaded, result: CycleResult, now: datetime | None = 
     binds_by_job: dict[int, list[Bind]] = defaultdict(list)
     for bind in result.binds:
         binds_by_job[bind.job_id].append(bind)
-    changed_jobs: set[int] = set()
-    changed_nodes: set[int] = set()
     with transaction.atomic():
-        # Re-read node states inside the transaction: a node cordoned since the snapshot
-        # takes no new task.
-        ready = dict(Node.objects.filter(state=NodeState.READY).values_list("name", "pk"))
-        for evict in result.evictions:
-            try:
-                with transaction.atomic():
-                    _evict(evict, now)
-                applied.evicted_jobs += 1
-                changed_jobs.add(evict.job_id)
-            except StaleDecision as exc:
-                applied.stale += 1
-                log.info("eviction of job %s dropped: %s", evict.job_id, exc)
-        for job_id, binds in binds_by_job.items():
-            try:
-                with transaction.atomic():
-                    _bind_job(job_id, binds, loaded, ready, now)
-            except (StaleDecision, IntegrityError) as exc:
-                applied.stale += 1
-                log.info("placement of job %s dropped: %s", job_id, exc)
-                continue
+        events: list[Event] = []
+        evicted = _evict_jobs(result.evictions, events)
+        applied.evicted_jobs = len(evicted)
+        applied.stale += len(result.evictions) - len(evicted)
+        placed, nodes = bind_jobs(binds_by_job, loaded, now, events)
+        applied.stale += len(binds_by_job) - len(placed)
+        for job_id in placed:
+            binds = binds_by_job[job_id]
             applied.placed_jobs += 1
             applied.binds += len(binds)
             applied.by_action[binds[0].action] += 1
-            changed_jobs.add(job_id)
-            changed_nodes.update(ready[b.node] for b in binds)
-        applied.pending_updated = _write_pending(loaded, result, binds_by_job, now)
-        notify.changed(jobs=changed_jobs, nodes=changed_nodes)
+        applied.pending_updated = _write_pending(loaded, result, binds_by_job, events)
+        events.extend(_invalid_row_events(loaded))
+        Event.objects.bulk_create(events, batch_size=CHUNK)
+        notify.changed(jobs=evicted | placed, nodes=nodes)
     return applied
 
 
-def _bind_job(
-    job_id: int, binds: list[Bind], loaded: Loaded, ready: dict[str, int], now: datetime
-) -> None:
-    job = (
-        Job.objects.select_for_update()
-        .filter(pk=job_id, state__in=(JobState.PENDING, JobState.SUSPENDED, JobState.RUNNING))
-        .exclude(requested_action__in=(JobRequest.CANCEL, JobRequest.SUSPEND))
-        .first()
+def bind_jobs(
+    binds_by_job: dict[int, list[Bind]], loaded: Loaded, now: datetime, events: list[Event]
+) -> tuple[set[int], set[int]]:
+    """Bind each job's tasks to their nodes and devices, all of a job or none of it.
+
+    Returns the ids of the jobs placed and of the nodes that got tasks. A job is dropped
+    (stale) when it no longer waits to run, a node is no longer Ready, a task is no longer
+    Pending or one of its devices was taken since the snapshot.
+    """
+    if not binds_by_job:
+        return set(), set()
+    # Re-read node states inside the transaction: a node cordoned since the snapshot
+    # takes no new task.
+    ready = dict(Node.objects.filter(state=NodeState.READY).values_list("name", "pk"))
+    waiting = _lock_waiting_jobs(binds_by_job)
+    ok = {
+        job_id
+        for job_id in waiting
+        if all(
+            b.node in ready and all((b.node, i) in loaded.device_ids for i in b.devices)
+            for b in binds_by_job[job_id]
+        )
+    }
+    # Claim the tasks that are still Pending; a job missing one is dropped whole.
+    task_job = {b.task_id: job_id for job_id in ok for b in binds_by_job[job_id]}
+    claimed = update_rows(
+        Task,
+        {b.task_id: (ready[b.node],) for job_id in ok for b in binds_by_job[job_id]},
+        per_row=["node"],
+        constants={"state": TaskState.ASSIGNED, "assigned_at": now, "kill_requested": False},
+        guards={"state": TaskState.PENDING},
     )
-    if job is None or (job.state == JobState.SUSPENDED and job.reason != PREEMPTED):
-        raise StaleDecision("job is no longer waiting to run")
-    allocations = []
-    for bind in binds:
-        node_id = ready.get(bind.node)
-        if node_id is None:
-            raise StaleDecision(f"node {bind.node} is no longer Ready")
-        claimed = Task.objects.filter(
-            pk=bind.task_id, job_id=job_id, state=TaskState.PENDING
-        ).update(state=TaskState.ASSIGNED, node_id=node_id, assigned_at=now, kill_requested=False)
-        if claimed != 1:
-            raise StaleDecision(f"task {bind.task_id} is no longer pending")
-        for index in bind.devices:
-            device_id = loaded.device_ids.get((bind.node, index))
-            if device_id is None:
-                raise StaleDecision(f"device {bind.node}/{index} is gone")
-            allocations.append(Allocation(device_id=device_id, task_id=bind.task_id))
-    # The unique device constraint is the last guard against double-booking.
-    Allocation.objects.bulk_create(allocations)
-    nodes = sorted({b.node for b in binds})
-    message = f"{len(binds)} tasks placed on {', '.join(nodes)}"
-    if job.state == JobState.SUSPENDED:
-        record("JobStateChanged", "Resumed", "Suspended -> Pending: resources returned", job=job)
-        job.state = JobState.PENDING
-    job.reason = "Scheduled"
-    job.message = message
-    job.pending_reasons = []
-    job.estimated_start_at = None
-    job.save(update_fields=["state", "reason", "message", "pending_reasons", "estimated_start_at"])
-    record("Scheduled", binds[0].action, message, job=job)
+    failed = {job_id for task_id, job_id in task_job.items() if task_id not in claimed}
+    failed |= _allocate_devices({j: binds_by_job[j] for j in ok - failed}, loaded, now)
+    if failed:
+        undo = [t for t, job_id in task_job.items() if job_id in failed and t in claimed]
+        for ids in chunks(undo):
+            Task.objects.filter(pk__in=ids).update(
+                state=TaskState.PENDING, node=None, assigned_at=None
+            )
+        ok -= failed
+
+    messages = {
+        job_id: f"{len(binds_by_job[job_id])} tasks placed on "
+        + ", ".join(sorted({b.node for b in binds_by_job[job_id]}))
+        for job_id in ok
+    }
+    update_rows(
+        Job,
+        {job_id: (message,) for job_id, message in messages.items()},
+        per_row=["message"],
+        constants={"reason": "Scheduled", "pending_reasons": [], "estimated_start_at": None},
+        # A resumed (preempted) job waits for its tasks to start like any placed job.
+        raw=[
+            f"state = CASE WHEN state = '{JobState.SUSPENDED}' THEN '{JobState.PENDING}'"
+            " ELSE state END"
+        ],
+    )
+    for job_id in sorted(ok):
+        state, flow_id = waiting[job_id]
+        if state == JobState.SUSPENDED:
+            events.append(
+                Event(
+                    kind="JobStateChanged",
+                    reason="Resumed",
+                    job_id=job_id,
+                    flow_id=flow_id,
+                    message="Suspended -> Pending: resources returned",
+                )
+            )
+        events.append(
+            Event(
+                kind="Scheduled",
+                reason=binds_by_job[job_id][0].action,
+                message=messages[job_id],
+                job_id=job_id,
+                flow_id=flow_id,
+            )
+        )
+    return ok, {ready[b.node] for job_id in ok for b in binds_by_job[job_id]}
 
 
-def _evict(evict: Evict, now: datetime) -> None:
-    job = (
+def _lock_waiting_jobs(binds_by_job: dict[int, list[Bind]]) -> dict[int, tuple[str, int | None]]:
+    """Lock the jobs that still wait to run: id -> (state, flow id). A cancel or suspend
+    asked for since the snapshot, or a job a user suspended, drops the decision."""
+    waiting: dict[int, tuple[str, int | None]] = {}
+    for ids in chunks(sorted(binds_by_job)):
+        rows = (
+            Job.objects.select_for_update()
+            .filter(pk__in=ids, state__in=(JobState.PENDING, JobState.SUSPENDED, JobState.RUNNING))
+            .exclude(requested_action__in=(JobRequest.CANCEL, JobRequest.SUSPEND))
+            .order_by("id")
+            .values_list("id", "state", "reason", "flow_id")
+        )
+        for job_id, state, reason, flow_id in rows:
+            if state != JobState.SUSPENDED or reason == PREEMPTED:
+                waiting[job_id] = (state, flow_id)
+    return waiting
+
+
+def _allocate_devices(
+    binds_by_job: dict[int, list[Bind]], loaded: Loaded, now: datetime
+) -> set[int]:
+    """Insert every device allocation at once; returns the jobs that did not get all theirs.
+
+    The unique device constraint is the last guard against double-booking: a row that
+    conflicts is skipped (ON CONFLICT DO NOTHING), and a job missing any row is undone alone.
+    """
+    wanted = {
+        (b.task_id, loaded.device_ids[(b.node, index)]): job_id
+        for job_id, binds in binds_by_job.items()
+        for b in binds
+        for index in b.devices
+    }
+    if not wanted:
+        return set()
+    rows = [(device_id, task_id, now) for task_id, device_id in wanted]
+    landed = {(t, d) for d, t, _ in insert_new(Allocation, ["device", "task", "created_at"], rows)}
+    failed = {job_id for pair, job_id in wanted.items() if pair not in landed}
+    if failed:
+        undo = [t for (t, _), job_id in wanted.items() if job_id in failed]
+        Allocation.objects.filter(task_id__in=undo).delete()
+        log.info("placement of jobs %s dropped: a device was taken", sorted(failed))
+    return failed
+
+
+def _evict_jobs(evictions: list[Evict], events: list[Event]) -> set[int]:
+    """Suspend the victims that are still running and preemptible; their tasks are asked to
+    stop and keep their resources until the agents confirm."""
+    if not evictions:
+        return set()
+    by_job = {e.job_id: e for e in evictions}
+    victims = list(
         Job.objects.select_for_update()
-        .filter(pk=evict.job_id, state__in=(JobState.PENDING, JobState.RUNNING), preemptible=True)
-        .first()
+        .filter(
+            pk__in=sorted(by_job), state__in=(JobState.PENDING, JobState.RUNNING), preemptible=True
+        )
+        .order_by("id")
+        .values_list("id", "state", "flow_id")
     )
-    if job is None:
-        raise StaleDecision("victim is no longer running or preemptible")
-    Task.objects.filter(job=job, state__in=TASK_ON_NODE).update(kill_requested=True)
-    old = job.state
-    job.state = JobState.SUSPENDED
-    job.reason = PREEMPTED
-    job.message = evict.message or f"preempted by job {evict.preemptor_job_id}"
-    job.save(update_fields=["state", "reason", "message"])
-    record("JobStateChanged", evict.reason, f"{old} -> Suspended: {job.message}", job=job)
+    for job_id in set(by_job) - {v[0] for v in victims}:
+        log.info("eviction of job %s dropped: no longer running or preemptible", job_id)
+    if not victims:
+        return set()
+    ids = [v[0] for v in victims]
+    Task.objects.filter(job_id__in=ids, state__in=TASK_ON_NODE).update(kill_requested=True)
+    messages = {
+        job_id: by_job[job_id].message or f"preempted by job {by_job[job_id].preemptor_job_id}"
+        for job_id in ids
+    }
+    update_rows(
+        Job,
+        {job_id: (message,) for job_id, message in messages.items()},
+        per_row=["message"],
+        constants={"state": JobState.SUSPENDED, "reason": PREEMPTED},
+    )
+    for job_id, old, flow_id in victims:
+        events.append(
+            Event(
+                kind="JobStateChanged",
+                reason=by_job[job_id].reason,
+                job_id=job_id,
+                flow_id=flow_id,
+                message=f"{old} -> Suspended: {messages[job_id]}",
+            )
+        )
+    return set(ids)
 
 
 def _write_pending(
-    loaded: Loaded, result: CycleResult, binds_by_job: dict[int, list[Bind]], now: datetime
+    loaded: Loaded, result: CycleResult, binds_by_job: dict[int, list[Bind]], events: list[Event]
 ) -> int:
-    """Save why each job still waits, only where that changed (no write per job per cycle)."""
-    changed = []
+    """Save why each job still waits, only where that changed (no write per job per cycle).
+    A job skipped as invalid, or waiting in a misconfigured queue, says so."""
+    wanted: dict[int, tuple[list[str], datetime | None]] = {}
+    queue_of = {j.id: j.queue for j in loaded.snapshot.jobs} if loaded.invalid_queues else {}
     for job_id, info in result.pending.items():
         if job_id in binds_by_job:
             continue
-        reasons = [info.message or info.reason]
-        eta = (
-            datetime.fromtimestamp(info.estimated_start, tz=timezone.get_current_timezone())
-            if info.estimated_start is not None
-            else None
-        )
+        message = loaded.invalid_queues.get(queue_of.get(job_id, ""), info.message or info.reason)
+        wanted[job_id] = ([message], _from_timestamp(info.estimated_start))
+    for job_id, message in loaded.invalid_jobs.items():
+        wanted[job_id] = ([message], None)
+    changed = {}
+    for job_id, (reasons, eta) in wanted.items():
         old_reasons, old_eta = loaded.pending_reasons.get(job_id, ([], None))
-        if reasons == old_reasons and _same_time(eta, old_eta):
-            continue
-        changed.append(Job(pk=job_id, pending_reasons=reasons, estimated_start_at=eta))
+        if reasons != old_reasons or not _same_time(eta, old_eta):
+            changed[job_id] = (reasons, eta)
+    if not changed:
+        return 0
     # Only jobs still waiting take the update; one that started meanwhile keeps its state.
-    if changed:
-        waiting = set(
+    still_waiting: set[int] = set()
+    for ids in chunks(sorted(changed)):
+        still_waiting.update(
             Job.objects.filter(
-                pk__in=[j.pk for j in changed], state__in=(JobState.PENDING, JobState.SUSPENDED)
+                pk__in=ids, state__in=(JobState.PENDING, JobState.SUSPENDED)
             ).values_list("pk", flat=True)
         )
-        Job.objects.bulk_update(
-            [j for j in changed if j.pk in waiting],
-            ["pending_reasons", "estimated_start_at"],
-            batch_size=500,
+    Job.objects.bulk_update(
+        [
+            Job(pk=j, pending_reasons=changed[j][0], estimated_start_at=changed[j][1])
+            for j in sorted(still_waiting)
+        ],
+        ["pending_reasons", "estimated_start_at"],
+        batch_size=CHUNK,
+    )
+    for job_id, message in loaded.invalid_jobs.items():
+        if job_id in still_waiting and job_id in changed:  # once, when the problem appears
+            log.warning("job %s skipped: %s", job_id, message)
+            events.append(
+                Event(
+                    kind="JobInvalid",
+                    reason="InvalidJob",
+                    message=message,
+                    job_id=job_id,
+                    flow_id=loaded.job_flows.get(job_id),
+                )
+            )
+    return len(still_waiting)
+
+
+def _invalid_row_events(loaded: Loaded) -> list[Event]:
+    """An event for each misconfigured queue or node, written only when its message is new
+    (the latest event of that kind for the object differs), so no cycle repeats it."""
+    events = []
+    for name, message in loaded.invalid_queues.items():
+        last = (
+            Event.objects.filter(kind="QueueInvalid", message__startswith=f'queue "{name}" ')
+            .order_by("-id")
+            .values_list("message", flat=True)
+            .first()
         )
-        return len(waiting)
-    return 0
+        if last != message:
+            log.warning("%s", message)
+            events.append(Event(kind="QueueInvalid", reason="InvalidCapability", message=message))
+    for node_id, message in loaded.invalid_nodes.items():
+        last = (
+            Event.objects.filter(kind="NodeInvalid", node_id=node_id)
+            .order_by("-id")
+            .values_list("message", flat=True)
+            .first()
+        )
+        if last != message:
+            log.warning("%s", message)
+            events.append(
+                Event(kind="NodeInvalid", reason="InvalidLabels", message=message, node_id=node_id)
+            )
+    return events
+
+
+LATEST = datetime.max.replace(tzinfo=UTC)
+
+
+def _from_timestamp(value: float | None) -> datetime | None:
+    """An estimate as a datetime; one beyond what a datetime holds is the latest it can."""
+    if value is None:
+        return None
+    try:
+        return datetime.fromtimestamp(value, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return LATEST
 
 
 def _same_time(a: datetime | None, b: datetime | None) -> bool:
     if a is None or b is None:
         return a is b
     # Estimates move by fractions of a second every cycle; only a real change is written.
-    return abs((a - b).total_seconds()) < 30
+    try:
+        return abs((a - b).total_seconds()) < 30
+    except OverflowError:
+        return False

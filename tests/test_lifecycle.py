@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from scheduler import lifecycle
@@ -261,3 +263,81 @@ def test_it_does_not_revive_a_node_by_cordon_alone(owner):
     assert node.derive_state(alive=False) == NodeState.NOT_READY
     assert node.derive_state(alive=True) == NodeState.CORDONED
     assert Node.objects.get(pk=node.pk).state == NodeState.CORDONED
+
+
+# A date so late that adding the largest storable number of seconds passes year 9999.
+FAR_FUTURE = datetime(9999, 6, 1, tzinfo=UTC)
+HUGE = 2_147_483_647  # the largest value PostgreSQL stores in these integer fields
+
+
+def test_a_huge_active_deadline_never_stops_the_checks_of_other_jobs(owner):
+    late = make_job(owner, "late", active_deadline_seconds=10)
+    Job.objects.filter(pk=late.pk).update(created_at=timezone.now() - timedelta(seconds=11))
+    # Written past validation: the deadline math of this row overflows a datetime.
+    huge = make_job(owner, "huge", active_deadline_seconds=HUGE)
+    Job.objects.filter(pk=huge.pk).update(created_at=FAR_FUTURE)
+
+    assert lifecycle.enforce_deadlines() == 1
+    late.refresh_from_db()
+    huge.refresh_from_db()
+    assert (late.state, late.reason) == (JobState.FAILED, "DeadlineExceeded")
+    assert huge.state == JobState.PENDING
+
+
+def test_a_huge_walltime_never_stops_the_checks_of_other_jobs(owner):
+    node = make_node()
+    over = make_job(owner, "over", walltime=10)
+    place(over, node)
+    Job.objects.filter(pk=over.pk).update(started_at=timezone.now() - timedelta(seconds=11))
+    huge = make_job(owner, "huge", walltime=HUGE)
+    place(huge, node)
+    Job.objects.filter(pk=huge.pk).update(started_at=FAR_FUTURE)
+
+    assert lifecycle.enforce_deadlines() == 1
+    over.refresh_from_db()
+    huge.refresh_from_db()
+    assert (over.state, over.reason) == (JobState.TERMINATING, "WalltimeExceeded")
+    assert huge.state == JobState.RUNNING
+
+
+def test_a_huge_ttl_never_stops_the_cleanup_of_other_jobs(owner):
+    expired = _finished(owner, "expired", ttl=60, ago=61)
+    huge = _finished(owner, "huge", ttl=HUGE, ago=0)
+    Job.objects.filter(pk=huge.pk).update(finished_at=FAR_FUTURE)
+
+    assert lifecycle.cleanup_ttl() == 1
+    assert not Job.objects.filter(pk=expired.pk).exists()
+    assert Job.objects.filter(pk=huge.pk).exists()
+
+
+def test_it_reads_running_jobs_in_a_fixed_number_of_queries_when_nothing_changed(owner):
+    node = make_node(cpu=1_000_000)
+    for i in range(5):
+        place(make_job(owner, f"few-{i}"), node)
+    with CaptureQueriesContext(connection) as few:
+        assert lifecycle.sync_jobs() == 0
+    for i in range(40):
+        place(make_job(owner, f"many-{i}"), node)
+    with CaptureQueriesContext(connection) as many:
+        assert lifecycle.sync_jobs() == 0
+    assert len(many) == len(few) <= 2
+
+
+def test_it_starts_and_finishes_many_jobs_in_a_fixed_number_of_queries(owner):
+    node = make_node(cpu=1_000_000)
+    jobs = [make_job(owner, f"j{i}") for i in range(30)]
+    for job in jobs:
+        place(job, node)
+    Job.objects.update(state=JobState.PENDING, started_at=None)
+    with CaptureQueriesContext(connection) as started:
+        assert lifecycle.sync_jobs() == 30
+    assert set(Job.objects.values_list("state", flat=True)) == {JobState.RUNNING}
+    assert Event.objects.filter(kind="JobStateChanged", reason="Started").count() == 30
+
+    Task.objects.update(state=TaskState.SUCCEEDED, exit_code=0, finished_at=timezone.now())
+    with CaptureQueriesContext(connection) as finished:
+        assert lifecycle.sync_jobs() == 30
+    done = Job.objects.get(pk=jobs[0].pk)
+    assert (done.state, done.reason) == (JobState.SUCCEEDED, "Completed")
+    assert done.started_at is not None and done.finished_at is not None
+    assert len(started) <= 8 and len(finished) <= 8

@@ -12,7 +12,7 @@ from scheduler.core.model import SchedulerConfig
 from scheduler.loop import run_cycle_once
 from scheduler.models import Allocation, Event, Job, Node, Queue, Task
 from scheduler.states import JobRequest, JobState, NodeState, TaskState
-from tests.factories import make_job, make_node, place
+from tests.factories import GI, make_job, make_node, place
 
 pytestmark = pytest.mark.django_db
 
@@ -147,3 +147,88 @@ def test_it_leaves_held_and_user_suspended_jobs_alone(owner):
     run_cycle_once()
     assert Task.objects.get(job=held).state == TaskState.PENDING
     assert Task.objects.get(job=suspended).state == TaskState.PENDING
+
+
+def test_a_queue_with_a_misshapen_capability_harms_only_itself(owner):
+    # Saved past validation (as an admin form once allowed): memory is not a byte count.
+    Queue.objects.create(name="broken", capability={"memory": "16Gi"})
+    make_node("gpu-1", gpus=2)
+    stuck = make_job(owner, "stuck", gpu=1, queue="broken")
+    fine = make_job(owner, "fine", gpu=1)
+
+    report = run_cycle_once()
+    run_cycle_once()
+    assert report.errors == []
+    assert Task.objects.get(job=fine).state == TaskState.ASSIGNED
+    assert Task.objects.get(job=stuck).state == TaskState.PENDING
+    stuck.refresh_from_db()
+    assert stuck.pending_reasons == [
+        'queue "broken" is misconfigured: capability memory must be a whole number >= 0'
+        " or null, got '16Gi'"
+    ]
+    # Said once, not once per cycle.
+    assert Event.objects.filter(kind="QueueInvalid").count() == 1
+
+
+def test_a_job_with_a_broken_spec_harms_only_itself(owner):
+    make_node("gpu-1", gpus=2)
+    broken = make_job(owner, "broken", gpu=1, priority=10)
+    Job.objects.filter(pk=broken.pk).update(spec={"tasks": "not a list"})
+    listed = make_job(owner, "listed", gpu=1, priority=10)
+    Job.objects.filter(pk=listed.pk).update(spec=["not", "a", "spec"])
+    fine = make_job(owner, "fine", gpu=1)
+
+    report = run_cycle_once()
+    run_cycle_once()
+    assert report.errors == []
+    assert Task.objects.get(job=fine).state == TaskState.ASSIGNED
+    for job in (broken, listed):
+        job.refresh_from_db()
+        assert Task.objects.get(job=job).state == TaskState.PENDING
+        assert job.pending_reasons[0].startswith("cannot be scheduled: its stored spec is invalid")
+        assert Event.objects.filter(job=job, kind="JobInvalid").count() == 1
+
+
+def test_a_node_with_broken_labels_takes_no_task_and_harms_no_other(owner):
+    bad = make_node("bad", gpus=8)
+    Node.objects.filter(pk=bad.pk).update(labels=["not", "labels"])
+    good = make_node("good", gpus=1)
+    job = make_job(owner, gpu=1)
+
+    report = run_cycle_once()
+    run_cycle_once()
+    assert report.errors == []
+    assert Task.objects.get(job=job).node_id == good.pk
+    assert Event.objects.filter(node=bad, kind="NodeInvalid").count() == 1
+
+
+def test_a_device_taken_since_the_snapshot_drops_only_its_job(owner):
+    node = make_node("gpu-1", gpus=2)
+    first = make_job(owner, "first", gpu=1)
+    second = make_job(owner, "second", gpu=1)
+    loaded = store.load_snapshot()
+    result = run_cycle(loaded.snapshot, SchedulerConfig())
+    taken = next(b for b in result.binds if b.job_id == first.pk)
+    # Another scheduler placed a job on exactly that device meanwhile.
+    other = make_job(owner, "other", gpu=1)
+    other_task = other.tasks.get()
+    Task.objects.filter(pk=other_task.pk).update(state=TaskState.ASSIGNED, node=node)
+    Allocation.objects.create(device=node.devices.get(index=taken.devices[0]), task=other_task)
+
+    applied = store.apply_decisions(loaded, result)
+    assert (applied.stale, applied.placed_jobs) == (1, 1)
+    assert Task.objects.get(job=second).state == TaskState.ASSIGNED
+    undone = Task.objects.get(job=first)
+    assert (undone.state, undone.node_id, undone.assigned_at) == (TaskState.PENDING, None, None)
+    assert not Allocation.objects.filter(task=undone).exists()
+    assert Allocation.objects.count() == 2
+
+
+def test_it_writes_decisions_in_a_fixed_number_of_queries(owner):
+    def commit_queries(jobs: int, prefix: str) -> int:
+        make_node(f"{prefix}-node", gpus=jobs, cpu=jobs * 1000, memory=jobs * GI)
+        for i in range(jobs):
+            make_job(owner, f"{prefix}-{i}", gpu=1)
+        return run_cycle_once().phases["commit"].queries
+
+    assert commit_queries(3, "few") == commit_queries(40, "many")

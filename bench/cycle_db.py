@@ -1,0 +1,193 @@
+"""Time full scheduler cycles against PostgreSQL: where a cycle's time goes, phase by phase.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \\
+        python bench/cycle_db.py --nodes 200 --gpus 8 --jobs 1000
+
+Creates a fresh database (`--database-name`, dropped at the end), fills it with `--nodes`
+Ready nodes of `--gpus` devices each and `--jobs` pending one-task, one-GPU jobs, and runs
+full cycles through `scheduler.loop.run_cycle_once`:
+
+- `place`: the first cycle, which places the backlog (as many jobs as there are GPUs);
+- `steady`: the median of `--steady` cycles in which nothing changes;
+- `started`: every placed task reported Running (one UPDATE, as agents would): jobs go Running;
+- `finished`: every task Succeeded and its devices released: jobs go Succeeded.
+
+Prints JSON: per cycle, the wall time of each phase (load, core, commit, flows, lifecycle,
+publish, total) in ms, the time spent inside database calls and the number of queries.
+`db_phases_ms` is what the cycle spends outside the pure core and the live push: load + commit
++ flows + lifecycle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "berth.settings")
+os.environ.setdefault("BERTH_SECRET_KEY", "bench-only-secret-key-0123456789abcdefghijklmnop")
+
+import django  # noqa: E402
+
+GI = 1 << 30
+PHASES = ("load", "core", "commit", "flows", "lifecycle", "publish")
+DB_PHASES = ("load", "commit", "flows", "lifecycle")
+# What older loops called their phases (for a "before" figure from an older checkout).
+OLD_NAMES = {"snapshot": "load", "schedule": "core", "requests": "lifecycle", "ttl": "lifecycle"}
+
+
+class QueryMeter:
+    """Counts queries and the time spent inside them (execute and transfer, not row building)."""
+
+    def __init__(self) -> None:
+        self.queries = 0
+        self.seconds = 0.0
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        start = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.queries += 1
+
+
+@contextmanager
+def fresh_database(name: str) -> Iterator[None]:
+    from django.db import connection
+
+    connection.settings_dict.setdefault("TEST", {})["NAME"] = name
+    old_name = connection.settings_dict["NAME"]
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    try:
+        yield
+    finally:
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+
+
+def fill(nodes: int, gpus: int, jobs: int) -> None:
+    from django.contrib.auth.models import User
+    from django.utils import timezone
+
+    from scheduler.models import Device, Job, Node, Queue, Task
+
+    now = timezone.now()
+    owner = User.objects.create_user("bench", password="bench-pass-123")
+    queue = Queue.objects.get(name="default")
+    Node.objects.bulk_create(
+        Node(name=f"node-{i:04d}", cpu=64_000, memory=512 * GI, last_heartbeat=now,
+             labels={"gpu-model": "h100"}, token_hash=f"{i:064d}")  # fmt: skip
+        for i in range(nodes)
+    )
+    Device.objects.bulk_create(
+        Device(node=node, index=d, uuid=f"{node.name}-gpu{d}", model="h100")
+        for node in Node.objects.all()
+        for d in range(gpus)
+    )
+    spec = {"queue": "default", "walltime": 3600, "tasks": [{
+        "name": "main", "replicas": 1, "command": "python train.py", "env": {"LR": "0.1"},
+        "resources": {"cpu": "1", "memory": "1Gi", "gpu": 1}, "node_selector": {},
+    }]}  # fmt: skip
+    created = Job.objects.bulk_create(
+        Job(name=f"job-{i}", owner=owner, queue=queue, spec={**spec, "name": f"job-{i}"},
+            walltime=3600)  # fmt: skip
+        for i in range(jobs)
+    )
+    Task.objects.bulk_create(
+        Task(job=job, group="main", index=0, cpu=1000, memory=GI, gpu=1) for job in created
+    )
+
+
+def measure(meter: QueryMeter) -> dict[str, Any]:
+    """One cycle through the loop, with per-phase figures from its report where it has them."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from scheduler.loop import run_cycle_once
+    from scheduler.models import Node
+
+    Node.objects.update(last_heartbeat=timezone.now())  # the agents are alive, as in a cluster
+    meter.queries, meter.seconds = 0, 0.0
+    with connection.execute_wrapper(meter):
+        start = time.perf_counter()
+        report = run_cycle_once()
+        total = time.perf_counter() - start
+    ms: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+    queries: dict[str, int] = {}
+    phases = getattr(report, "phases", None)
+    if phases is not None:
+        for name, timing in phases.items():
+            ms[name] = ms.get(name, 0.0) + timing.seconds * 1000
+            queries[name] = queries.get(name, 0) + timing.queries
+    else:  # an older loop: only wall times per phase, its publish untimed
+        for name, seconds in report.durations.items():
+            key = OLD_NAMES.get(name, name)
+            ms[key] = ms.get(key, 0.0) + seconds * 1000
+        ms["publish"] = max(0.0, total * 1000 - sum(ms.values()))
+    ms["total"] = total * 1000
+    return {
+        "ms": {k: round(v, 1) for k, v in ms.items()},
+        "db_phases_ms": round(sum(ms[p] for p in DB_PHASES), 1),
+        "in_database_ms": round(meter.seconds * 1000, 1),
+        "queries": {**queries, "total": meter.queries},
+        "counts": {k: v for k, v in report.counts.items() if v},
+        "errors": list(report.errors),
+    }
+
+
+def count(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError("must be between 1 and 1000000")
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=count, default=200)
+    parser.add_argument("--gpus", type=count, default=8, help="devices per node")
+    parser.add_argument("--jobs", type=count, default=1000, help="pending one-GPU jobs")
+    parser.add_argument("--steady", type=count, default=5, help="steady cycles (median shown)")
+    parser.add_argument("--database-name", default="bench_cycle_db")
+    args = parser.parse_args()
+    if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
+        parser.error("needs PostgreSQL: set DATABASE_URL=postgres://user@host:port/db")
+    django.setup()
+    from django.db import connection
+
+    from scheduler.models import Allocation, Task
+    from scheduler.states import TaskState
+
+    meter = QueryMeter()
+    result: dict[str, Any] = {"nodes": args.nodes, "gpus": args.gpus, "jobs": args.jobs}
+    with fresh_database(args.database_name):
+        measure(meter)  # warm up imports and the connection on an empty cluster
+        fill(args.nodes, args.gpus, args.jobs)
+        cycles: dict[str, Any] = {"place": measure(meter)}
+        steady = [measure(meter) for _ in range(max(1, args.steady))]
+        steady.sort(key=lambda c: c["ms"]["total"])
+        cycles["steady"] = steady[len(steady) // 2]
+        cycles["steady"]["total_ms_all"] = [c["ms"]["total"] for c in steady]
+        Task.objects.filter(state=TaskState.ASSIGNED).update(state=TaskState.RUNNING)
+        cycles["started"] = measure(meter)
+        Allocation.objects.all().delete()
+        Task.objects.filter(state=TaskState.RUNNING).update(state=TaskState.SUCCEEDED, exit_code=0)
+        cycles["finished"] = measure(meter)
+        result["cycles"] = cycles
+        result["steady_total_ms_median"] = statistics.median(cycles["steady"]["total_ms_all"])
+        connection.close()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
