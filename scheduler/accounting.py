@@ -1,8 +1,9 @@
 """Usage accounting, written when things end and never recomputed from live rows.
 
 `record_task_ends` is called in the transaction that ends a task attempt (an agent's report in
-scheduler/agent/protocol.py, a lost node in scheduler/lifecycle.py); `record_job_end` where a
-job reaches a final state (scheduler/lifecycle.py). Both are idempotent per attempt / cheap
+scheduler/agent/protocol.py, a lost node in scheduler/lifecycle.py); `record_job_end` (or
+`record_jobs_end` for a set-based write) where a job reaches a final state
+(scheduler/lifecycle.py). Both are idempotent per attempt / cheap
 single-row updates, and write nothing that refers to the job by foreign key.
 """
 
@@ -67,14 +68,25 @@ def _start(task: Task, finished: datetime) -> datetime:
 def record_job_end(job: Job, state: str) -> None:
     """Count one job reaching final `state` in its queue."""
     queue = Queue.objects.filter(pk=job.queue_id).values_list("name", flat=True).first() or ""
+    _count_finished(queue, state, 1)
+
+
+def record_jobs_end(job_ids: Iterable[int], state: str) -> None:
+    """Count jobs that reached final `state` together (a set-based write), per queue."""
+    per_queue = Job.objects.filter(pk__in=list(job_ids)).values_list("queue__name")
+    for queue, n in per_queue.annotate(n=Count("id")).order_by():
+        _count_finished(queue or "", state, n)
+
+
+def _count_finished(queue: str, state: str, n: int) -> None:
     counter = FinishedJobCount.objects.filter(queue=queue, state=state)
-    if counter.update(count=F("count") + 1):
+    if counter.update(count=F("count") + n):
         return
     try:
         with transaction.atomic():
-            FinishedJobCount.objects.create(queue=queue, state=state, count=1)
+            FinishedJobCount.objects.create(queue=queue, state=state, count=n)
     except IntegrityError:  # created meanwhile by another process
-        counter.update(count=F("count") + 1)
+        counter.update(count=F("count") + n)
 
 
 # --- reading it back ----------------------------------------------------------------------

@@ -402,6 +402,7 @@ def _mark_succeeded(jobs: dict[int, list[TaskView]], now: datetime) -> int:
             )
             for job_id, (old, flow_id) in locked.items()
         )
+        accounting.record_jobs_end(locked, JobState.SUCCEEDED)
         notify.changed(jobs=locked)
     return len(locked)
 

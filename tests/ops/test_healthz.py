@@ -71,6 +71,6 @@ def test_phase_timings_accumulate_across_cycles():
         call_command("run_scheduler", "--once", stdout=io.StringIO())
     row = SchedulerHeartbeat.objects.get()
     assert row.cycles == 3
-    assert {"snapshot", "schedule", "commit", "lifecycle", "total"} <= set(row.phase_histograms)
+    assert {"load", "core", "commit", "lifecycle", "total"} <= set(row.phase_histograms)
     total = row.phase_histograms["total"]
     assert total["count"] == 3 and sum(total["buckets"]) == 3

@@ -99,7 +99,8 @@ def _cycle_and_heartbeat(interval: float) -> CycleReport:
     started = time.perf_counter()
     report = run_cycle_once()
     try:
-        record_cycle(report.durations, time.perf_counter() - started, interval)
+        phases = {name: timing.seconds for name, timing in report.phases.items()}
+        record_cycle(phases, time.perf_counter() - started, interval)
     except Exception:  # the heartbeat is for monitoring; a failure never stops scheduling
         log.exception("recording the scheduler heartbeat failed")
     return report
