@@ -262,6 +262,7 @@ def apply_decisions(loaded: Loaded, result: CycleResult, now: datetime | None = 
             changed_nodes.update(ready[b.node] for b in binds)
         applied.pending_updated = _write_pending(loaded, result, binds_by_job, now)
         notify.changed(jobs=changed_jobs, nodes=changed_nodes)
+        notify.orders(jobs=changed_jobs)  # wake the agents: tasks to start or to stop
     return applied
 
 
