@@ -147,9 +147,7 @@ def layer_loop() -> asyncio.AbstractEventLoop:
     with _own_lock:
         if _own_loop is None or _own_loop.is_closed():
             _own_loop = asyncio.new_event_loop()
-            threading.Thread(
-                target=_own_loop.run_forever, name="berth-notify", daemon=True
-            ).start()
+            threading.Thread(target=_own_loop.run_forever, name="berth-notify", daemon=True).start()
         return _own_loop
 
 

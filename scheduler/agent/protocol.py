@@ -234,7 +234,7 @@ def _parse_task(item: object, path: str, errors: dict[str, list[str]]) -> Report
         return None
     task_id, attempt, state = item.get("id"), item.get("attempt", 0), item.get("state")
     exit_code, output = item.get("exit_code"), item.get("output_bytes", 0)
-    if not _is_int(task_id):
+    if not isinstance(task_id, int) or isinstance(task_id, bool):
         errors[f"{path}.id"] = ["must be a task id"]
         return None
     if not _is_int(attempt) or attempt < 0:
@@ -480,8 +480,10 @@ def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
         task = rows.get(report.id)
         if report.state != "Running" or report.stopping:
             continue
-        if task is not None and task.node_id not in (None, node.pk) and (
-            task.attempt == report.attempt
+        if (
+            task is not None
+            and task.node_id not in (None, node.pk)
+            and (task.attempt == report.attempt)
         ):
             continue  # not this node's to report; its report will be refused
         if not _wanted(task, report, node) or (task is not None and task.kill_requested):
