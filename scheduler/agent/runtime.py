@@ -362,10 +362,7 @@ class Agent:
                 stop.wait(POLL_SECONDS)
                 continue
             try:
-                answer = self.lease_http.post(
-                    "lease/", {"tasks": self._task_list()}, f"Node {token}",
-                    timeout=self.lease * 1.25 + self.timeout,
-                )  # fmt: skip
+                answer = self._lease_post({"tasks": self._task_list()}, f"Node {token}")
             except Unavailable as exc:
                 if not stop.is_set():
                     stop.wait(backoff.delay(exc.retry_after))
@@ -385,6 +382,9 @@ class Agent:
                 # The next lease must list what these orders started, or it would get them
                 # again at once.
                 done.wait(ORDERS_ACK_SECONDS)
+
+    def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:
+        return self.lease_http.post("lease/", body, auth, timeout=self.lease * 1.25 + self.timeout)
 
     def _take_orders(self) -> None:
         while True:
@@ -482,6 +482,7 @@ class Agent:
                     task.kill_at = None
                 continue
             task.exit_code = code
+            self.dirty = True  # an end goes to the server at once
             if task.killed:
                 task.state = "Killed"
                 task.message = "stopped on the server's request"

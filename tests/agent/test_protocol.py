@@ -1,4 +1,4 @@
-"""The agent protocol over HTTP: register, heartbeat, log upload."""
+"""The agent protocol over HTTP: register, report, lease, log upload."""
 
 from __future__ import annotations
 
@@ -24,20 +24,29 @@ def join_token(settings):
     settings.BERTH_JOIN_TOKEN = JOIN
 
 
-def register(body=NODE, token=JOIN):
+PROTOCOL = {"HTTP_BERTH_AGENT_PROTOCOL": "2"}
+
+
+def register(body=NODE, token=JOIN, **headers):
     client = APIClient()
     return client.post("/api/v1/agent/register/", body, format="json",
-                       HTTP_AUTHORIZATION=f"Bearer {token}")  # fmt: skip
+                       **{"HTTP_AUTHORIZATION": f"Bearer {token}", **PROTOCOL, **headers})  # fmt: skip
 
 
 def agent(token):
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Node {token}")
+    client.credentials(HTTP_AUTHORIZATION=f"Node {token}", **PROTOCOL)
     return client
 
 
 def beat(token, tasks=(), **extra):
-    return agent(token).post("/api/v1/agent/heartbeat/", {"tasks": list(tasks), **extra},
+    """A full-state report."""
+    return agent(token).post("/api/v1/agent/report/", {"tasks": list(tasks), **extra},
+                             format="json")  # fmt: skip
+
+
+def lease(token, tasks=(), wait=0):
+    return agent(token).post("/api/v1/agent/lease/", {"tasks": list(tasks), "wait": wait},
                              format="json")  # fmt: skip
 
 
@@ -78,7 +87,7 @@ def test_it_registers_a_node_with_its_devices():
         "gpu-01.lab", NodeState.READY, True)  # fmt: skip
     assert list(node.devices.values_list("index", "uuid")) == [(0, "GPU-a"), (1, "GPU-b")]
     assert node.token_hash and answer["token"] not in node.token_hash
-    assert {"node", "token", "heartbeat_interval", "kill_grace_seconds"} <= set(answer)
+    assert {"node", "token", "lease_seconds", "kill_grace_seconds", "protocol"} <= set(answer)
     assert Event.objects.filter(kind="NodeRegistered", node=node).exists()
 
 
@@ -139,7 +148,7 @@ def test_it_starts_assigned_tasks_with_their_env_and_follows_them_to_the_end(own
     assert (env["BERTH_JOB_ID"], env["BERTH_TASK_INDEX"]) == (str(job.pk), "0")
     assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == ("0", "1", "gpu-01.lab")
     assert env["MASTER_PORT"] == str(20000 + job.pk % 20000)
-    assert answer["kill"] == [] and answer["heartbeat_interval"] > 0
+    assert answer["kill"] == [] and answer["lease_seconds"] > 0
 
     running = [{"id": task.pk, "attempt": 0, "state": "Running"}]
     beat(token, running)
@@ -153,7 +162,7 @@ def test_it_starts_assigned_tasks_with_their_env_and_follows_them_to_the_end(own
     for table in ("tasks", "allocations", "events", "jobs"):
         assert before[table] == after[table]
 
-    done = [{"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0}]
+    done = [{"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0, "output_bytes": 0}]
     beat(token, done)
     task.refresh_from_db()
     assert (task.state, task.exit_code, task.finished_at is not None) == (
@@ -196,7 +205,7 @@ def test_it_gives_a_task_without_devices_an_empty_cuda_visible_devices(owner):
 def test_it_finishes_a_task_that_ran_and_ended_between_two_heartbeats(owner):
     token = register().json()["token"]
     job, task = _assigned(owner, Node.objects.get())
-    failed = [{"id": task.pk, "attempt": 0, "state": "Failed", "exit_code": 3, "message": "x"}]
+    failed = [{"id": task.pk, "attempt": 0, "state": "Failed", "exit_code": 3, "output_bytes": 0, "message": "x"}]
     assert beat(token, failed).json()["start"] == []
     task.refresh_from_db()
     assert (task.state, task.exit_code) == (TaskState.FAILED, 3)
@@ -216,7 +225,7 @@ def test_it_finishes_a_task_that_ran_and_ended_between_two_heartbeats(owner):
         [{"id": 1, "attempt": -1, "state": "Running"}],
         [{"id": 1, "attempt": "0", "state": "Running"}],
         [{"id": 1, "attempt": 0, "state": "Failed"}],  # a failure needs its exit code
-        [{"id": 1, "attempt": 0, "state": "Failed", "exit_code": "3"}],
+        [{"id": 1, "attempt": 0, "state": "Failed", "exit_code": "3", "output_bytes": 0}],
         [{"id": 1, "attempt": 0, "state": "Running"}, {"id": 1, "attempt": 0, "state": "Running"}],
         ["not an object"],
         "not a list",
@@ -229,7 +238,7 @@ def test_it_rejects_a_malformed_report_and_changes_nothing(owner, tasks):
     lost_job = make_job(owner, "lost")
     place(lost_job, node, state=TaskState.RUNNING)  # would become Lost if the report applied
     Node.objects.update(state=NodeState.NOT_READY)
-    good = {"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0}
+    good = {"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0, "output_bytes": 0}
     before = rows()
     response = beat(token, [good, *tasks] if isinstance(tasks, list) else tasks)
     assert response.status_code == 400
@@ -250,16 +259,17 @@ def test_it_lets_a_node_token_act_only_for_its_own_node(owner):
     register({**NODE, "name": "gpu-02"})
     _, theirs = _assigned(owner, Node.objects.get(name="gpu-02"))
     before = rows()
-    response = beat(mine, [{"id": theirs.pk, "attempt": 0, "state": "Failed", "exit_code": 1}])
+    response = beat(mine, [{"id": theirs.pk, "attempt": 0, "state": "Failed", "exit_code": 1, "output_bytes": 0}])
     assert response.status_code == 400 and "gpu-01" in str(response.json())
     assert rows() == before
     log = upload(mine, theirs.pk, 0, "x")
     assert log.status_code == 404 and not TaskLog.objects.exists()
     assert beat("not-a-token").status_code == 401
-    assert agent("").post("/api/v1/agent/heartbeat/", {}, format="json").status_code == 401
+    assert agent("").post("/api/v1/agent/report/", {}, format="json").status_code == 401
+    assert lease("not-a-token").status_code == 401
     bearer = APIClient()
-    bearer.credentials(HTTP_AUTHORIZATION=f"Bearer {JOIN}")  # the join token is not a node's
-    assert bearer.post("/api/v1/agent/heartbeat/", {}, format="json").status_code == 401
+    bearer.credentials(HTTP_AUTHORIZATION=f"Bearer {JOIN}", **PROTOCOL)  # not a node's token
+    assert bearer.post("/api/v1/agent/report/", {}, format="json").status_code == 401
 
 
 def test_it_kills_an_old_attempt_of_a_task_that_moved_to_another_node(owner):
@@ -298,22 +308,31 @@ def test_it_reconciles_what_the_agent_runs_with_what_the_server_wants(owner):
                           {"id": 99999, "attempt": 0, "state": "Running"},
                           {"id": over.pk, "attempt": 0, "state": "Running"},
                           {"id": stale.pk + 1000, "attempt": 0, "state": "Succeeded",
-                           "exit_code": 0}]).json()  # fmt: skip
+                           "exit_code": 0, "output_bytes": 0}]).json()  # fmt: skip
+    # The never-started task whose kill was asked is in the kill orders too: its start may be
+    # on its way in a lease answer, so only the agent's word frees its devices.
     assert {(k["id"], k["attempt"]) for k in answer["kill"]} == {
-        (stale.pk, 1), (99999, 0), (over.pk, 0)}  # fmt: skip
+        (stale.pk, 1), (99999, 0), (over.pk, 0), (killed.pk, 0)}  # fmt: skip
     lost = lost_job.tasks.get()
     assert (lost.state, lost.message) == (TaskState.LOST, "agent no longer runs it")
     assert not Allocation.objects.filter(task=lost).exists()
     assert Event.objects.filter(kind="TaskLost", job=lost_job).exists()
-    assert killed_job.tasks.get().state == TaskState.KILLED  # never started, kill asked
-    assert not Allocation.objects.filter(task=killed).exists()
+    assert killed_job.tasks.get().state == TaskState.ASSIGNED
+    assert Allocation.objects.filter(task=killed).exists()
     assert stale_job.tasks.get().state == TaskState.LOST  # attempt 2 is not running there
     assert answer["start"] == []
     # Repeating the report changes nothing more.
     before = rows()
     again = beat(token, [{"id": stale.pk, "attempt": 1, "state": "Running"}]).json()
-    assert again["kill"] == [k for k in answer["kill"] if k["id"] == stale.pk]
+    assert again["kill"] == [k for k in answer["kill"] if k["id"] in (stale.pk, killed.pk)]
     assert rows()["tasks"] == before["tasks"] and rows()["events"] == before["events"]
+    # The agent confirms it never ran it: now it is Killed and its device free.
+    never = {"id": killed.pk, "attempt": 0, "state": "Killed", "exit_code": None,
+             "output_bytes": 0, "message": "stopped before it started"}  # fmt: skip
+    assert beat(token, [never]).json()["kill"] == []
+    task = killed_job.tasks.get()
+    assert (task.state, task.started_at) == (TaskState.KILLED, None)
+    assert not Allocation.objects.filter(task=killed).exists()
 
 
 def test_it_asks_the_agent_to_kill_a_task_the_server_wants_stopped(owner):
@@ -327,7 +346,7 @@ def test_it_asks_the_agent_to_kill_a_task_the_server_wants_stopped(owner):
     assert kill["id"] == task.pk and kill["attempt"] == 0 and kill["grace_seconds"] >= 0
     assert answer["start"] == []
     assert Allocation.objects.filter(task=task).exists()  # held until confirmed
-    beat(token, [{"id": task.pk, "attempt": 0, "state": "Killed", "exit_code": 143}])
+    beat(token, [{"id": task.pk, "attempt": 0, "state": "Killed", "exit_code": 143, "output_bytes": 0}])
     task.refresh_from_db()
     assert (task.state, task.exit_code) == (TaskState.KILLED, 143)
     assert not Allocation.objects.filter(task=task).exists()
