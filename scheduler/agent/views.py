@@ -7,7 +7,10 @@ refused with 426 before anything else.
 
 `lease/` is an async view: it is held open while the node has no orders, without a thread or
 a database connection, and woken through the channel layer when the scheduler commits orders
-for the node (scheduler.notify). The other endpoints are short and synchronous.
+for the node (scheduler.notify). Under ASGI it is served by `LeaseApp`, routed ahead of the
+middleware stack (berth/asgi.py): a sync-only middleware there (WhiteNoise) would run each
+request in a thread of its own, blocked for as long as the lease is held. The other
+endpoints are short and synchronous.
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ from __future__ import annotations
 import hmac
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.handlers.asgi import ASGIRequest
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
+from django.core.handlers.base import BaseHandler
+from django.core.handlers.exception import convert_exception_to_response
 from django.db import connections
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -216,3 +221,17 @@ async def lease_view(request: HttpRequest) -> JsonResponse:
     finally:
         await waiter.close()
     return JsonResponse(answer)
+
+
+class LeaseApp(ASGIHandler):
+    """`lease/` as an ASGI app of its own: Django's request handling (body, signals, the
+    view cancelled when the agent goes away), without the middleware stack."""
+
+    def __init__(self) -> None:
+        BaseHandler.__init__(self)  # no middleware: none of it concerns an agent's lease
+        self._view: Callable[[HttpRequest], Awaitable[HttpResponseBase]] = (
+            convert_exception_to_response(lease_view)  # type: ignore[assignment]
+        )
+
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        return await self._view(request)
