@@ -81,9 +81,14 @@ def main() -> None:
     port = args.port or free_port()
     tmp = Path(tempfile.mkdtemp(prefix="berth-agent-rest-"))
     join = secrets.token_urlsafe(16)
-    env = {**os.environ, "BERTH_JOIN_TOKEN": join, "BERTH_DATA_DIR": str(tmp),
-           "BERTH_HEARTBEAT_INTERVAL": str(args.lease), "DJANGO_SETTINGS_MODULE": "berth.settings",
-           "BERTH_SECRET_KEY": os.environ.get("BERTH_SECRET_KEY") or secrets.token_urlsafe(40)}  # fmt: skip
+    env = {
+        **os.environ,
+        "BERTH_JOIN_TOKEN": join,
+        "BERTH_DATA_DIR": str(tmp),
+        "BERTH_HEARTBEAT_INTERVAL": str(args.lease),
+        "DJANGO_SETTINGS_MODULE": "berth.settings",
+        "BERTH_SECRET_KEY": os.environ.get("BERTH_SECRET_KEY") or secrets.token_urlsafe(40),
+    }
     env.pop("BERTH_HEARTBEAT_TIMEOUT", None)
     if "DATABASE_URL" not in os.environ:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env,

@@ -175,19 +175,26 @@ async def on_layer_loop(coroutine: Coroutine[Any, Any, T]) -> T:
 
 class OrdersWaiter:
     """A held lease's subscription: `await wait(node_id, timeout)` returns True when orders
-    for that node were committed since `open()`, False when `timeout` passed first.
+    for that node were committed since `open()` (look again), False when `timeout` passed.
 
     Subscribe before reading the orders from the database, so that a commit between the read
-    and the wait still wakes us.
+    and the wait still wakes us. If the channel layer fails, the waiter says "look again"
+    every POLL_WITHOUT_LAYER seconds instead: orders come a little later, never an error.
     """
+
+    POLL_WITHOUT_LAYER = 1.0
 
     def __init__(self) -> None:
         self.layer = get_channel_layer()
         self.channel = ""
 
     async def open(self) -> None:
-        if self.layer is not None:
+        if self.layer is None:
+            return
+        try:
             self.channel = await on_layer_loop(self._open())
+        except Exception:
+            log.warning("channel layer unavailable; held leases poll instead", exc_info=True)
 
     async def _open(self) -> str:
         assert self.layer is not None
@@ -196,10 +203,17 @@ class OrdersWaiter:
         return channel
 
     async def wait(self, node_id: int, timeout: float) -> bool:
-        if self.layer is None or not self.channel:
-            await asyncio.sleep(max(timeout, 0))
+        if timeout <= 0:
             return False
-        return await on_layer_loop(self._wait(node_id, timeout))
+        if self.layer is None or not self.channel:
+            await asyncio.sleep(min(timeout, self.POLL_WITHOUT_LAYER))
+            return True
+        try:
+            return await on_layer_loop(self._wait(node_id, timeout))
+        except Exception:
+            log.warning("channel layer failed while waiting; polling instead", exc_info=True)
+            await self.close()
+            return True
 
     async def _wait(self, node_id: int, timeout: float) -> bool:
         assert self.layer is not None
@@ -216,4 +230,7 @@ class OrdersWaiter:
     async def close(self) -> None:
         if self.layer is not None and self.channel:
             channel, self.channel = self.channel, ""
-            await on_layer_loop(self.layer.group_discard(AGENT_GROUP, channel))
+            try:
+                await on_layer_loop(self.layer.group_discard(AGENT_GROUP, channel))
+            except Exception:  # the membership expires by itself
+                log.warning("could not leave the agents' group", exc_info=True)
