@@ -592,3 +592,14 @@ def test_a_node_that_renews_its_lease_stays_ready_and_a_silent_one_is_lost(owner
     states = dict(Node.objects.values_list("name", "state"))
     assert states == {"gpu-01": NodeState.READY, "gpu-02": NodeState.NOT_READY}
     assert silent_job.tasks.get().state == TaskState.LOST
+
+
+def test_a_lease_still_answers_when_the_channel_layer_is_down(owner, settings):
+    settings.CHANNEL_LAYERS = {"default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": ["redis://127.0.0.1:9/0"]}}}  # fmt: skip  (nobody listens there)
+    token = register().json()["token"]
+    response = lease(token, wait=0.3)
+    assert response.status_code == 200 and response.json()["start"] == []
+    _, task = _assigned(owner, Node.objects.get())
+    assert [s["id"] for s in lease(token, wait=0.3).json()["start"]] == [task.pk]
