@@ -7,7 +7,8 @@ nothing is sent for a transaction that rolls back.
   collects ids so the scheduler never imports the web side.
 - `orders()`: some nodes have new orders (a task to start or to stop). Agents wait for orders
   in a held lease request (scheduler/agent/views.py); this wakes the ones concerned through
-  the channel layer's group `AGENT_GROUP`, in whatever web process holds them.
+  the channel layer's group `AGENT_GROUP`, in whatever web process holds them, as soon as
+  the transaction commits (not at the end of a `batch()`).
 """
 
 from __future__ import annotations
@@ -38,15 +39,12 @@ def batch() -> Iterator[None]:
         yield  # already batching: the outermost block publishes
         return
     _local.pending = (set(), set(), set())
-    _local.orders = (set(), set())
     try:
         yield
     finally:
         jobs, flows, nodes = _local.pending
-        order_nodes, order_jobs = _local.orders
-        _local.pending = _local.orders = None
+        _local.pending = None
         _publish(jobs, flows, nodes)
-        _wake_agents(order_nodes, order_jobs)
 
 
 def _publish(jobs: set[int], flows: set[int], nodes: set[int]) -> None:
@@ -83,21 +81,12 @@ def changed(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable
 
 
 def orders(nodes: Iterable[int] = (), jobs: Iterable[int] = ()) -> None:
-    """After commit, wake the agents of `nodes` and of the nodes where `jobs` have tasks: they
-    have a task to start or to stop. Inside `batch()` all of a cycle's go out as one message."""
+    """Right after commit, wake the agents of `nodes` and of the nodes where `jobs` have
+    tasks: they have a task to start or to stop. Not held back by `batch()`: an agent gets
+    its orders at the commit, not at the end of the scheduler's cycle."""
     node_ids, job_ids = set(nodes), set(jobs)
-    if not (node_ids or job_ids):
-        return
-
-    def send() -> None:
-        pending = getattr(_local, "orders", None)
-        if pending is not None:
-            pending[0].update(node_ids)
-            pending[1].update(job_ids)
-            return
-        _wake_agents(node_ids, job_ids)
-
-    transaction.on_commit(send)
+    if node_ids or job_ids:
+        transaction.on_commit(lambda: _wake_agents(node_ids, job_ids))
 
 
 def _wake_agents(node_ids: set[int], job_ids: set[int]) -> None:
