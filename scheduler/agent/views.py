@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -26,7 +27,7 @@ from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler, ASGIRequest
 from django.core.handlers.base import BaseHandler
 from django.core.handlers.exception import convert_exception_to_response
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
@@ -43,6 +44,8 @@ from scheduler.agent.client import PROTOCOL, PROTOCOL_HEADER
 from scheduler.models import Node
 
 T = TypeVar("T")
+log = logging.getLogger("berth.agent")
+LEASE_RETRY_AFTER = 1  # seconds an agent waits when its lease cannot reach the database
 
 
 class NodeTokenAuthentication(authentication.BaseAuthentication):
@@ -211,13 +214,19 @@ async def lease_view(request: HttpRequest) -> JsonResponse:
     try:
         try:
             node, reports, answer = await _db(protocol.renew_lease, token, data)
+            deadline = time.monotonic() + hold
+            while not (answer["start"] or answer["kill"]):
+                if not await waiter.wait(node.pk, deadline - time.monotonic()):
+                    break
+                answer = await _db(protocol.lease_orders, node, reports)
         except protocol.ProtocolError as exc:
             return _json_error(exc)
-        deadline = time.monotonic() + hold
-        while not (answer["start"] or answer["kill"]):
-            if not await waiter.wait(node.pk, deadline - time.monotonic()):
-                break
-            answer = await _db(protocol.lease_orders, node, reports)
+        except DatabaseError:
+            # No connection to be had (pool exhausted, database restarting): come back soon.
+            log.warning("lease answered 503: database unavailable", exc_info=True)
+            busy = JsonResponse({"detail": "database busy; retry"}, status=503)
+            busy["Retry-After"] = str(LEASE_RETRY_AFTER)
+            return busy
     finally:
         await waiter.close()
     return JsonResponse(answer)

@@ -603,3 +603,18 @@ def test_a_lease_still_answers_when_the_channel_layer_is_down(owner, settings):
     assert response.status_code == 200 and response.json()["start"] == []
     _, task = _assigned(owner, Node.objects.get())
     assert [s["id"] for s in lease(token, wait=0.3).json()["start"]] == [task.pk]
+
+
+def test_a_lease_without_a_database_connection_is_told_to_come_back(monkeypatch):
+    from django.db import OperationalError
+
+    from scheduler.agent import protocol
+
+    token = register().json()["token"]
+
+    def no_connection(*args: Any) -> Any:
+        raise OperationalError("connection pool exhausted")
+
+    monkeypatch.setattr(protocol, "renew_lease", no_connection)
+    response = lease(token)
+    assert response.status_code == 503 and response["Retry-After"] == "1"
