@@ -197,7 +197,6 @@ def _lease_request(request: HttpRequest) -> tuple[str, dict[str, Any], float]:
     return token.strip(), data, min(float(wait), hold)
 
 
-@extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
 @csrf_exempt
 async def lease_view(request: HttpRequest) -> JsonResponse:
     """Renew this node's lease and wait (up to the lease) for orders: tasks to start or kill."""
