@@ -100,6 +100,7 @@ class Http:
         self.timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()  # guards _conn against abort() from another thread
+        self._aborted = False
 
     def _connection(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
         with self._lock:
@@ -120,8 +121,10 @@ class Http:
             conn.close()
 
     def abort(self) -> None:
-        """From another thread: end a request that is waiting (a held lease) at once."""
+        """From another thread: end a request that is waiting (a held lease) at once, and
+        refuse any further one (this client is being shut down)."""
         with self._lock:
+            self._aborted = True
             sock = self._conn.sock if self._conn is not None else None
         if sock is not None:
             try:
@@ -140,6 +143,8 @@ class Http:
             headers["Authorization"] = auth
         url = f"{self.prefix}/api/v1/agent/{path}"
         for attempt in range(2):
+            if self._aborted:
+                raise Unavailable("the client was shut down")
             conn, reused = self._connection(timeout or self.timeout)
             try:
                 conn.request("POST", url, body=data, headers=headers)

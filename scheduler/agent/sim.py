@@ -136,7 +136,6 @@ class SimCluster:
         with node.lock:
             node.token = answer["token"]
             node.lease = float(answer.get("lease_seconds", node.lease))
-            node.dirty = True
 
     # --- reports -----------------------------------------------------------------------
 
@@ -259,8 +258,8 @@ class SimCluster:
         backoff = Backoff()
         while not self.stop.is_set():
             if not node.token:  # not registered yet, or the server forgot us
-                self.report_soon(node)
-                self.stop.wait(backoff.delay())
+                self.report_soon(node)  # registers first
+                self.stop.wait(0.2 if node.reporting else backoff.delay())
                 continue
             with node.lock:
                 body = {"tasks": node.task_list()}

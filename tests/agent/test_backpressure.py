@@ -206,3 +206,12 @@ def test_it_tells_come_back_later_from_refused(server):
     assert http.post("report/", {}) == {"start": [], "kill": [], "awaiting_output": []}
     with pytest.raises(Unavailable):  # nobody listens there
         Http("http://127.0.0.1:9").post("report/", {})
+
+
+def test_a_shut_down_client_sends_nothing_more(server):
+    http = Http(server.url)
+    assert http.post("report/", {})["kill"] == []
+    http.abort()
+    with pytest.raises(Unavailable):
+        http.post("report/", {})
+    assert len(server.where("report/")) == 1
