@@ -4,6 +4,7 @@ Channels with login checks. `./run serve` runs it in several worker processes.""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -13,13 +14,20 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
 
 from berth.limits import RequestLimits  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
+from scheduler.agent.views import LeaseApp  # noqa: E402
+
+# Agents' held lease requests skip the middleware stack (scheduler/agent/views.py).
+lease_app: Any = LeaseApp()
+django_app: Any = django_asgi_app
+http_routes = [path("api/v1/agent/lease/", lease_app), re_path(r"", django_app)]
 
 application = ProtocolTypeRouter(
     {
-        "http": RequestLimits(django_asgi_app),
+        "http": RequestLimits(URLRouter(http_routes)),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -316,8 +316,20 @@ LOGGING = {
 
 # Berth's own knobs.
 BERTH_JOIN_TOKEN = os.environ.get("BERTH_JOIN_TOKEN", "").strip()
-BERTH_HEARTBEAT_INTERVAL = env_float("BERTH_HEARTBEAT_INTERVAL", 2.0, minimum=0.05)
-BERTH_HEARTBEAT_TIMEOUT = env_float("BERTH_HEARTBEAT_TIMEOUT", 30.0, minimum=0.1)
+# An agent renews its lease every BERTH_HEARTBEAT_INTERVAL seconds at rest (a lease request
+# is held up to 1.25 times that while there is no work for it); a node silent for
+# BERTH_HEARTBEAT_TIMEOUT becomes NotReady: by default three missed renewals after a held one.
+BERTH_HEARTBEAT_INTERVAL = env_float("BERTH_HEARTBEAT_INTERVAL", 10.0, minimum=0.05)
+BERTH_HEARTBEAT_TIMEOUT = env_float(
+    "BERTH_HEARTBEAT_TIMEOUT", 4.25 * BERTH_HEARTBEAT_INTERVAL, minimum=0.1
+)
+if BERTH_HEARTBEAT_TIMEOUT <= 1.25 * BERTH_HEARTBEAT_INTERVAL:
+    raise ImproperlyConfigured(
+        f"BERTH_HEARTBEAT_TIMEOUT ({BERTH_HEARTBEAT_TIMEOUT:g}) must be longer than a held lease"
+        f" (1.25 x BERTH_HEARTBEAT_INTERVAL = {1.25 * BERTH_HEARTBEAT_INTERVAL:g}), or every"
+        " node at rest would be declared NotReady"
+    )
+BERTH_AGENT_MAX_TASKS = env_int("BERTH_AGENT_MAX_TASKS", 10_000, minimum=1)
 BERTH_KILL_GRACE_SECONDS = env_float("BERTH_KILL_GRACE_SECONDS", 10.0, minimum=0.0)
 BERTH_SCHEDULER_INTERVAL = env_float("BERTH_SCHEDULER_INTERVAL", 1.0, minimum=0.01)
 BERTH_LOG_CHUNK_BYTES = env_int("BERTH_LOG_CHUNK_BYTES", 64 * 1024, minimum=1024)

@@ -118,6 +118,7 @@ def terminate_job(
         job.hold_reason = ""
         job.save()
         notify.changed(jobs=[job.pk], nodes=[t.node_id for t in on_node if t.node_id])
+        notify.orders(nodes=[t.node_id for t in on_node if t.node_id])
 
 
 def _restart(job: Job, now: datetime) -> None:
@@ -209,6 +210,7 @@ def _carry_out(job: Job, now: datetime) -> bool:
             return False  # let it finish terminating first; the request stays recorded
         else:
             _stop_tasks(job)
+            notify.orders(jobs=[job.pk])
             job.hold_reason = ""
             _set_state(job, JobState.SUSPENDED, USER_SUSPENDED, "suspended by user", now)
         job.requested_action = JobRequest.NONE

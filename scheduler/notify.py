@@ -1,21 +1,33 @@
-"""Say what changed; the dashboard pushes it to browsers after the transaction commits.
+"""Say what changed, after the transaction commits: to browsers, and to waiting agents.
 
-Writers (REST, the scheduler loop, agents' heartbeats) call these inside their transaction;
-nothing is sent for a transaction that rolls back. The dashboard's `dashboard.live.publish`
-renders and sends; this module only collects ids so the scheduler never imports the web side.
+Writers (REST, the scheduler loop, agents' reports) call these inside their transaction;
+nothing is sent for a transaction that rolls back.
+
+- `changed()`: the dashboard's `dashboard.live.publish` renders and sends; this module only
+  collects ids so the scheduler never imports the web side.
+- `orders()`: some nodes have new orders (a task to start or to stop). Agents wait for orders
+  in a held lease request (scheduler/agent/views.py); this wakes the ones concerned through
+  the channel layer's group `AGENT_GROUP`, in whatever web process holds them, as soon as
+  the transaction commits (not at the end of a `batch()`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Coroutine, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
+from channels.layers import get_channel_layer
 from django.db import transaction
 
+T = TypeVar("T")
 log = logging.getLogger("berth.notify")
 _local = threading.local()
+AGENT_GROUP = "berth-agent-orders"
+SEND_TIMEOUT = 5.0
 
 
 @contextmanager
@@ -63,3 +75,151 @@ def changed(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable
         _publish(job_ids, flow_ids, node_ids)
 
     transaction.on_commit(send)
+
+
+# --- orders for agents -------------------------------------------------------------------
+
+
+def orders(nodes: Iterable[int] = (), jobs: Iterable[int] = ()) -> None:
+    """Right after commit, wake the agents of `nodes` and of the nodes where `jobs` have
+    tasks: they have a task to start or to stop. Not held back by `batch()`: an agent gets
+    its orders at the commit, not at the end of the scheduler's cycle."""
+    node_ids, job_ids = set(nodes), set(jobs)
+    if node_ids or job_ids:
+        transaction.on_commit(lambda: _wake_agents(node_ids, job_ids))
+
+
+def _wake_agents(node_ids: set[int], job_ids: set[int]) -> None:
+    if not (node_ids or job_ids):
+        return
+    try:
+        if job_ids:
+            from scheduler.models import Task
+            from scheduler.states import TASK_ON_NODE
+
+            node_ids |= set(
+                Task.objects.filter(job_id__in=job_ids, state__in=TASK_ON_NODE)
+                .exclude(node=None)
+                .values_list("node_id", flat=True)
+                .distinct()
+            )
+        layer = get_channel_layer()
+        if layer is not None and node_ids:
+            message = {"type": "agent.orders", "nodes": sorted(node_ids)}
+            run_on_layer_loop(layer.group_send(AGENT_GROUP, message))
+    except Exception:  # agents still get their orders when they renew their lease
+        log.exception("waking agents failed")
+
+
+# --- the event loop the channel layer lives on -------------------------------------------
+# The in-memory layer's queues belong to the loop that waits on them, and the Redis layer
+# allows receive() on one loop per process and keeps its connection pool per loop. So every
+# waiter and every sender in a process uses one loop: the ASGI server's (remembered by the
+# lease view, which runs on it) or else one private loop thread (the scheduler process, a
+# WSGI server, tests), instead of a fresh loop per call as async_to_sync would make.
+_server_loop: asyncio.AbstractEventLoop | None = None
+_own_loop: asyncio.AbstractEventLoop | None = None
+_own_lock = threading.Lock()
+
+
+def remember_server_loop() -> None:
+    """Called on the ASGI server's own loop."""
+    global _server_loop
+    _server_loop = asyncio.get_running_loop()
+
+
+def layer_loop() -> asyncio.AbstractEventLoop:
+    global _own_loop
+    loop = _server_loop
+    if loop is not None and loop.is_running() and not loop.is_closed():
+        return loop
+    with _own_lock:
+        if _own_loop is None or _own_loop.is_closed():
+            _own_loop = asyncio.new_event_loop()
+            threading.Thread(target=_own_loop.run_forever, name="berth-notify", daemon=True).start()
+        return _own_loop
+
+
+def run_on_layer_loop(coroutine: Coroutine[Any, Any, T]) -> T | None:
+    """From sync code: run `coroutine` on the layer's loop and wait for it (or only schedule
+    it, from a thread that itself runs that loop)."""
+    loop = layer_loop()
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+    if running is not None:
+        return None
+    return future.result(timeout=SEND_TIMEOUT)
+
+
+async def on_layer_loop(coroutine: Coroutine[Any, Any, T]) -> T:
+    """From async code on any loop: await `coroutine` run on the layer's loop."""
+    loop = layer_loop()
+    if asyncio.get_running_loop() is loop:
+        return await coroutine
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
+
+
+class OrdersWaiter:
+    """A held lease's subscription: `await wait(node_id, timeout)` returns True when orders
+    for that node were committed since `open()` (look again), False when `timeout` passed.
+
+    Subscribe before reading the orders from the database, so that a commit between the read
+    and the wait still wakes us. If the channel layer fails, the waiter says "look again"
+    every POLL_WITHOUT_LAYER seconds instead: orders come a little later, never an error.
+    """
+
+    POLL_WITHOUT_LAYER = 1.0
+
+    def __init__(self) -> None:
+        self.layer = get_channel_layer()
+        self.channel = ""
+
+    async def open(self) -> None:
+        if self.layer is None:
+            return
+        try:
+            self.channel = await on_layer_loop(self._open())
+        except Exception:
+            log.warning("channel layer unavailable; held leases poll instead", exc_info=True)
+
+    async def _open(self) -> str:
+        assert self.layer is not None
+        channel = str(await self.layer.new_channel("agent-lease."))
+        await self.layer.group_add(AGENT_GROUP, channel)
+        return channel
+
+    async def wait(self, node_id: int, timeout: float) -> bool:
+        if timeout <= 0:
+            return False
+        if self.layer is None or not self.channel:
+            await asyncio.sleep(min(timeout, self.POLL_WITHOUT_LAYER))
+            return True
+        try:
+            return await on_layer_loop(self._wait(node_id, timeout))
+        except Exception:
+            log.warning("channel layer failed while waiting; polling instead", exc_info=True)
+            await self.close()
+            return True
+
+    async def _wait(self, node_id: int, timeout: float) -> bool:
+        assert self.layer is not None
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            try:
+                message = await asyncio.wait_for(self.layer.receive(self.channel), left)
+            except TimeoutError:
+                return False
+            if node_id in message.get("nodes", ()):
+                return True
+        return False
+
+    async def close(self) -> None:
+        if self.layer is not None and self.channel:
+            channel, self.channel = self.channel, ""
+            try:
+                await on_layer_loop(self.layer.group_discard(AGENT_GROUP, channel))
+            except Exception:  # the membership expires by itself
+                log.warning("could not leave the agents' group", exc_info=True)

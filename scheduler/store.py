@@ -63,6 +63,7 @@ def apply_decisions(loaded: Loaded, result: CycleResult, now: datetime | None = 
         events.extend(_invalid_row_events(loaded))
         Event.objects.bulk_create(events, batch_size=CHUNK)
         notify.changed(jobs=evicted | placed, nodes=nodes)
+        notify.orders(jobs=evicted | placed)  # wake the agents: tasks to start or to stop
     return applied
 
 

@@ -1,24 +1,36 @@
-"""The agent protocol, server side: register, heartbeat, log upload.
+"""The agent protocol, server side: register, report, lease, log upload (docs/agents.md).
 
-An agent reports every task it knows in each heartbeat (full state). The server validates the
-whole report before changing anything, moves task rows, releases devices of tasks the agent
-says have stopped, and answers with tasks to start and tasks to kill. A retried report
-changes nothing more, so agents may resend freely. Job states are derived from task states by
-the scheduler loop (scheduler/lifecycle.py), not here.
+Two streams per agent:
+- Reports (`apply_report`) carry every task the agent knows (full state). They are the only
+  requests that change task rows, and an agent sends them one at a time, so they apply in
+  the order the agent saw things. The server validates the whole report before changing
+  anything, moves task rows, releases devices of tasks the agent says have stopped, and
+  answers with orders (tasks to start and to kill). A repeated report changes nothing more.
+- Lease renewals (`renew_lease`, `lease_orders`) keep the node alive and deliver orders; the
+  web view holds one open until there are orders for the node (scheduler.notify wakes it).
+  They change no task row: an old lease body can never undo a newer report.
+
+A task ends on the server only once its output is held: a final report says how many bytes
+of output the attempt produced, and until the server holds them the task stays Running and
+the answer lists it in `awaiting_output` (the agent ships the rest and reports again).
+Job states are derived from task states by the scheduler loop (scheduler/lifecycle.py).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from scheduler import notify
 from scheduler.accounting import record_task_ends
+from scheduler.agent.client import PROTOCOL
 from scheduler.arrays import array_env
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.events import record
@@ -31,6 +43,15 @@ REPORTED_STATES = {"Running", "Succeeded", "Failed", "Killed"}
 FINAL_REPORTS = {"Succeeded": TaskState.SUCCEEDED, "Failed": TaskState.FAILED,
                  "Killed": TaskState.KILLED}  # fmt: skip
 TRUNCATED = "\n[berth: output truncated: the rest of this attempt's output was dropped]\n"
+MAX_OUTPUT_BYTES = 2**62  # a bound for `output_bytes`, far above any real output
+LEASE_JITTER = 0.25  # a lease is held between 1 and 1.25 leases, so renewals spread out
+
+
+def lease_seconds() -> float:
+    """How long a lease request may be held while there is no work: renewals at rest come
+    no more often than BERTH_HEARTBEAT_INTERVAL."""
+    interval = float(settings.BERTH_HEARTBEAT_INTERVAL)
+    return interval * (1.0 + LEASE_JITTER * random.random())
 
 
 class ProtocolError(Exception):
@@ -44,6 +65,22 @@ class ProtocolError(Exception):
 
 def node_for_token(token: str) -> Node | None:
     return Node.objects.filter(token_hash=hash_token(token)).first() if token else None
+
+
+def check_protocol(header: str | None, body_version: object = None) -> None:
+    """Refuse an agent that does not speak this protocol (426, saying what to do)."""
+    if header is not None and header.strip() == str(PROTOCOL):
+        return
+    got = (header or "").strip()[:20]
+    if not got:
+        # Protocol 1 agents sent no header; at registration they said "berth-agent/1".
+        version = str(body_version or "")
+        got = version.rpartition("/")[2][:20] if "/" in version else "none"
+    raise ProtocolError(
+        {"detail": [f"agent protocol {PROTOCOL} required, got {got}; upgrade the agent"],
+         "protocol": [str(PROTOCOL)]},
+        status=426,
+    )  # fmt: skip
 
 
 # --- register ----------------------------------------------------------------------------
@@ -165,7 +202,9 @@ def register(data: object, node_token: str | None = None) -> dict[str, Any]:
     return {
         "node": node.name,
         "token": token,
-        "heartbeat_interval": settings.BERTH_HEARTBEAT_INTERVAL,
+        "protocol": PROTOCOL,
+        "lease_seconds": settings.BERTH_HEARTBEAT_INTERVAL,
+        "heartbeat_timeout": settings.BERTH_HEARTBEAT_TIMEOUT,
         "kill_grace_seconds": settings.BERTH_KILL_GRACE_SECONDS,
         "log_chunk_bytes": settings.BERTH_LOG_CHUNK_BYTES,
     }
@@ -204,7 +243,7 @@ def _reconcile_devices(node: Node, devices: list[dict[str, Any]]) -> None:
     Device.objects.bulk_create(Device(node=node, **info) for info in present.values())
 
 
-# --- heartbeat ---------------------------------------------------------------------------
+# --- reports -----------------------------------------------------------------------------
 
 
 @dataclass
@@ -214,9 +253,51 @@ class Report:
     state: str
     exit_code: int | None
     message: str
+    output_bytes: int = 0  # of this attempt, in a final report
+    stopping: bool = False  # the agent is already stopping it (no new kill order)
 
 
-def _parse_report(data: object) -> tuple[list[Report], dict[str, Any]]:
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_task(item: object, path: str, errors: dict[str, list[str]]) -> Report | None:
+    if not isinstance(item, dict):
+        errors[path] = ["must be an object"]
+        return None
+    task_id, attempt, state = item.get("id"), item.get("attempt", 0), item.get("state")
+    exit_code, output = item.get("exit_code"), item.get("output_bytes", 0)
+    if not isinstance(task_id, int) or isinstance(task_id, bool):
+        errors[f"{path}.id"] = ["must be a task id"]
+        return None
+    if not _is_int(attempt) or attempt < 0:
+        errors[f"{path}.attempt"] = ["must be a non-negative integer"]
+    if state not in REPORTED_STATES:
+        errors[f"{path}.state"] = [f"must be one of {', '.join(sorted(REPORTED_STATES))}"]
+    if exit_code is not None and not _is_int(exit_code):
+        errors[f"{path}.exit_code"] = ["must be an integer or null"]
+    if state == "Failed" and exit_code is None:
+        errors[f"{path}.exit_code"] = ["is required for a failed task"]
+    if state in FINAL_REPORTS and "output_bytes" not in item:
+        errors[f"{path}.output_bytes"] = ["is required when a task has ended"]
+    elif not _is_int(output) or not 0 <= output <= MAX_OUTPUT_BYTES:
+        errors[f"{path}.output_bytes"] = [f"must be an integer from 0 to {MAX_OUTPUT_BYTES}"]
+    stopping = item.get("stopping", False)
+    if not isinstance(stopping, bool):
+        errors[f"{path}.stopping"] = ["must be true or false"]
+    return Report(
+        task_id,
+        attempt if _is_int(attempt) else 0,
+        str(state),
+        exit_code if _is_int(exit_code) else None,
+        str(item.get("message", ""))[:1000],
+        output if _is_int(output) else 0,
+        stopping is True,
+    )  # fmt: skip
+
+
+def parse_tasks(data: object) -> tuple[list[Report], dict[str, Any]]:
+    """The `tasks` (and `usage`) of a report or lease body, validated whole."""
     if not isinstance(data, dict):
         raise ProtocolError({"body": ["must be a JSON object"]})
     raw = data.get("tasks", [])
@@ -224,54 +305,46 @@ def _parse_report(data: object) -> tuple[list[Report], dict[str, Any]]:
     errors: dict[str, list[str]] = {}
     if not isinstance(raw, list):
         raise ProtocolError({"tasks": ["must be a list"]})
+    if len(raw) > settings.BERTH_AGENT_MAX_TASKS:
+        raise ProtocolError({"tasks": [f"at most {settings.BERTH_AGENT_MAX_TASKS} tasks"]})
     if not isinstance(usage, dict):
         errors["usage"] = ["must be an object"]
     reports = []
     seen: set[int] = set()
     for i, item in enumerate(raw):
-        path = f"tasks.{i}"
-        if not isinstance(item, dict):
-            errors[path] = ["must be an object"]
+        report = _parse_task(item, f"tasks.{i}", errors)
+        if report is None:
             continue
-        task_id, attempt, state = item.get("id"), item.get("attempt", 0), item.get("state")
-        exit_code = item.get("exit_code")
-        if not isinstance(task_id, int) or isinstance(task_id, bool):
-            errors[f"{path}.id"] = ["must be a task id"]
-            continue
-        if task_id in seen:
-            errors[f"{path}.id"] = [f"task {task_id} is reported twice"]
-        seen.add(task_id)
-        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
-            errors[f"{path}.attempt"] = ["must be a non-negative integer"]
-        if state not in REPORTED_STATES:
-            errors[f"{path}.state"] = [f"must be one of {', '.join(sorted(REPORTED_STATES))}"]
-        if exit_code is not None and (
-            not isinstance(exit_code, int) or isinstance(exit_code, bool)
-        ):
-            errors[f"{path}.exit_code"] = ["must be an integer or null"]
-        if state == "Failed" and exit_code is None:
-            errors[f"{path}.exit_code"] = ["is required for a failed task"]
-        reports.append(
-            Report(
-                task_id,
-                attempt if isinstance(attempt, int) else 0,
-                str(state),
-                exit_code,
-                str(item.get("message", ""))[:1000],
-            )  # fmt: skip
-        )
+        if report.id in seen:
+            errors[f"tasks.{i}.id"] = [f"task {report.id} is reported twice"]
+        seen.add(report.id)
+        reports.append(report)
     if errors:
         raise ProtocolError(errors)
     return reports, usage
 
 
-def apply_heartbeat(node: Node, data: object) -> dict[str, Any]:
-    """Apply one full-state report from `node`'s agent; answer with tasks to start/kill."""
-    reports, usage = _parse_report(data)
+def _wanted(task: Task | None, report: Report, node: Node) -> bool:
+    """Is this report about the attempt the server wants running on this node?"""
+    return (
+        task is not None
+        and task.node_id == node.pk
+        and task.attempt == report.attempt
+        and task.state in TASK_ON_NODE
+    )
+
+
+def _kill_order(task_id: int, attempt: int) -> dict[str, Any]:
+    return {"id": task_id, "attempt": attempt, "grace_seconds": settings.BERTH_KILL_GRACE_SECONDS}
+
+
+def apply_report(node: Node, data: object) -> dict[str, Any]:
+    """Apply one full-state report from `node`'s agent; answer with orders."""
+    reports, usage = parse_tasks(data)
     now = timezone.now()
     changed_jobs: set[int] = set()
     kill: list[dict[str, Any]] = []
-    grace = settings.BERTH_KILL_GRACE_SECONDS
+    awaiting: list[dict[str, Any]] = []
     with transaction.atomic():
         tasks = {
             t.pk: t
@@ -296,27 +369,21 @@ def apply_heartbeat(node: Node, data: object) -> dict[str, Any]:
         reported = set()
         for report in reports:
             task = tasks.get(report.id)
-            wanted = (
-                task is not None
-                and task.node_id == node.pk
-                and task.attempt == report.attempt
-                and task.state in TASK_ON_NODE
-            )
-            if not wanted:
+            if not _wanted(task, report, node):
                 # Unknown, stale or already over on the server: the agent must stop it.
-                if report.state == "Running":
-                    kill.append(
-                        {"id": report.id, "attempt": report.attempt, "grace_seconds": grace}
-                    )
+                if report.state == "Running" and not report.stopping:
+                    kill.append(_kill_order(report.id, report.attempt))
                 continue
             assert task is not None
             reported.add(task.pk)
-            if _apply_one(task, report, now, node):
+            if _apply_one(task, report, now, node, awaiting):
                 changed_jobs.add(task.job_id)
-            if report.state == "Running" and task.kill_requested:
-                kill.append({"id": task.pk, "attempt": task.attempt, "grace_seconds": grace})
+            if report.state == "Running" and task.kill_requested and not report.stopping:
+                kill.append(_kill_order(task.pk, task.attempt))
 
-        # Tasks the server placed here that the agent did not report.
+        # Tasks the server placed here that the agent did not report. Reports arrive in the
+        # agent's order, and a task becomes Running only through a report, so a Running task
+        # missing from a report is gone from the node.
         start = []
         on_node = Task.objects.select_for_update(of=("self",)).select_related("job")
         for task in on_node.filter(node=node, state__in=TASK_ON_NODE):
@@ -326,18 +393,16 @@ def apply_heartbeat(node: Node, data: object) -> dict[str, Any]:
                 _finish(task, TaskState.LOST, None, "agent no longer runs it", now, node)
                 changed_jobs.add(task.job_id)
             elif task.kill_requested:
-                _finish(task, TaskState.KILLED, None, "stopped before it started", now, node)
-                changed_jobs.add(task.job_id)
+                # Its start may be on its way to the agent in a lease answer: the agent
+                # confirms it never ran (or kills it) before its devices are released.
+                kill.append(_kill_order(task.pk, task.attempt))
             else:
                 start.append(task)
 
-        node.last_heartbeat = now
         was = node.state
-        node.state = node.derive_state(alive=True)
+        _renew(node, now)
         node.usage = usage
         node.save(update_fields=["last_heartbeat", "state", "usage"])
-        if was != node.state:
-            record("NodeReady", "HeartbeatResumed", f"{was} -> {node.state}", node=node)
         notify.changed(
             jobs=changed_jobs, nodes=[node.pk] if changed_jobs or was != node.state else []
         )
@@ -345,24 +410,55 @@ def apply_heartbeat(node: Node, data: object) -> dict[str, Any]:
     return {
         "start": start_messages,
         "kill": kill,
-        "heartbeat_interval": settings.BERTH_HEARTBEAT_INTERVAL,
+        "awaiting_output": awaiting,
+        "lease_seconds": settings.BERTH_HEARTBEAT_INTERVAL,
     }
 
 
-def _apply_one(task: Task, report: Report, now: Any, node: Node) -> bool:
+def _renew(node: Node, now: Any) -> None:
+    """The agent is alive: renew the lease, and bring a NotReady node back (caller saves)."""
+    node.last_heartbeat = now
+    was = node.state
+    node.state = node.derive_state(alive=True)
+    if was != node.state:
+        record("NodeReady", "LeaseRenewed", f"{was} -> {node.state}", node=node)
+
+
+def _apply_one(task: Task, report: Report, now: Any, node: Node,
+               awaiting: list[dict[str, Any]]) -> bool:  # fmt: skip
+    """Move one task as its report says; True if its job may have changed."""
     if report.state == "Running":
-        if task.state == TaskState.ASSIGNED:
-            task.state = TaskState.RUNNING
-            task.started_at = now
-            task.save(update_fields=["state", "started_at"])
-            record("TaskStarted", "Started", f"{task.group}-{task.index} on {node.name}",
-                   job=task.job, node=node)  # fmt: skip
-            return True
-        return False
-    if task.started_at is None:  # it ran and ended between two heartbeats
-        task.started_at = now
+        return _mark_running(task, now, node)
+    held = _held_bytes(task, report.attempt, report.output_bytes)
+    if held < report.output_bytes:
+        # The end is known, the output not all here yet: it stays Running until it is.
+        awaiting.append({"id": task.pk, "attempt": task.attempt, "have": held,
+                         "want": report.output_bytes})  # fmt: skip
+        return _mark_running(task, now, node)
+    never_ran = report.state == "Killed" and report.exit_code is None
+    if task.started_at is None and not never_ran:
+        task.started_at = now  # it ran and ended between two reports
     _finish(task, FINAL_REPORTS[report.state], report.exit_code, report.message, now, node)
     return True
+
+
+def _mark_running(task: Task, now: Any, node: Node) -> bool:
+    if task.state != TaskState.ASSIGNED:
+        return False
+    task.state = TaskState.RUNNING
+    task.started_at = now
+    task.save(update_fields=["state", "started_at"])
+    record("TaskStarted", "Started", f"{task.group}-{task.index} on {node.name}",
+           job=task.job, node=node)  # fmt: skip
+    return True
+
+
+def _held_bytes(task: Task, attempt: int, wanted: int) -> int:
+    """Output bytes of the attempt the server holds (all of them once the log cap is hit)."""
+    if wanted == 0:
+        return 0
+    kept = _kept_bytes(task, attempt)
+    return wanted if kept >= settings.BERTH_LOG_MAX_BYTES else kept
 
 
 def _finish(task: Task, state: str, exit_code: int | None, message: str, now: Any,
@@ -383,6 +479,60 @@ def _finish(task: Task, state: str, exit_code: int | None, message: str, now: An
     else:
         text = f"{what}: {message}" if message else what
     record(f"Task{state}", state, text, job=task.job, node=node)
+
+
+# --- lease -------------------------------------------------------------------------------
+
+
+def renew_lease(token: str, data: object) -> tuple[Node, list[Report], dict[str, Any]]:
+    """Authenticate, renew the node's lease and read its orders (one short transaction)."""
+    reports, _ = parse_tasks(data)
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(token_hash=hash_token(token)).first()
+        if node is None or not token:
+            raise ProtocolError({"detail": ["unknown node token; register again"]}, status=401)
+        was = node.state
+        _renew(node, timezone.now())
+        node.save(update_fields=["last_heartbeat", "state"])
+        if was != node.state:
+            notify.changed(nodes=[node.pk])
+    return node, reports, lease_orders(node, reports)
+
+
+def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
+    """Orders for the agent whose tasks are `reports`, read only: tasks placed here it does
+    not know yet, and tasks it runs that must stop."""
+    known = {(r.id, r.attempt) for r in reports}
+    rows = {
+        t.pk: t
+        for t in Task.objects.select_related("job").filter(
+            Q(node=node, state__in=TASK_ON_NODE) | Q(pk__in=[r.id for r in reports])
+        )
+    }
+    kill = []
+    for report in reports:
+        task = rows.get(report.id)
+        if report.state != "Running" or report.stopping:
+            continue
+        if (
+            task is not None
+            and task.node_id not in (None, node.pk)
+            and (task.attempt == report.attempt)
+        ):
+            continue  # not this node's to report; its report will be refused
+        if not _wanted(task, report, node) or (task is not None and task.kill_requested):
+            kill.append(_kill_order(report.id, report.attempt))
+    start = []
+    for task in rows.values():
+        if task.node_id != node.pk or task.state != TaskState.ASSIGNED:
+            continue
+        if (task.pk, task.attempt) in known:
+            continue
+        if task.kill_requested:
+            kill.append(_kill_order(task.pk, task.attempt))
+        else:
+            start.append(_start_message(task, node))
+    return {"start": start, "kill": kill, "lease_seconds": settings.BERTH_HEARTBEAT_INTERVAL}
 
 
 def _start_message(task: Task, node: Node) -> dict[str, Any]:

@@ -16,17 +16,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
 from scheduler.agent.isolation import (
     DEFAULT_TASK_USER,
     TaskAccounts,
@@ -38,8 +38,9 @@ from scheduler.agent.isolation import (
     work_base,
 )
 
+__all__ = ["Agent", "RunningTask", "ServerError", "Unavailable", "parse_labels"]
 log = logging.getLogger("berth.agent")
-VERSION = "berth-agent/1"
+VERSION = f"berth-agent/{PROTOCOL}"
 # $1 is the command. The wrapper's stdin is the exit-code file, opened for writing by the agent
 # (a task running as another account could not open it in the agent's state dir): the wrapper
 # moves it to fd 3, gives the command /dev/null as stdin and no fd 3, and writes the command's
@@ -51,13 +52,12 @@ WRAPPER = (
     ' echo "$code" >&3; exit "$code"'
 )
 LOG_CHUNK = 60 * 1024  # at most; the server may ask for smaller chunks when it registers us
-SHIP_PER_STEP = 16  # chunks per task per heartbeat, so a chatty task never delays heartbeats
-
-
-class ServerError(Exception):
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP {status}: {body[:300]}")
-        self.status = status
+SHIP_PER_STEP = 16  # chunks per task per turn, so a chatty task never delays reports
+POLL_SECONDS = 0.05  # how often processes are checked: an end is reported within this
+SHIP_SECONDS = 1.0  # running tasks' output is shipped this often (an ended task's at once)
+AWAIT_OUTPUT_SECONDS = 0.5  # a report the server answered "awaiting output" is re-sent after
+ORDERS_ACK_SECONDS = 5.0
+FORGET_ENDED_SECONDS = 600.0  # longer than any request that could still carry a late start
 
 
 def discover_resources() -> tuple[int, int]:
@@ -146,7 +146,15 @@ class RunningTask:
 
 
 class Agent:
-    """One machine's agent. `run(stop)` loops until `stop` is set."""
+    """One machine's agent. `run(stop)` loops until `stop` is set.
+
+    Two threads talk to the server. The main loop checks the processes every POLL_SECONDS,
+    ships their output and sends a full-state report whenever something changed (a task
+    started, ended, or could not start), one report at a time. The lease thread keeps one
+    lease request open; the server holds it until it has orders for this node (or the lease
+    is up) and the main loop carries the orders out. Back-pressure (429/503, Retry-After) and
+    an unreachable server only delay the next request: the state is kept and reported whole.
+    """
 
     def __init__(
         self,
@@ -174,25 +182,27 @@ class Agent:
         self.kill_on_exit = kill_on_exit
         self.timeout = timeout
         self.token = ""
-        self.interval = 2.0
+        self.lease = 10.0
         self.grace = 10.0
         self.log_chunk = LOG_CHUNK
         self.tasks: dict[int, RunningTask] = {}
+        self.http = Http(self.server, timeout)
+        self.lease_http = Http(self.server, timeout)
+        self.backoff = Backoff()
+        self.lock = threading.RLock()  # self.tasks, between the main loop and the lease thread
+        self.wake = threading.Event()
+        self.inbox: queue.Queue[tuple[dict[str, Any], threading.Event]] = queue.Queue()
+        self.dirty = True  # a report is due (always one first: the server learns our state)
+        self.retry_at = 0.0  # no request of the main loop before this (back-pressure)
+        self.report_at = 0.0  # no report before this (waiting for output to be taken)
+        self.ship_running_at = 0.0  # running tasks' output goes out at most every SHIP_SECONDS
+        self.ended: dict[tuple[int, int], float] = {}  # attempts over: a late start is ignored
+        self.reregister = False
 
     # --- HTTP ------------------------------------------------------------------------
 
     def _post(self, path: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
-        request = urllib.request.Request(
-            f"{self.server}/api/v1/agent/{path}",
-            data=json.dumps(body).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json", "Authorization": auth},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return dict(json.loads(response.read() or b"{}"))
-        except urllib.error.HTTPError as exc:
-            raise ServerError(exc.code, exc.read().decode(errors="replace")) from None
+        return self.http.post(path, body, auth)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -222,9 +232,10 @@ class Agent:
         if answer is None:
             answer = self._post("register/", body, f"Bearer {self.join_token}")
         self.token = answer["token"]
-        self.interval = float(answer.get("heartbeat_interval", self.interval))
+        self.lease = float(answer.get("lease_seconds", self.lease))
         self.grace = float(answer.get("kill_grace_seconds", self.grace))
         self.log_chunk = max(256, min(LOG_CHUNK, int(answer.get("log_chunk_bytes", LOG_CHUNK))))
+        self.dirty = True
         self._save()
         log.info("registered as node %s", self.name)
 
@@ -240,91 +251,207 @@ class Agent:
             raise
 
     def run(self, stop: threading.Event) -> None:
-        """Heartbeat until `stop` is set. Safe to run in a thread (no signal handlers here)."""
+        """Run until `stop` is set. Safe to run in a thread (no signal handlers here)."""
         self.prepare()
         self._load()
-        backoff = 0.5
         joined = False
-        while not stop.is_set():
-            try:
-                if not joined:
-                    self._join()
-                    joined = True
-                self.step()
-                backoff = 0.5
-                stop.wait(self.interval)
-                continue
-            except ServerError as exc:
-                if exc.status == 401 and joined:
-                    log.warning("the server does not know our node token; registering again")
-                    self.token, joined = "", False
-                else:
-                    log.warning("server refused a request: %s", exc)
-            except (OSError, urllib.error.URLError) as exc:
-                # The server is unreachable: tasks keep running; try again later.
-                log.warning("server unreachable (%s); retrying in %.1fs", exc, backoff)
-            except Exception:  # an agent keeps its tasks and goes on, whatever happened
-                log.exception("agent step failed; retrying in %.1fs", backoff)
-            stop.wait(backoff)
-            backoff = min(backoff * 2, 30)
-        if self.kill_on_exit:
-            self._kill_all()
-        self._save()
+        leases: threading.Thread | None = None
+        try:
+            while not stop.is_set():
+                try:
+                    if not joined or self.reregister:
+                        if self.reregister:
+                            self.token, self.reregister = "", False
+                        self._join()
+                        joined = True
+                        self.backoff.reset()
+                    if leases is None:
+                        leases = threading.Thread(
+                            target=self._lease_loop, args=(stop,), name="agent-lease", daemon=True
+                        )
+                        leases.start()
+                    self.step()
+                    self.wake.wait(POLL_SECONDS)
+                    self.wake.clear()
+                    continue
+                except ServerError as exc:
+                    if exc.status == 401 and joined:
+                        log.warning("the server does not know our node token; registering again")
+                        self.token, joined = "", False
+                    else:
+                        log.warning("server refused a request: %s", exc)
+                    wait = self.backoff.delay()
+                except Unavailable as exc:
+                    wait = self.backoff.delay(exc.retry_after)
+                    log.warning("server unavailable (%s); retrying in %.1fs", exc, wait)
+                except Exception:  # an agent keeps its tasks and goes on, whatever happened
+                    wait = self.backoff.delay()
+                    log.exception("agent step failed; retrying in %.1fs", wait)
+                stop.wait(wait)
+        finally:
+            self.lease_http.abort()  # end the held lease request now
+            if leases is not None:
+                leases.join(timeout=5)
+            if self.kill_on_exit:
+                self._kill_all()
+            self._save()
 
     def _kill_all(self) -> None:
         """--kill-on-exit: stop every task (SIGTERM, SIGKILL after the grace) and tell the
         server, so that their devices are free at once."""
-        for task in self.tasks.values():
+        for task in list(self.tasks.values()):
             self.kill(task, self.grace)
         deadline = time.monotonic() + self.grace + 2
         while time.monotonic() < deadline:
             self._poll()
             if all(t.state != "Running" for t in self.tasks.values()):
                 break
-            time.sleep(0.05)
+            time.sleep(POLL_SECONDS)
         if self.token:
             try:
+                self.retry_at = self.report_at = 0.0
                 self.step()
             except Exception as exc:  # the server will find out through its timeout
                 log.warning("could not report the killed tasks: %s", exc)
 
     def step(self) -> None:
-        """One heartbeat: check processes, ship output, report, act on the answer."""
+        """One turn of the main loop: carry out orders, check processes, ship output, and
+        report if anything changed. Back-pressure only postpones what is due."""
+        self._take_orders()
         self._poll()
-        self._ship_logs()
-        reported = list(self.tasks.values())
-        answer = self._post(
-            "heartbeat/",
-            {
-                "tasks": [
-                    {
-                        "id": t.id,
-                        "attempt": t.attempt,
-                        "state": t.state,
-                        "exit_code": t.exit_code,
-                        "message": t.message,
-                    }
-                    for t in reported
-                ],
-                "usage": {"load": os.getloadavg()[0], "tasks": len(self.tasks)},
-            },
-            f"Node {self.token}",
-        )
-        self.interval = float(answer.get("heartbeat_interval", self.interval))
-        for task in reported:
-            if task.state != "Running":
-                task.reported_final = True
-        for order in answer.get("kill", []):
-            target = self.tasks.get(int(order["id"]))
-            if target is not None and target.attempt == int(order["attempt"]):
-                self.kill(target, float(order.get("grace_seconds", self.grace)))
-        for order in answer.get("start", []):
-            self.start(order)
-        # Forget what the server has been told is over and whose output is all shipped.
-        for task in list(self.tasks.values()):
-            if task.reported_final and task.shipped >= _size(task.output):
-                del self.tasks[task.id]
+        now = time.monotonic()
+        if now < self.retry_at:
+            return
+        try:
+            self._ship_logs(running=now >= self.ship_running_at)
+            if now >= self.ship_running_at:
+                self.ship_running_at = now + SHIP_SECONDS
+            if self.dirty and now >= self.report_at:
+                self._report()
+        except Unavailable as exc:
+            wait = self.backoff.delay(exc.retry_after)
+            self.retry_at = time.monotonic() + wait
+            log.warning("server unavailable (%s); next try in %.1fs", exc, wait)
+            return
+        self.backoff.reset()
+
+    def _task_list(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                {
+                    "id": t.id,
+                    "attempt": t.attempt,
+                    "state": t.state,
+                    "exit_code": t.exit_code,
+                    "message": t.message,
+                    "output_bytes": t.shipped if t.dropped else _size(t.output),
+                    "stopping": t.killed,
+                }
+                for t in self.tasks.values()
+            ]
+
+    def _report(self) -> None:
+        self.dirty = False  # a change from here on needs a report of its own
+        reported = self._task_list()
+        try:
+            answer = self._post(
+                "report/",
+                {"tasks": reported, "usage": {"load": os.getloadavg()[0], "tasks": len(reported)}},
+                f"Node {self.token}",
+            )
+        except BaseException:
+            self.dirty = True
+            raise
+        self.lease = float(answer.get("lease_seconds", self.lease))
+        awaiting = {(int(a["id"]), int(a["attempt"])): a for a in answer.get("awaiting_output", [])}
+        now = time.monotonic()
+        with self.lock:
+            for item in reported:
+                key = (item["id"], item["attempt"])
+                task = self.tasks.get(item["id"])
+                if item["state"] == "Running" or task is None or task.attempt != key[1]:
+                    continue
+                if key in awaiting:
+                    # The server lacks some output: ship from what it holds, report again.
+                    task.shipped = min(task.shipped, int(awaiting[key].get("have", 0)))
+                    self.dirty = True
+                    self.report_at = now + AWAIT_OUTPUT_SECONDS
+                    continue
+                del self.tasks[task.id]  # the server has its end and its output
+                self.ended[key] = now
+            for key, when in list(self.ended.items()):
+                if now - when > FORGET_ENDED_SECONDS:
+                    del self.ended[key]
+        self._apply_orders(answer)
         self._save()
+
+    # --- orders ----------------------------------------------------------------------
+
+    def _lease_loop(self, stop: threading.Event) -> None:
+        """Keep a lease request open; hand its orders to the main loop."""
+        backoff = Backoff()
+        while not stop.is_set():
+            token = self.token
+            if not token:
+                stop.wait(POLL_SECONDS)
+                continue
+            try:
+                answer = self._lease_post({"tasks": self._task_list()}, f"Node {token}")
+            except Unavailable as exc:
+                if not stop.is_set():
+                    stop.wait(backoff.delay(exc.retry_after))
+                continue
+            except ServerError as exc:
+                if exc.status == 401 and token == self.token:
+                    self.reregister = True
+                log.warning("lease refused: %s", exc)
+                stop.wait(backoff.delay())
+                continue
+            backoff.reset()
+            self.lease = float(answer.get("lease_seconds", self.lease))
+            if answer.get("start") or answer.get("kill"):
+                done = threading.Event()
+                self.inbox.put((answer, done))
+                self.wake.set()
+                # The next lease must list what these orders started, or it would get them
+                # again at once.
+                done.wait(ORDERS_ACK_SECONDS)
+
+    def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:
+        return self.lease_http.post("lease/", body, auth, timeout=self.lease * 1.25 + self.timeout)
+
+    def _take_orders(self) -> None:
+        while True:
+            try:
+                answer, done = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._apply_orders(answer)
+            finally:
+                done.set()
+
+    def _apply_orders(self, answer: dict[str, Any]) -> None:
+        with self.lock:
+            for order in answer.get("kill", []):
+                key = (int(order["id"]), int(order["attempt"]))
+                target = self.tasks.get(key[0])
+                if target is not None and target.attempt == key[1]:
+                    self.kill(target, float(order.get("grace_seconds", self.grace)))
+                elif key not in self.ended:
+                    # Stopped before it reached us: say it never ran, and never start it.
+                    self.tasks[key[0]] = RunningTask(
+                        key[0], key[1], 0, str(self.work_dir / f"task-{key[0]}-{key[1]}"),
+                        state="Killed", message="stopped before it started", killed=True,
+                    )  # fmt: skip
+                    self.dirty = True
+            for order in answer.get("start", []):
+                key = (int(order["id"]), int(order["attempt"]))
+                current = self.tasks.get(key[0])
+                if key in self.ended or (current is not None and current.attempt == key[1]):
+                    continue  # a start repeated by a request that crossed our report
+                self.start(order)
+                self.dirty = True
 
     # --- processes -------------------------------------------------------------------
 
@@ -419,6 +546,7 @@ class Agent:
                     task.kill_at = None
                 continue
             task.exit_code = code
+            self.dirty = True  # an end goes to the server at once
             if task.killed:
                 task.state = "Killed"
                 task.message = "stopped on the server's request"
@@ -442,22 +570,28 @@ class Agent:
             task.message = "ended while the agent was down; exit code unknown"
             return 137 if task.killed else -1
 
-    def _ship_logs(self) -> None:
-        for task in self.tasks.values():
+    def _ship_logs(self, running: bool = True) -> None:
+        """Ship new output: an ended task's at once (before its final report), a running
+        task's when `running`."""
+        with self.lock:
+            tasks = list(self.tasks.values())
+        for task in tasks:
+            if task.state == "Running" and not running:
+                continue
             try:
                 self._ship(task)
             except ServerError as exc:
                 if exc.status >= 500 or exc.status == 401:
                     raise
                 # The server will never take this output (the task moved on, or it refuses
-                # the chunk): skip it rather than block the heartbeats behind it.
+                # the chunk): skip it rather than block the reports behind it. The final
+                # report then counts only what the server took.
                 log.warning("dropping the output of task %s: %s", task.id, exc)
                 task.dropped = True
 
     def _ship(self, task: RunningTask) -> None:
         size = _size(task.output)
         if task.dropped:
-            task.shipped = size
             return
         for _ in range(SHIP_PER_STEP):
             if task.shipped >= size:

@@ -1,11 +1,18 @@
-"""Many fake nodes in one process, over the same HTTP protocol as real agents.
+"""Many fake nodes in one process, over the same HTTP protocol as real agents (Django-free).
 
 A task "runs" for BERTH_SIM_DURATION seconds from its env (default: half its walltime, or
 1 s) and exits with BERTH_SIM_EXIT (default 0), writing one line of output.
+
+Each node keeps one lease request open in a thread of its own (a blocked thread costs a
+socket and a little memory, nothing else); one clock thread ends fake tasks when they are
+due, and a small pool sends the reports and output, one report at a time per node. At rest
+a node costs one lease renewal per lease; a task's end reaches the server at once.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -13,9 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.agent.runtime import Agent, ServerError
+from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
 
 log = logging.getLogger("berth.simagent")
+AWAIT_OUTPUT_SECONDS = 0.5
+FORGET_ENDED_SECONDS = 600.0
 
 
 @dataclass
@@ -23,19 +32,35 @@ class SimTask:
     id: int
     attempt: int
     ends_at: float
-    exit_code: int
+    exit_code: int | None
     state: str = "Running"
+    output: str = ""  # shipped before the final report
     logged: bool = False
 
 
 @dataclass
 class SimNode:
-    agent: Agent
+    name: str
     cpu: int
     memory: int
     gpus: int
+    labels: dict[str, str]
+    lease_http: Http
+    token: str = ""
+    lease: float = 10.0
     tasks: dict[int, SimTask] = field(default_factory=dict)
-    next_beat: float = 0.0
+    ended: dict[tuple[int, int], float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    dirty: bool = True  # a report is due
+    reporting: bool = False  # a pool worker is sending this node's reports
+
+    def task_list(self) -> list[dict[str, Any]]:
+        return [
+            {"id": t.id, "attempt": t.attempt, "state": t.state,
+             "exit_code": None if t.state == "Running" else t.exit_code,
+             "output_bytes": len(t.output.encode())}
+            for t in self.tasks.values()
+        ]  # fmt: skip
 
 
 def _duration(order: dict[str, Any]) -> float:
@@ -50,102 +75,232 @@ class SimCluster:
     def __init__(
         self, server: str, join_token: str, nodes: int, gpus: int, cpu: int, memory: int,
         prefix: str = "sim", labels: dict[str, str] | None = None, workers: int = 8,
+        timeout: float = 10.0,
     ) -> None:  # fmt: skip
+        self.server = server
+        self.join_token = join_token
+        self.timeout = timeout
         self.nodes = [
             SimNode(
-                Agent(server, join_token, name=f"{prefix}-{i:04d}", labels=labels or {}),
-                cpu,
-                memory,
-                gpus,
+                f"{prefix}-{i:04d}", cpu, memory, gpus, dict(labels or {}), Http(server, timeout)
             )  # fmt: skip
             for i in range(nodes)
         ]
         self.workers = workers
+        self.local = threading.local()  # one keep-alive connection per pool worker
+        self.clock: list[tuple[float, int, SimNode, int, int]] = []
+        self.clock_cv = threading.Condition()
+        self.seq = itertools.count()
+        self.stop = threading.Event()
+        self.pool: ThreadPoolExecutor | None = None
+
+    # --- HTTP --------------------------------------------------------------------------
+
+    def _http(self) -> Http:
+        http = getattr(self.local, "http", None)
+        if http is None:
+            http = self.local.http = Http(self.server, self.timeout)
+        return http
+
+    def _post(self, node: SimNode, path: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
+        """POST, waiting out back-pressure (429/503, Retry-After) and outages: a report or a
+        chunk of output is never given up. Raises Unavailable only when stopping."""
+        backoff = Backoff()
+        while True:
+            try:
+                return self._http().post(path, body, auth)
+            except Unavailable as exc:
+                wait = backoff.delay(exc.retry_after)
+                log.warning("node %s: %s; retrying in %.1fs", node.name, exc, wait)
+                if self.stop.wait(wait):
+                    raise
 
     def register(self, node: SimNode) -> None:
-        answer = node.agent._post(
+        answer = self._post(
+            node,
             "register/",
             {
-                "name": node.agent.name,
+                "name": node.name,
                 "cpu": f"{node.cpu}m",
                 "memory": node.memory,
-                "labels": node.agent.labels,
+                "labels": node.labels,
                 "devices": [
-                    {"index": i, "uuid": f"sim-{node.agent.name}-{i}", "model": "sim"}
+                    {"index": i, "uuid": f"sim-{node.name}-{i}", "model": "sim"}
                     for i in range(node.gpus)
                 ],
-                "hostname": node.agent.name,
-                "version": "berth-simagent/1",
+                "hostname": node.name,
+                "version": f"berth-simagent/{PROTOCOL}",
             },
-            f"Bearer {node.agent.join_token}",
+            f"Bearer {self.join_token}",
         )
-        node.agent.token = answer["token"]
-        node.agent.interval = float(answer.get("heartbeat_interval", 2.0))
+        with node.lock:
+            node.token = answer["token"]
+            node.lease = float(answer.get("lease_seconds", node.lease))
 
-    def beat(self, node: SimNode) -> None:
-        now = time.monotonic()
-        if not node.agent.token:
+    # --- reports -----------------------------------------------------------------------
+
+    def report_soon(self, node: SimNode) -> None:
+        """A report is due: send it now on a pool worker (or right after the one in flight)."""
+        with node.lock:
+            node.dirty = True
+            if node.reporting or self.pool is None:
+                return
+            node.reporting = True
+        self.pool.submit(self._reports, node)
+
+    def _reports(self, node: SimNode) -> None:
+        try:
+            while not self.stop.is_set():
+                with node.lock:
+                    if not node.dirty:
+                        node.reporting = False
+                        return
+                    node.dirty = False
+                self._report(node)
+        except Exception as exc:
+            with node.lock:
+                node.reporting = False
+                node.dirty = True
+            if isinstance(exc, ServerError) and exc.status == 401:
+                node.token = ""
+            if not isinstance(exc, Unavailable):
+                log.warning("node %s: report failed: %s", node.name, exc)
+
+    def _report(self, node: SimNode) -> None:
+        if not node.token:
             self.register(node)
-        for task in node.tasks.values():
-            if task.state == "Running" and now >= task.ends_at:
-                task.state = "Succeeded" if task.exit_code == 0 else "Failed"
-            if task.state != "Running" and not task.logged:
-                node.agent._post(
-                    f"tasks/{task.id}/log/",
-                    {"attempt": task.attempt, "offset": 0,
-                     "data": f"simulated task {task.id} on {node.agent.name}: exit {task.exit_code}\n"},  # noqa: E501
-                    f"Node {node.agent.token}",
-                )  # fmt: skip
-                task.logged = True
-        reported = list(node.tasks.values())
-        answer = node.agent._post(
-            "heartbeat/",
-            {"tasks": [{"id": t.id, "attempt": t.attempt, "state": t.state,
-                        "exit_code": None if t.state == "Running" else t.exit_code}
-                       for t in reported]},
-            f"Node {node.agent.token}",
-        )  # fmt: skip
-        for task in reported:
-            if task.state != "Running":
-                node.tasks.pop(task.id, None)
-        for order in answer.get("kill", []):
-            target = node.tasks.get(int(order["id"]))
-            if target is not None and target.state == "Running":
-                target.state, target.exit_code = "Killed", 143
-        for order in answer.get("start", []):
-            task_id = int(order["id"])
-            if task_id in node.tasks and node.tasks[task_id].attempt == int(order["attempt"]):
+        auth = f"Node {node.token}"
+        with node.lock:
+            unlogged = [t for t in node.tasks.values() if t.state != "Running" and not t.logged]
+        for task in unlogged:  # the output first: the server ends a task only once it has it
+            chunk = {"attempt": task.attempt, "offset": 0, "data": task.output}
+            self._post(node, f"tasks/{task.id}/log/", chunk, auth)
+            task.logged = True
+        with node.lock:
+            reported = node.task_list()
+        answer = self._post(node, "report/", {"tasks": reported}, auth)
+        awaiting = {(int(a["id"]), int(a["attempt"])) for a in answer.get("awaiting_output", [])}
+        now = time.monotonic()
+        with node.lock:
+            for item in reported:
+                key = (item["id"], item["attempt"])
+                held = node.tasks.get(item["id"])
+                if item["state"] == "Running" or held is None or held.attempt != key[1]:
+                    continue
+                if key in awaiting:
+                    held.logged = False
+                    node.dirty = True
+                    continue
+                del node.tasks[held.id]
+                node.ended[key] = now
+            for key, when in list(node.ended.items()):
+                if now - when > FORGET_ENDED_SECONDS:
+                    del node.ended[key]
+        if awaiting:
+            self.stop.wait(AWAIT_OUTPUT_SECONDS)
+        self.apply_orders(node, answer)
+
+    # --- orders and fake tasks ---------------------------------------------------------
+
+    def apply_orders(self, node: SimNode, answer: dict[str, Any]) -> None:
+        changed = False
+        now = time.monotonic()
+        with node.lock:
+            for order in answer.get("kill", []):
+                key = (int(order["id"]), int(order["attempt"]))
+                target = node.tasks.get(key[0])
+                if target is not None and target.attempt == key[1]:
+                    if target.state == "Running":
+                        target.state, target.exit_code = "Killed", 143
+                        changed = True
+                elif key not in node.ended:  # stopped before it started here
+                    node.tasks[key[0]] = SimTask(key[0], key[1], now, None, state="Killed")
+                    changed = True
+            for order in answer.get("start", []):
+                key = (int(order["id"]), int(order["attempt"]))
+                current = node.tasks.get(key[0])
+                if key in node.ended or (current is not None and current.attempt == key[1]):
+                    continue
+                code = int(order.get("env", {}).get("BERTH_SIM_EXIT", 0))
+                task = SimTask(key[0], key[1], now + _duration(order), code)
+                task.output = f"simulated task {task.id} on {node.name}: exit {code}\n"
+                node.tasks[key[0]] = task
+                self._due(task.ends_at, node, task)
+                changed = True
+        if changed:
+            self.report_soon(node)
+
+    def _due(self, when: float, node: SimNode, task: SimTask) -> None:
+        with self.clock_cv:
+            heapq.heappush(self.clock, (when, next(self.seq), node, task.id, task.attempt))
+            self.clock_cv.notify()
+
+    def _clock_loop(self) -> None:
+        """End fake tasks when they are due and report them at once."""
+        while not self.stop.is_set():
+            with self.clock_cv:
+                now = time.monotonic()
+                if not self.clock or self.clock[0][0] > now:
+                    wait = self.clock[0][0] - now if self.clock else 0.5
+                    self.clock_cv.wait(min(wait, 0.5))
+                    continue
+                _, _, node, task_id, attempt = heapq.heappop(self.clock)
+            with node.lock:
+                task = node.tasks.get(task_id)
+                ended = task is not None and task.attempt == attempt and task.state == "Running"
+                if ended:
+                    assert task is not None
+                    task.state = "Succeeded" if task.exit_code == 0 else "Failed"
+            if ended:
+                self.report_soon(node)
+
+    def _lease_loop(self, node: SimNode) -> None:
+        backoff = Backoff()
+        while not self.stop.is_set():
+            if not node.token:  # not registered yet, or the server forgot us
+                self.report_soon(node)  # registers first
+                self.stop.wait(0.2 if node.reporting else backoff.delay())
                 continue
-            node.tasks[task_id] = SimTask(
-                task_id, int(order["attempt"]), now + _duration(order),
-                int(order.get("env", {}).get("BERTH_SIM_EXIT", 0)),
-            )  # fmt: skip
-        # Report a finished task at once rather than a whole interval later.
-        soonest = min((t.ends_at for t in node.tasks.values()), default=now + node.agent.interval)
-        node.next_beat = min(now + node.agent.interval, max(soonest, now + 0.05))
+            with node.lock:
+                body = {"tasks": node.task_list()}
+            try:
+                answer = node.lease_http.post("lease/", body, f"Node {node.token}",
+                                              timeout=node.lease * 1.25 + self.timeout)  # fmt: skip
+            except Unavailable as exc:
+                self.stop.wait(backoff.delay(exc.retry_after))
+                continue
+            except ServerError as exc:
+                if exc.status == 401:
+                    node.token = ""
+                    self.report_soon(node)  # registers again
+                log.warning("node %s: lease refused: %s", node.name, exc)
+                self.stop.wait(backoff.delay())
+                continue
+            backoff.reset()
+            node.lease = float(answer.get("lease_seconds", node.lease))
+            self.apply_orders(node, answer)
+
+    # --- running -----------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        with ThreadPoolExecutor(self.workers) as pool:
-            while not stop.is_set():
-                now = time.monotonic()
-                due = [n for n in self.nodes if n.next_beat <= now]
-                for node, error in zip(due, pool.map(self._safe_beat, due), strict=True):
-                    if error:
-                        node.next_beat = now + 1.0
-                stop.wait(0.02 if due else 0.05)
-
-    def _safe_beat(self, node: SimNode) -> str:
-        try:
-            self.beat(node)
-        except ServerError as exc:
-            if exc.status == 401:
-                node.agent.token = ""
-            log.warning("node %s: %s", node.agent.name, exc)
-            return str(exc)
-        except OSError as exc:
-            log.warning("node %s: server unreachable (%s)", node.agent.name, exc)
-            return str(exc)
-        except Exception as exc:  # one node's trouble never stops the others
-            log.exception("node %s: heartbeat failed", node.agent.name)
-            return str(exc) or type(exc).__name__
-        return ""
+        self.stop = stop
+        threads = [threading.Thread(target=self._clock_loop, name="sim-clock", daemon=True)]
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="sim-report") as pool:
+            self.pool = pool
+            for node in self.nodes:
+                self.report_soon(node)  # registers, then reports its (empty) state
+            threads += [
+                threading.Thread(
+                    target=self._lease_loop, args=(node,), name=f"sim-lease-{i}", daemon=True
+                )  # fmt: skip
+                for i, node in enumerate(self.nodes)
+            ]
+            for thread in threads:
+                thread.start()
+            stop.wait()
+            with self.clock_cv:
+                self.clock_cv.notify_all()
+            for node in self.nodes:
+                node.lease_http.abort()
+            for thread in threads:
+                thread.join(timeout=5)

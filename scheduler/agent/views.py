@@ -1,13 +1,36 @@
-"""HTTP endpoints of the agent protocol (/api/v1/agent/). Agents authenticate with the
-cluster join token to register a new name, then with their node token
-(`Authorization: Node <token>`), which acts only for its own node, re-registration included."""
+"""HTTP endpoints of the agent protocol (/api/v1/agent/, described in docs/agents.md).
+
+Agents authenticate with the cluster join token to register a new name, then with their node
+token (`Authorization: Node <token>`), which acts only for its own node, re-registration
+included. Every request carries the
+protocol version in the `Berth-Agent-Protocol` header; an agent speaking another version is
+refused with 426 before anything else.
+
+`lease/` is an async view: it is held open while the node has no orders, without a thread or
+a database connection, and woken through the channel layer when the scheduler commits orders
+for the node (scheduler.notify). Under ASGI it is served by `LeaseApp`, routed ahead of the
+middleware stack (berth/asgi.py): a sync-only middleware there (WhiteNoise) would run each
+request in a thread of its own, blocked for as long as the lease is held. The other
+endpoints are short and synchronous.
+"""
 
 from __future__ import annotations
 
 import hmac
-from typing import Any
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
+from django.core.handlers.base import BaseHandler
+from django.core.handlers.exception import convert_exception_to_response
+from django.db import DatabaseError, connections
+from django.http import HttpRequest, HttpResponseBase, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import authentication, exceptions, status
@@ -16,8 +39,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from scheduler import notify
 from scheduler.agent import protocol
+from scheduler.agent.client import PROTOCOL, PROTOCOL_HEADER
 from scheduler.models import Node
+
+T = TypeVar("T")
+log = logging.getLogger("berth.agent")
+LEASE_RETRY_AFTER = 1  # seconds an agent waits when its lease cannot reach the database
 
 
 class NodeTokenAuthentication(authentication.BaseAuthentication):
@@ -43,10 +72,29 @@ class IsNode(BasePermission):
 
 
 def _error(exc: protocol.ProtocolError) -> Response:
-    return Response(exc.errors, status=exc.status)
+    response = Response(exc.errors, status=exc.status)
+    if exc.status == 426:
+        response["Upgrade"] = f"berth-agent/{PROTOCOL}"
+    return response
 
 
-class RegisterView(APIView):
+class AgentView(APIView):
+    """Refuses other protocol versions first; turns ProtocolError into its 4xx answer."""
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        header = request.headers.get(PROTOCOL_HEADER)
+        if header is None or header.strip() != str(PROTOCOL):
+            data = request.data if isinstance(self, RegisterView) else None
+            protocol.check_protocol(header, data.get("version") if isinstance(data, dict) else None)
+        super().initial(request, *args, **kwargs)
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, protocol.ProtocolError):
+            return _error(exc)
+        return super().handle_exception(exc)
+
+
+class RegisterView(AgentView):
     authentication_classes: list[type[authentication.BaseAuthentication]] = []
     permission_classes = [AllowAny]
 
@@ -71,27 +119,33 @@ class RegisterView(APIView):
         # Bytes: compare_digest refuses non-ASCII text, which a header may well hold.
         if scheme != "Bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
             return Response({"detail": "wrong or missing join token"}, status=401)
-        try:
-            return Response(protocol.register(request.data), status=status.HTTP_201_CREATED)
-        except protocol.ProtocolError as exc:
-            return _error(exc)
+        return Response(protocol.register(request.data), status=status.HTTP_201_CREATED)
 
 
-class HeartbeatView(APIView):
+class ReportView(AgentView):
     authentication_classes = [NodeTokenAuthentication]
     permission_classes = [IsNode]
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
-        """Report every task this node runs; receive tasks to start and to kill."""
+        """Report every task this node runs (sent when one starts or ends); receive orders."""
         assert isinstance(request.auth, Node)
-        try:
-            return Response(protocol.apply_heartbeat(request.auth, request.data))
-        except protocol.ProtocolError as exc:
-            return _error(exc)
+        return Response(protocol.apply_report(request.auth, request.data))
 
 
-class TaskLogView(APIView):
+class HeartbeatView(AgentView):
+    """Protocol 1's endpoint, kept so that an old agent is told to upgrade."""
+
+    authentication_classes: list[type[authentication.BaseAuthentication]] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request) -> Response:
+        """Gone with protocol 1: agents now use `report/` and `lease/`."""
+        return Response({"detail": f"protocol {PROTOCOL} uses report/ and lease/"}, status=410)
+
+
+class TaskLogView(AgentView):
     authentication_classes = [NodeTokenAuthentication]
     permission_classes = [IsNode]
 
@@ -99,7 +153,101 @@ class TaskLogView(APIView):
     def post(self, request: Request, task_id: int) -> Response:
         """Append a chunk of a task's output at a byte offset (re-sent chunks are ignored)."""
         assert isinstance(request.auth, Node)
+        return Response(protocol.append_log(request.auth, task_id, request.data))
+
+
+# --- lease (async) -----------------------------------------------------------------------
+
+
+def _json_error(exc: protocol.ProtocolError) -> JsonResponse:
+    response = JsonResponse(exc.errors, status=exc.status)
+    if exc.status == 426:
+        response["Upgrade"] = f"berth-agent/{PROTOCOL}"
+    if exc.status == 401:
+        response["WWW-Authenticate"] = "Node"
+    return response
+
+
+def _release_connections() -> None:
+    """Give the database connections of this thread back (to the pool, or closed) so that a
+    held lease owns none; a test's enclosing transaction is left alone."""
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close()
+
+
+async def _db(fn: Callable[..., T], *args: Any) -> T:
+    def run() -> T:
         try:
-            return Response(protocol.append_log(request.auth, task_id, request.data))
+            return fn(*args)
+        finally:
+            _release_connections()
+
+    return await sync_to_async(run)()
+
+
+def _lease_request(request: HttpRequest) -> tuple[str, dict[str, Any], float]:
+    """The node token, the body and how long the agent is willing to wait."""
+    protocol.check_protocol(request.headers.get(PROTOCOL_HEADER))
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme != "Node" or not token.strip():
+        raise protocol.ProtocolError({"detail": ["a node token is required"]}, status=401)
+    try:
+        data = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise protocol.ProtocolError({"body": ["must be JSON"]}) from None
+    if not isinstance(data, dict):
+        raise protocol.ProtocolError({"body": ["must be a JSON object"]})
+    hold = protocol.lease_seconds()
+    wait = data.get("wait", hold)
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e9:
+        raise protocol.ProtocolError({"wait": ["must be a number of seconds, 0 or more"]})
+    return token.strip(), data, min(float(wait), hold)
+
+
+@csrf_exempt
+async def lease_view(request: HttpRequest) -> JsonResponse:
+    """Renew this node's lease and wait (up to the lease) for orders: tasks to start or kill."""
+    if request.method != "POST":
+        return JsonResponse({"detail": "use POST"}, status=405)
+    try:
+        token, data, hold = _lease_request(request)
+    except protocol.ProtocolError as exc:
+        return _json_error(exc)
+    if isinstance(request, ASGIRequest):
+        notify.remember_server_loop()  # this view runs on the ASGI server's own loop
+    waiter = notify.OrdersWaiter()
+    await waiter.open()  # before reading the orders, so a commit in between still wakes us
+    try:
+        try:
+            node, reports, answer = await _db(protocol.renew_lease, token, data)
+            deadline = time.monotonic() + hold
+            while not (answer["start"] or answer["kill"]):
+                if not await waiter.wait(node.pk, deadline - time.monotonic()):
+                    break
+                answer = await _db(protocol.lease_orders, node, reports)
         except protocol.ProtocolError as exc:
-            return _error(exc)
+            return _json_error(exc)
+        except DatabaseError:
+            # No connection to be had (pool exhausted, database restarting): come back soon.
+            log.warning("lease answered 503: database unavailable", exc_info=True)
+            busy = JsonResponse({"detail": "database busy; retry"}, status=503)
+            busy["Retry-After"] = str(LEASE_RETRY_AFTER)
+            return busy
+    finally:
+        await waiter.close()
+    return JsonResponse(answer)
+
+
+class LeaseApp(ASGIHandler):
+    """`lease/` as an ASGI app of its own: Django's request handling (body, signals, the
+    view cancelled when the agent goes away), without the middleware stack."""
+
+    def __init__(self) -> None:
+        BaseHandler.__init__(self)  # no middleware: none of it concerns an agent's lease
+        self._view: Callable[[HttpRequest], Awaitable[HttpResponseBase]] = (
+            convert_exception_to_response(lease_view)  # type: ignore[assignment]
+        )
+
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        return await self._view(request)

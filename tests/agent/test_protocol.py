@@ -1,7 +1,8 @@
-"""The agent protocol over HTTP: register, heartbeat, log upload."""
+"""The agent protocol over HTTP: register, report, lease, log upload."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -24,20 +25,29 @@ def join_token(settings):
     settings.BERTH_JOIN_TOKEN = JOIN
 
 
-def register(body=NODE, token=JOIN, scheme="Bearer"):
+PROTOCOL = {"HTTP_BERTH_AGENT_PROTOCOL": "2"}
+
+
+def register(body=NODE, token=JOIN, scheme="Bearer", **headers):
     client = APIClient()
-    return client.post("/api/v1/agent/register/", body, format="json",
-                       HTTP_AUTHORIZATION=f"{scheme} {token}")  # fmt: skip
+    headers = {"HTTP_AUTHORIZATION": f"{scheme} {token}", **PROTOCOL, **headers}
+    return client.post("/api/v1/agent/register/", body, format="json", **headers)
 
 
 def agent(token):
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Node {token}")
+    client.credentials(HTTP_AUTHORIZATION=f"Node {token}", **PROTOCOL)
     return client
 
 
 def beat(token, tasks=(), **extra):
-    return agent(token).post("/api/v1/agent/heartbeat/", {"tasks": list(tasks), **extra},
+    """A full-state report."""
+    return agent(token).post("/api/v1/agent/report/", {"tasks": list(tasks), **extra},
+                             format="json")  # fmt: skip
+
+
+def lease(token, tasks=(), wait=0):
+    return agent(token).post("/api/v1/agent/lease/", {"tasks": list(tasks), "wait": wait},
                              format="json")  # fmt: skip
 
 
@@ -78,7 +88,7 @@ def test_it_registers_a_node_with_its_devices():
         "gpu-01.lab", NodeState.READY, True)  # fmt: skip
     assert list(node.devices.values_list("index", "uuid")) == [(0, "GPU-a"), (1, "GPU-b")]
     assert node.token_hash and answer["token"] not in node.token_hash
-    assert {"node", "token", "heartbeat_interval", "kill_grace_seconds"} <= set(answer)
+    assert {"node", "token", "lease_seconds", "kill_grace_seconds", "protocol"} <= set(answer)
     assert Event.objects.filter(kind="NodeRegistered", node=node).exists()
 
 
@@ -139,7 +149,7 @@ def test_it_starts_assigned_tasks_with_their_env_and_follows_them_to_the_end(own
     assert (env["BERTH_JOB_ID"], env["BERTH_TASK_INDEX"]) == (str(job.pk), "0")
     assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == ("0", "1", "gpu-01.lab")
     assert env["MASTER_PORT"] == str(20000 + job.pk % 20000)
-    assert answer["kill"] == [] and answer["heartbeat_interval"] > 0
+    assert answer["kill"] == [] and answer["lease_seconds"] > 0
 
     running = [{"id": task.pk, "attempt": 0, "state": "Running"}]
     beat(token, running)
@@ -153,7 +163,7 @@ def test_it_starts_assigned_tasks_with_their_env_and_follows_them_to_the_end(own
     for table in ("tasks", "allocations", "events", "jobs"):
         assert before[table] == after[table]
 
-    done = [{"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0}]
+    done = [{"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0, "output_bytes": 0}]
     beat(token, done)
     task.refresh_from_db()
     assert (task.state, task.exit_code, task.finished_at is not None) == (
@@ -196,7 +206,16 @@ def test_it_gives_a_task_without_devices_an_empty_cuda_visible_devices(owner):
 def test_it_finishes_a_task_that_ran_and_ended_between_two_heartbeats(owner):
     token = register().json()["token"]
     job, task = _assigned(owner, Node.objects.get())
-    failed = [{"id": task.pk, "attempt": 0, "state": "Failed", "exit_code": 3, "message": "x"}]
+    failed = [
+        {
+            "id": task.pk,
+            "attempt": 0,
+            "state": "Failed",
+            "exit_code": 3,
+            "output_bytes": 0,
+            "message": "x",
+        }
+    ]
     assert beat(token, failed).json()["start"] == []
     task.refresh_from_db()
     assert (task.state, task.exit_code) == (TaskState.FAILED, 3)
@@ -216,7 +235,7 @@ def test_it_finishes_a_task_that_ran_and_ended_between_two_heartbeats(owner):
         [{"id": 1, "attempt": -1, "state": "Running"}],
         [{"id": 1, "attempt": "0", "state": "Running"}],
         [{"id": 1, "attempt": 0, "state": "Failed"}],  # a failure needs its exit code
-        [{"id": 1, "attempt": 0, "state": "Failed", "exit_code": "3"}],
+        [{"id": 1, "attempt": 0, "state": "Failed", "exit_code": "3", "output_bytes": 0}],
         [{"id": 1, "attempt": 0, "state": "Running"}, {"id": 1, "attempt": 0, "state": "Running"}],
         ["not an object"],
         "not a list",
@@ -229,7 +248,7 @@ def test_it_rejects_a_malformed_report_and_changes_nothing(owner, tasks):
     lost_job = make_job(owner, "lost")
     place(lost_job, node, state=TaskState.RUNNING)  # would become Lost if the report applied
     Node.objects.update(state=NodeState.NOT_READY)
-    good = {"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0}
+    good = {"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0, "output_bytes": 0}
     before = rows()
     response = beat(token, [good, *tasks] if isinstance(tasks, list) else tasks)
     assert response.status_code == 400
@@ -250,16 +269,20 @@ def test_it_lets_a_node_token_act_only_for_its_own_node(owner):
     register({**NODE, "name": "gpu-02"})
     _, theirs = _assigned(owner, Node.objects.get(name="gpu-02"))
     before = rows()
-    response = beat(mine, [{"id": theirs.pk, "attempt": 0, "state": "Failed", "exit_code": 1}])
+    response = beat(
+        mine,
+        [{"id": theirs.pk, "attempt": 0, "state": "Failed", "exit_code": 1, "output_bytes": 0}],
+    )
     assert response.status_code == 400 and "gpu-01" in str(response.json())
     assert rows() == before
     log = upload(mine, theirs.pk, 0, "x")
     assert log.status_code == 404 and not TaskLog.objects.exists()
     assert beat("not-a-token").status_code == 401
-    assert agent("").post("/api/v1/agent/heartbeat/", {}, format="json").status_code == 401
+    assert agent("").post("/api/v1/agent/report/", {}, format="json").status_code == 401
+    assert lease("not-a-token").status_code == 401
     bearer = APIClient()
-    bearer.credentials(HTTP_AUTHORIZATION=f"Bearer {JOIN}")  # the join token is not a node's
-    assert bearer.post("/api/v1/agent/heartbeat/", {}, format="json").status_code == 401
+    bearer.credentials(HTTP_AUTHORIZATION=f"Bearer {JOIN}", **PROTOCOL)  # not a node's token
+    assert bearer.post("/api/v1/agent/report/", {}, format="json").status_code == 401
 
 
 def test_it_kills_an_old_attempt_of_a_task_that_moved_to_another_node(owner):
@@ -298,22 +321,31 @@ def test_it_reconciles_what_the_agent_runs_with_what_the_server_wants(owner):
                           {"id": 99999, "attempt": 0, "state": "Running"},
                           {"id": over.pk, "attempt": 0, "state": "Running"},
                           {"id": stale.pk + 1000, "attempt": 0, "state": "Succeeded",
-                           "exit_code": 0}]).json()  # fmt: skip
+                           "exit_code": 0, "output_bytes": 0}]).json()  # fmt: skip
+    # The never-started task whose kill was asked is in the kill orders too: its start may be
+    # on its way in a lease answer, so only the agent's word frees its devices.
     assert {(k["id"], k["attempt"]) for k in answer["kill"]} == {
-        (stale.pk, 1), (99999, 0), (over.pk, 0)}  # fmt: skip
+        (stale.pk, 1), (99999, 0), (over.pk, 0), (killed.pk, 0)}  # fmt: skip
     lost = lost_job.tasks.get()
     assert (lost.state, lost.message) == (TaskState.LOST, "agent no longer runs it")
     assert not Allocation.objects.filter(task=lost).exists()
     assert Event.objects.filter(kind="TaskLost", job=lost_job).exists()
-    assert killed_job.tasks.get().state == TaskState.KILLED  # never started, kill asked
-    assert not Allocation.objects.filter(task=killed).exists()
+    assert killed_job.tasks.get().state == TaskState.ASSIGNED
+    assert Allocation.objects.filter(task=killed).exists()
     assert stale_job.tasks.get().state == TaskState.LOST  # attempt 2 is not running there
     assert answer["start"] == []
     # Repeating the report changes nothing more.
     before = rows()
     again = beat(token, [{"id": stale.pk, "attempt": 1, "state": "Running"}]).json()
-    assert again["kill"] == [k for k in answer["kill"] if k["id"] == stale.pk]
+    assert again["kill"] == [k for k in answer["kill"] if k["id"] in (stale.pk, killed.pk)]
     assert rows()["tasks"] == before["tasks"] and rows()["events"] == before["events"]
+    # The agent confirms it never ran it: now it is Killed and its device free.
+    never = {"id": killed.pk, "attempt": 0, "state": "Killed", "exit_code": None,
+             "output_bytes": 0, "message": "stopped before it started"}  # fmt: skip
+    assert beat(token, [never]).json()["kill"] == []
+    task = killed_job.tasks.get()
+    assert (task.state, task.started_at) == (TaskState.KILLED, None)
+    assert not Allocation.objects.filter(task=killed).exists()
 
 
 def test_it_asks_the_agent_to_kill_a_task_the_server_wants_stopped(owner):
@@ -327,7 +359,10 @@ def test_it_asks_the_agent_to_kill_a_task_the_server_wants_stopped(owner):
     assert kill["id"] == task.pk and kill["attempt"] == 0 and kill["grace_seconds"] >= 0
     assert answer["start"] == []
     assert Allocation.objects.filter(task=task).exists()  # held until confirmed
-    beat(token, [{"id": task.pk, "attempt": 0, "state": "Killed", "exit_code": 143}])
+    beat(
+        token,
+        [{"id": task.pk, "attempt": 0, "state": "Killed", "exit_code": 143, "output_bytes": 0}],
+    )
     task.refresh_from_db()
     assert (task.state, task.exit_code) == (TaskState.KILLED, 143)
     assert not Allocation.objects.filter(task=task).exists()
@@ -417,3 +452,169 @@ def test_it_pushes_new_output_live_after_commit(owner, monkeypatch,
         upload(token, task.pk, 0, "hello\n")  # a duplicate is not pushed again
     assert pushed == [(task.pk, 0, 0, "hello\n")]
     assert changed == [{job.pk}]
+
+
+# --- protocol version --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("headers", "got"), [({}, "1"), ({"HTTP_BERTH_AGENT_PROTOCOL": "3"}, "3")])
+def test_it_refuses_an_agent_of_another_protocol_at_registration(headers, got):
+    client = APIClient()
+    body = {**NODE, "version": "berth-agent/1"}
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {JOIN}", **headers}
+    response = client.post("/api/v1/agent/register/", body, format="json", **headers)
+    assert response.status_code == 426
+    assert response.json()["detail"] == [
+        f"agent protocol 2 required, got {got}; upgrade the agent"]  # fmt: skip
+    assert response["Upgrade"] == "berth-agent/2"
+    assert not Node.objects.exists()
+
+
+@pytest.mark.parametrize("path", ["heartbeat/", "report/", "lease/", "tasks/1/log/"])
+def test_it_refuses_an_old_agent_on_every_call_and_changes_nothing(owner, path):
+    token = register().json()["token"]
+    _assigned(owner, Node.objects.get())
+    Node.objects.update(state=NodeState.NOT_READY)
+    before = rows()
+    old = APIClient()  # protocol 1 sent no version header
+    old.credentials(HTTP_AUTHORIZATION=f"Node {token}")
+    response = old.post(f"/api/v1/agent/{path}", {"tasks": []}, format="json")
+    assert response.status_code == 426
+    assert "agent protocol 2 required, got none; upgrade the agent" in str(response.json())
+    assert rows() == before
+
+
+# --- output before success ---------------------------------------------------------------
+
+
+def test_a_task_ends_only_once_its_output_is_all_here(owner):
+    from scheduler.lifecycle import sync_jobs
+
+    token = register().json()["token"]
+    job, task = _assigned(owner, Node.objects.get())
+    beat(token, [{"id": task.pk, "attempt": 0, "state": "Running"}])
+    upload(token, task.pk, 0, "first line\n")
+    # The final report overtakes the last chunk of output.
+    done = [{"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0,
+             "output_bytes": len("first line\nlast line\n")}]  # fmt: skip
+    answer = beat(token, done).json()
+    assert answer["awaiting_output"] == [
+        {"id": task.pk, "attempt": 0, "have": 11, "want": 21}]  # fmt: skip
+    sync_jobs()
+    task.refresh_from_db()
+    job.refresh_from_db()
+    assert (task.state, job.state) == (TaskState.RUNNING, "Running")
+    assert Allocation.objects.filter(task=task).exists()
+    # The chunk arrives; the agent reports again (it does until the end is taken).
+    upload(token, task.pk, 11, "last line\n")
+    assert beat(token, done).json()["awaiting_output"] == []
+    sync_jobs()
+    task.refresh_from_db()
+    job.refresh_from_db()
+    assert (task.state, job.state) == (TaskState.SUCCEEDED, "Succeeded")
+
+
+def test_a_task_whose_output_hit_the_cap_ends_without_the_rest(owner, settings):
+    settings.BERTH_LOG_MAX_BYTES = 1024
+    token = register().json()["token"]
+    _, task = _assigned(owner, Node.objects.get())
+    upload(token, task.pk, 0, "x" * 1000)
+    upload(token, task.pk, 1000, "y" * 1000)  # over the cap: the rest is dropped
+    done = [{"id": task.pk, "attempt": 0, "state": "Failed", "exit_code": 1,
+             "output_bytes": 10**6}]  # fmt: skip
+    assert beat(token, done).json()["awaiting_output"] == []
+    task.refresh_from_db()
+    assert task.state == TaskState.FAILED
+
+
+def test_a_final_report_must_say_how_much_output_there_was(owner):
+    token = register().json()["token"]
+    _, task = _assigned(owner, Node.objects.get())
+    before = rows()
+    for extra in ({}, {"output_bytes": -1}, {"output_bytes": "9"}, {"output_bytes": 2**70}):
+        report = {"id": task.pk, "attempt": 0, "state": "Succeeded", "exit_code": 0, **extra}
+        response = beat(token, [report])
+        assert response.status_code == 400 and "tasks.0.output_bytes" in response.json()
+    assert rows() == before
+
+
+# --- lease -------------------------------------------------------------------------------
+
+
+def test_a_lease_renews_the_node_and_brings_its_orders_without_changing_tasks(owner):
+    token = register().json()["token"]
+    node = Node.objects.get()
+    job, task = _assigned(owner, node)
+    running_job = make_job(owner, "running")
+    place(running_job, node, state=TaskState.RUNNING)  # not in the lease body: not Lost
+    Node.objects.update(state=NodeState.NOT_READY, last_heartbeat=timezone.now() - timedelta(1))
+    answer = lease(token).json()
+    assert [s["id"] for s in answer["start"]] == [task.pk] and answer["kill"] == []
+    assert answer["start"][0]["env"]["BERTH_JOB_ID"] == str(job.pk)
+    node.refresh_from_db()
+    renewed = node.last_heartbeat
+    assert node.state == NodeState.READY
+    assert renewed is not None and renewed > timezone.now() - timedelta(seconds=60)
+    assert running_job.tasks.get().state == TaskState.RUNNING
+    assert task.state == TaskState.ASSIGNED
+    # The agent knows the task now: nothing more to say (a short wait, then an empty answer).
+    known = [{"id": task.pk, "attempt": 0, "state": "Running"}]
+    assert lease(token, known, wait=0.05).json()["start"] == []
+    # A kill is an order too, once, and not again while the agent is stopping it.
+    Task.objects.filter(pk=task.pk).update(kill_requested=True)
+    assert [k["id"] for k in lease(token, known).json()["kill"]] == [task.pk]
+    stopping = [{**known[0], "stopping": True}]
+    assert lease(token, stopping, wait=0).json()["kill"] == []
+
+
+@pytest.mark.parametrize("body", [[1], {"tasks": "x"}, {"tasks": [], "wait": -1},
+                                  {"tasks": [], "wait": "long"}])  # fmt: skip
+def test_a_lease_names_what_is_wrong_with_its_body(body):
+    token = register().json()["token"]
+    response = agent(token).post("/api/v1/agent/lease/", body, format="json")
+    assert response.status_code == 400
+    response = agent(token).post("/api/v1/agent/lease/", b"{nope", content_type="application/json")
+    assert response.status_code == 400 and "body" in response.json()
+
+
+def test_a_node_that_renews_its_lease_stays_ready_and_a_silent_one_is_lost(owner, settings):
+    from scheduler.lifecycle import check_nodes
+
+    settings.BERTH_HEARTBEAT_TIMEOUT = 42.5
+    alive = register().json()["token"]
+    register({**NODE, "name": "gpu-02"})
+    silent_job = make_job(owner, "silent")
+    place(silent_job, Node.objects.get(name="gpu-02"), state=TaskState.RUNNING)
+    long_ago = timezone.now() - timedelta(seconds=43)
+    Node.objects.update(last_heartbeat=long_ago)
+    assert lease(alive, wait=0).status_code == 200  # a renewal at rest, nothing else
+    assert check_nodes() == 1
+    states = dict(Node.objects.values_list("name", "state"))
+    assert states == {"gpu-01": NodeState.READY, "gpu-02": NodeState.NOT_READY}
+    assert silent_job.tasks.get().state == TaskState.LOST
+
+
+def test_a_lease_still_answers_when_the_channel_layer_is_down(owner, settings):
+    settings.CHANNEL_LAYERS = {"default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": ["redis://127.0.0.1:9/0"]}}}  # fmt: skip  (nobody listens there)
+    token = register().json()["token"]
+    response = lease(token, wait=0.3)
+    assert response.status_code == 200 and response.json()["start"] == []
+    _, task = _assigned(owner, Node.objects.get())
+    assert [s["id"] for s in lease(token, wait=0.3).json()["start"]] == [task.pk]
+
+
+def test_a_lease_without_a_database_connection_is_told_to_come_back(monkeypatch):
+    from django.db import OperationalError
+
+    from scheduler.agent import protocol
+
+    token = register().json()["token"]
+
+    def no_connection(*args: Any) -> Any:
+        raise OperationalError("connection pool exhausted")
+
+    monkeypatch.setattr(protocol, "renew_lease", no_connection)
+    response = lease(token)
+    assert response.status_code == 503 and response["Retry-After"] == "1"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.agent.runtime import Agent, ServerError, _whole_utf8
+from scheduler.agent.runtime import Agent, ServerError, Unavailable, _whole_utf8
 
 
 class RecordingAgent(Agent):
@@ -24,21 +24,30 @@ class RecordingAgent(Agent):
         self.token = "t"
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self.answers: list[dict[str, Any]] = []
-        self.refuse: dict[str, ServerError] = {}  # path prefix -> the error the server gives
+
+        self.refuse: dict[str, Exception] = {}  # path prefix -> the error the server gives
 
     def _post(self, path: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
         self.sent.append((path, body))
         for prefix, error in self.refuse.items():
             if path.startswith(prefix):
                 raise error
-        if path == "heartbeat/":
+        if path == "report/":
             return self.answers.pop(0) if self.answers else {}
         if path == "register/":
-            return {"token": "t2", "heartbeat_interval": 0.05, "kill_grace_seconds": 0.2}
+            return {"token": "t2", "lease_seconds": 0.05, "kill_grace_seconds": 0.2}
         return {}
 
+    def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:
+        time.sleep(0.05)  # a held lease with nothing for us
+        return {}
+
+    def order(self, answer: dict[str, Any]) -> None:
+        """Orders as a lease answer brings them: the main loop carries them out."""
+        self.inbox.put((answer, threading.Event()))
+
     def reports(self) -> list[dict[str, Any]]:
-        return [t for path, body in self.sent if path == "heartbeat/" for t in body["tasks"]]
+        return [t for path, body in self.sent if path == "report/" for t in body["tasks"]]
 
     def output(self, task_id: int) -> str:
         return "".join(b["data"] for p, b in self.sent if p == f"tasks/{task_id}/log/")
@@ -73,7 +82,7 @@ def test_it_kills_the_whole_group_with_sigterm_then_sigkill(tmp_path):
     agent.answers = [{"start": [start_order(2, command)]}]
     run_until(agent, lambda: marker.exists() and marker.read_text().strip())
     child = int(marker.read_text())
-    agent.answers = [{"kill": [{"id": 2, "attempt": 0, "grace_seconds": 0.3}]}]
+    agent.order({"kill": [{"id": 2, "attempt": 0, "grace_seconds": 0.3}]})
     started = time.monotonic()
     run_until(agent, lambda: any(r["state"] == "Killed" for r in agent.reports()))
     assert time.monotonic() - started >= 0.3  # SIGTERM first, SIGKILL after the grace
@@ -202,7 +211,7 @@ def test_it_backs_off_while_the_join_token_is_refused(tmp_path):
     thread.join(5)
     registers = [p for p, _ in agent.sent if p == "register/"]
     assert 1 <= len(registers) <= 3  # 0.5 s, then 1 s: no tight loop
-    assert not any(p == "heartbeat/" for p, _ in agent.sent)
+    assert not any(p == "report/" for p, _ in agent.sent)
 
 
 def test_it_registers_again_when_the_server_forgets_its_token(tmp_path):
@@ -210,7 +219,7 @@ def test_it_registers_again_when_the_server_forgets_its_token(tmp_path):
     forgotten = [ServerError(401, "unknown node token; register again")]
 
     def post(path: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
-        if path == "heartbeat/" and forgotten:
+        if path == "report/" and forgotten:
             agent.sent.append((path, body))
             raise forgotten.pop()
         return RecordingAgent._post(agent, path, body, auth)
@@ -220,12 +229,12 @@ def test_it_registers_again_when_the_server_forgets_its_token(tmp_path):
     thread = threading.Thread(target=agent.run, args=(stop,))
     thread.start()
     deadline = time.monotonic() + 5
-    while sum(p == "heartbeat/" for p, _ in agent.sent) < 3 and time.monotonic() < deadline:
+    while sum(p == "report/" for p, _ in agent.sent) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     stop.set()
     thread.join(5)
     paths = [p for p, _ in agent.sent]
-    assert paths[:4] == ["register/", "heartbeat/", "register/", "heartbeat/"]
+    assert paths[:4] == ["register/", "report/", "register/", "report/"]
     assert agent.token == "t2"
 
 
@@ -265,14 +274,39 @@ def test_it_kills_its_tasks_on_exit_when_asked_and_says_so(tmp_path):
     assert agent.reports()[-1]["state"] == "Killed"
 
 
-@pytest.mark.parametrize("status", [500, 502])
-def test_it_keeps_its_tasks_when_the_server_fails(tmp_path, status):
+def test_it_keeps_its_tasks_and_its_report_when_the_server_fails(tmp_path):
     agent = RecordingAgent(tmp_path)
     agent.answers = [{"start": [start_order(13, "sleep 0.3; echo done")]}]
     agent.step()
-    agent.refuse["heartbeat/"] = ServerError(status, "down")
+    agent.refuse["report/"] = ServerError(500, "down")
     with pytest.raises(ServerError):
         agent.step()
-    del agent.refuse["heartbeat/"]
+    assert agent.dirty  # the report is still due
+    del agent.refuse["report/"]
     run_until(agent, lambda: any(r["state"] == "Succeeded" for r in agent.reports()))
     assert agent.output(13) == "done\n"
+
+
+def test_it_waits_as_long_as_the_server_asks_and_then_reports_everything(tmp_path):
+    agent = RecordingAgent(tmp_path)
+    agent.answers = [{"start": [start_order(14, "echo done")]}]
+    agent.step()
+    agent.refuse["report/"] = Unavailable("HTTP 503", retry_after=30.0, status=503)
+    agent.refuse["tasks/"] = Unavailable("HTTP 429", retry_after=30.0, status=429)
+    deadline = time.monotonic() + 5
+    while agent.tasks[14].state == "Running":
+        assert time.monotonic() < deadline
+        agent.step()  # back-pressure is not an error: nothing raises
+        time.sleep(0.05)
+    tries = len(agent.sent)
+    for _ in range(5):
+        agent.step()
+    assert len(agent.sent) == tries  # nothing is sent before Retry-After has passed
+    assert agent.retry_at - time.monotonic() > 20
+    agent.refuse.clear()
+    agent.retry_at = 0.0  # as if the 30 s had passed
+    agent.step()
+    final = agent.reports()[-1]
+    assert (final["id"], final["state"], final["output_bytes"]) == (14, "Succeeded", 5)
+    assert agent.output(14) == "done\n"
+    assert 14 not in agent.tasks

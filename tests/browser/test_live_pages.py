@@ -87,14 +87,15 @@ def server(transactional_db: None, tmp_path: Path) -> Iterator[str]:
 def _post(url: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json",
-                                              "Authorization": auth})  # fmt: skip
+                                              "Authorization": auth,
+                                              "Berth-Agent-Protocol": "2"})  # fmt: skip
     with urllib.request.urlopen(request, timeout=10) as response:
         return dict(json.loads(response.read()))
 
 
 class FakeAgent:
     """An agent speaking the protocol to the live server: it reports the full state of the
-    tasks it runs on every heartbeat, as the real agent does."""
+    tasks it runs in every report, as the real agent does."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -118,9 +119,10 @@ class FakeAgent:
                     "attempt": self.running.pop(task),
                     "state": "Succeeded" if code == 0 else "Failed",
                     "exit_code": code,
+                    "output_bytes": self.offsets.get(task, 0),
                 }
             )
-        answer = _post(f"{self.url}/api/v1/agent/heartbeat/", {"tasks": reports},
+        answer = _post(f"{self.url}/api/v1/agent/report/", {"tasks": reports},
                        f"Node {self.token}")  # fmt: skip
         started = [int(s["id"]) for s in answer["start"]]
         self.running.update({int(s["id"]): int(s.get("attempt", 0)) for s in answer["start"]})

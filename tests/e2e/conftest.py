@@ -101,7 +101,10 @@ def cluster(
     # Transactional tests flush every table, the migration's default queue too.
     Queue.objects.get_or_create(name="default")
     settings.BERTH_JOIN_TOKEN = JOIN_TOKEN
-    settings.BERTH_HEARTBEAT_INTERVAL = 0.2
+    # Leases of a second: orders still reach the agents at once, woken through Redis by
+    # the scheduler's process; a dead node is noticed within BERTH_HEARTBEAT_TIMEOUT.
+    settings.BERTH_HEARTBEAT_INTERVAL = 1.0
+    settings.BERTH_HEARTBEAT_TIMEOUT = 3.0
     settings.BERTH_KILL_GRACE_SECONDS = 1.0
     db = connection.settings_dict
     env = {
@@ -113,7 +116,7 @@ def cluster(
         "BERTH_SECRET_KEY": "e2e-tests-only-secret-key-never-in-production-0123456789",
         "BERTH_JOIN_TOKEN": JOIN_TOKEN,  # agents read it here, never from their command line
         "BERTH_SCHEDULER_INTERVAL": "0.2",
-        "BERTH_HEARTBEAT_INTERVAL": "0.2",
+        "BERTH_HEARTBEAT_INTERVAL": "1",
         "BERTH_HEARTBEAT_TIMEOUT": "3",
         "BERTH_KILL_GRACE_SECONDS": "1",
         "BERTH_DATA_DIR": str(tmp_path / "data"),
