@@ -12,21 +12,11 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from scheduler.agent.client import Backoff, parse_retry_after
+
 BUSY = (429, 503)
 # Berth refuses keys under 50 characters when not debugging; this one is public: bench only.
 BENCH_SECRET_KEY = "bench-only-secret-key-never-in-production-0123456789abcdef"
-MAX_WAIT_SECONDS = 10.0
-
-
-def retry_after(value: str | None, attempt: int) -> float:
-    """Seconds to wait: the server's Retry-After when it is a number, else backing off."""
-    try:
-        seconds = float(value) if value is not None else -1.0
-    except ValueError:
-        seconds = -1.0
-    if seconds < 0:
-        seconds = 0.5 * 2**attempt
-    return min(seconds, MAX_WAIT_SECONDS)
 
 
 def post_json(
@@ -43,6 +33,7 @@ def post_json(
     are raised, other statuses returned as they are."""
     body = None if data is None else json.dumps(data).encode()
     attempt = 0
+    backoff = Backoff(base=0.5, cap=10.0)
     while True:
         request = urllib.request.Request(
             url, data=body, method=method,
@@ -53,7 +44,7 @@ def post_json(
                 return response.status, _decode(response.read())
         except urllib.error.HTTPError as error:
             if error.code in BUSY and attempt < retries:
-                time.sleep(retry_after(error.headers.get("Retry-After"), attempt))
+                time.sleep(backoff.delay(parse_retry_after(error.headers.get("Retry-After"))))
                 attempt += 1
                 continue
             return error.code, _decode(error.read())

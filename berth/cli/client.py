@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+# The agents' back-pressure rules (Retry-After in seconds or as a date, bounded, with jitter):
+# one implementation, Django-free.
+from scheduler.agent.client import Backoff, parse_retry_after
+
 API = "/api/v1"
 RETRY_STATUSES = {429, 503}  # the server said "not now": nothing was done, try again later
-MAX_WAIT = 60.0
 
 
 class CliError(Exception):
@@ -93,23 +94,6 @@ def flatten_errors(data: Any, prefix: str = "") -> list[str]:
     return [f"{prefix}: {data}" if prefix else str(data)]
 
 
-def retry_after(response: httpx.Response, attempt: int) -> float:
-    """Seconds to wait before trying again: the server's Retry-After (seconds or a date), else
-    exponential backoff; with jitter so that many clients do not come back together."""
-    raw = response.headers.get("Retry-After", "").strip()
-    wait: float | None = None
-    if raw.isdigit():
-        wait = float(raw)
-    elif raw:
-        try:
-            wait = parsedate_to_datetime(raw).timestamp() - time.time()
-        except (TypeError, ValueError):
-            wait = None
-    if wait is None or wait < 0:
-        wait = min(MAX_WAIT, 0.5 * 2**attempt)
-    return min(MAX_WAIT, wait) * random.uniform(1.0, 1.25)
-
-
 class Client:
     def __init__(self, settings: Settings, retries: int = 6, timeout: float = 30.0) -> None:
         self.settings = settings
@@ -124,18 +108,19 @@ class Client:
         """One API call; waits and retries on 429/503 and on refused connections (nothing
         reached the server), never on a timeout after sending (it may have been done)."""
         url = path if path.startswith("/") else f"{API}/{path}"
+        backoff = Backoff(base=0.5, cap=30.0)
         for attempt in range(self.retries + 1):
             try:
                 response = self.http.request(method, url, **kwargs)
             except httpx.ConnectError as exc:
                 if attempt == self.retries:
                     raise CliError(f"cannot reach {self.settings.url}: {exc}") from None
-                time.sleep(min(MAX_WAIT, 0.5 * 2**attempt))
+                time.sleep(backoff.delay())
                 continue
             except httpx.HTTPError as exc:
                 raise CliError(f"{method} {url}: {exc}") from None
             if response.status_code in RETRY_STATUSES and attempt < self.retries:
-                time.sleep(retry_after(response, attempt))
+                time.sleep(backoff.delay(parse_retry_after(response.headers.get("Retry-After"))))
                 continue
             if response.status_code >= 400:
                 raise api_error(response)
