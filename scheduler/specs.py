@@ -30,7 +30,16 @@ STEP_FIELDS = {"name", "template", "depends_on", "overrides", "items"}
 OVERRIDE_JOB = {"priority", "queue", "walltime", "max_retry", "preemptible", "min_available",
                 "active_deadline_seconds"}  # fmt: skip
 OVERRIDE_TASK = {"command", "env", "resources", "node_selector", "replicas"}
+# Job fields given in seconds, with their smallest value.
+SECONDS_FIELDS = {"walltime": 1, "ttl_seconds_after_finished": 0, "active_deadline_seconds": 1}
 MAX_REPLICAS = 1000
+MAX_TASKS = 10_000  # per job, over all its task groups
+MAX_ITEMS = 10_000  # jobs one flow step may fan out to
+# Whole numbers the database stores as 32-bit integers (seconds, counts).
+MAX_INT = 2**31 - 1
+RESERVED_LABEL_PREFIX = "berth/"
+# Far above any machine, low enough for the database's integers.
+RESOURCE_MAX = {"cpu": 10**9, "memory": 2**60, "gpu": 1024}  # millicores, bytes, devices
 
 
 class SpecError(Exception):
@@ -120,14 +129,16 @@ def _unknown(errors: _Errors, data: dict[str, Any], allowed: set[str], path: str
         errors.add(_path(path, str(key)), f"unknown field (allowed: {', '.join(sorted(allowed))})")
 
 
-def _resources(errors: _Errors, value: object, path: str) -> dict[str, Any]:
+def _resources(errors: _Errors, value: object, path: str, *, fill: bool = True) -> dict[str, Any]:
+    """Resources in canonical form; `fill` gives absent ones 0 (an override keeps them absent)."""
+    empty: dict[str, Any] = {"cpu": "0", "memory": "0", "gpu": 0} if fill else {}
     if value is None:
         value = {}
     if not isinstance(value, dict):
         errors.add(path, f"must be a mapping with cpu, memory, gpu, got {type(value).__name__}")
-        return {"cpu": "0", "memory": "0", "gpu": 0}
+        return empty
     _unknown(errors, value, RESOURCE_FIELDS, path)
-    out: dict[str, Any] = {"cpu": "0", "memory": "0", "gpu": 0}
+    out = dict(empty)
     for key, parse, fmt in (
         ("cpu", parse_cpu, format_cpu),
         ("memory", parse_memory, format_memory),
@@ -136,9 +147,14 @@ def _resources(errors: _Errors, value: object, path: str) -> dict[str, Any]:
         if key not in value:
             continue
         try:
-            out[key] = fmt(parse(value[key]))
+            amount = parse(value[key])
         except ValueError as exc:
             errors.add(_path(path, key), str(exc))
+            continue
+        if amount > RESOURCE_MAX[key]:
+            errors.add(_path(path, key), f"must be at most {fmt(RESOURCE_MAX[key])}")
+            continue
+        out[key] = fmt(amount)
     return out
 
 
@@ -156,17 +172,14 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
     spec["priority"] = _int(errors, data, "priority", "priority", default=0,
                             minimum=-1_000_000, maximum=1_000_000)  # fmt: skip
     spec["preemptible"] = _bool(errors, data, "preemptible", "preemptible", True)
-    spec["walltime"] = _int(errors, data, "walltime", "walltime", default=None, minimum=1)
-    spec["ttl_seconds_after_finished"] = _int(
-        errors, data, "ttl_seconds_after_finished", "ttl_seconds_after_finished",
-        default=None, minimum=0,
-    )  # fmt: skip
-    spec["active_deadline_seconds"] = _int(
-        errors, data, "active_deadline_seconds", "active_deadline_seconds", default=None, minimum=1
-    )
+    for key, minimum in SECONDS_FIELDS.items():
+        spec[key] = _int(errors, data, key, key, default=None, minimum=minimum, maximum=MAX_INT)
     spec["max_retry"] = _int(errors, data, "max_retry", "max_retry", default=0, minimum=0,
                              maximum=100)  # fmt: skip
     spec["labels"] = _str_map(errors, data.get("labels"), "labels")
+    for key in spec["labels"]:
+        if key.startswith(RESERVED_LABEL_PREFIX):
+            errors.add(_path("labels", key), f"the prefix {RESERVED_LABEL_PREFIX!r} is Berth's own")
 
     tasks = data.get("tasks")
     spec["tasks"] = []
@@ -204,11 +217,14 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
                 ),
             }
         )
-    min_available = _int(errors, data, "min_available", "min_available", default=None, minimum=1)
+    if total > MAX_TASKS:
+        errors.add("tasks", f"at most {MAX_TASKS} tasks in all, got {total}")
+    min_available = _int(errors, data, "min_available", "min_available", default=None, minimum=1,
+                         maximum=MAX_INT)  # fmt: skip
     if min_available is not None and total and min_available > total:
         errors.add(
             "min_available", f"must be at most the total replicas ({total}), got {min_available}"
-        )  # noqa: E501
+        )
     spec["min_available"] = min_available if min_available is not None else max(total, 1)
     errors.raise_if_any()
     return spec
@@ -249,18 +265,15 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
     _unknown(errors, data, FLOW_FIELDS, "")
     flow: dict[str, Any] = {
         "name": _name(errors, data.get("name"), "name"),
-        "parallelism": _int(errors, data, "parallelism", "parallelism", default=None, minimum=1),
+        "parallelism": _int(errors, data, "parallelism", "parallelism", default=None, minimum=1,
+                            maximum=MAX_INT),
         "fail_fast": _bool(errors, data, "fail_fast", "fail_fast", False),
         "ttl_seconds_after_finished": _int(
-            errors,
-            data,
-            "ttl_seconds_after_finished",
-            "ttl_seconds_after_finished",
-            default=None,
-            minimum=0,
-        ),  # fmt: skip
+            errors, data, "ttl_seconds_after_finished", "ttl_seconds_after_finished",
+            default=None, minimum=0, maximum=MAX_INT,
+        ),
         "steps": [],
-    }
+    }  # fmt: skip
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps:
         errors.add("steps", "must be a non-empty list of steps")
@@ -282,15 +295,14 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
         if not isinstance(depends, list) or not all(isinstance(d, str) for d in depends):
             errors.add(f"{path}.depends_on", "must be a list of step names")
             depends = []
-        overrides = step.get("overrides", {})
-        if not isinstance(overrides, dict):
-            errors.add(f"{path}.overrides", "must be a mapping")
-            overrides = {}
-        _unknown(errors, overrides, OVERRIDE_JOB | OVERRIDE_TASK, f"{path}.overrides")
+        overrides = _overrides(errors, step.get("overrides"), f"{path}.overrides")
         items = step.get("items")
         if items is not None:
             if not isinstance(items, list) or not items:
                 errors.add(f"{path}.items", "must be a non-empty list of objects (one job each)")
+                items = None
+            elif len(items) > MAX_ITEMS:
+                errors.add(f"{path}.items", f"at most {MAX_ITEMS} items, got {len(items)}")
                 items = None
             else:
                 cleaned = []
@@ -298,7 +310,7 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
                     if not isinstance(item, dict):
                         errors.add(
                             f"{path}.items.{j}", f"must be an object, got {type(item).__name__}"
-                        )  # noqa: E501
+                        )
                         continue
                     cleaned.append(_str_map(errors, item, f"{path}.items.{j}", env=True))
                 items = cleaned
@@ -317,6 +329,44 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
         errors.add("steps", f"cycle {' -> '.join(cycle)}")
     errors.raise_if_any()
     return flow
+
+
+def _overrides(errors: _Errors, value: object, path: str) -> dict[str, Any]:
+    """A step's overrides, each checked as the same field of a job spec would be."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        errors.add(path, f"must be a mapping, got {type(value).__name__}")
+        return {}
+    _unknown(errors, value, OVERRIDE_JOB | OVERRIDE_TASK, path)
+    out: dict[str, Any] = {}
+    ints: dict[str, tuple[int, int]] = {
+        "priority": (-1_000_000, 1_000_000),
+        "max_retry": (0, 100),
+        "min_available": (1, MAX_INT),
+        "replicas": (1, MAX_REPLICAS),
+        **{key: (minimum, MAX_INT) for key, minimum in SECONDS_FIELDS.items()},
+    }
+    for key in sorted(set(value) & (OVERRIDE_JOB | OVERRIDE_TASK)):
+        where = _path(path, key)
+        if key in ints:
+            low, high = ints[key]
+            out[key] = _int(errors, value, key, where, default=None, minimum=low, maximum=high)
+        elif key == "preemptible":
+            out[key] = _bool(errors, value, key, where, True)
+        elif key == "queue":
+            out[key] = _name(errors, value[key], where)
+        elif key == "command":
+            if not isinstance(value[key], str) or not value[key].strip():
+                errors.add(where, "must be a shell command to run")
+            out[key] = value[key]
+        elif key == "env":
+            out[key] = _str_map(errors, value[key], where, env=True)
+        elif key == "node_selector":
+            out[key] = _str_map(errors, value[key], where)
+        elif key == "resources":
+            out[key] = _resources(errors, value[key], where, fill=False)
+    return out
 
 
 def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:

@@ -19,6 +19,8 @@ from scheduler.core.quantity import (
 )
 from scheduler.models import Event, Flow, Job, JobTemplate, Node, Queue, Task
 
+MAX_WEIGHT = 1e6
+MAX_CAPABILITY = 2**62  # millicores, bytes or devices: far beyond any cluster
 PARSERS = {"cpu": parse_cpu, "memory": parse_memory, "gpu": parse_gpu}
 FORMATS: dict[str, Callable[[int], Any]] = {"cpu": format_cpu, "memory": format_memory, "gpu": int}
 
@@ -38,25 +40,42 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
         read_only_fields = ["created_at"]
 
     def validate_weight(self, value: float) -> float:
-        if not value > 0:
-            raise serializers.ValidationError("must be greater than 0")
+        if not 0 < value <= MAX_WEIGHT:
+            raise serializers.ValidationError(f"must be greater than 0 and at most {MAX_WEIGHT:g}")
         return value
 
-    def validate_capability(self, value: Any) -> dict[str, int | None] | None:
-        if value is None:
-            return None
-        if not isinstance(value, dict):
+    def validate_capability(self, value: Any) -> Any:
+        if value is not None and not isinstance(value, dict):
             raise serializers.ValidationError("must be a mapping with cpu, memory, gpu (or null)")
-        unknown = set(value) - set(PARSERS)
-        if unknown:
-            raise serializers.ValidationError(f"unknown keys: {', '.join(sorted(unknown))}")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Capability as users write it ({"gpu": 16, "memory": "1Ti"}) -> stored integers;
+        each bad entry is named by its path (`capability.gpu`)."""
+        value = attrs.get("capability")
+        if value is None:
+            return attrs
+        errors: dict[str, list[str]] = {}
         out: dict[str, int | None] = {}
         for key, raw in value.items():
+            path = f"capability.{key}"
+            if key not in PARSERS:
+                errors[path] = [f"unknown resource (allowed: {', '.join(PARSERS)})"]
+                continue
+            if raw is None:  # unlimited in this dimension
+                out[key] = None
+                continue
             try:
-                out[key] = None if raw is None else PARSERS[key](raw)
+                amount = PARSERS[key](raw)
             except ValueError as exc:
-                raise serializers.ValidationError({key: str(exc)}) from None
-        return out
+                errors[path] = [str(exc)]
+                continue
+            if amount > MAX_CAPABILITY:
+                errors[path] = ["is larger than any cluster"]
+            out[key] = amount
+        if errors:
+            raise serializers.ValidationError(errors)
+        return {**attrs, "capability": out}
 
     def to_representation(self, instance: Queue) -> dict[str, Any]:
         data = super().to_representation(instance)

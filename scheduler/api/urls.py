@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework.routers import DefaultRouter
 
-from scheduler.api import views
+from scheduler.api import schema, views
 
 router = DefaultRouter()
 router.register("queues", views.QueueViewSet, basename="queue")
@@ -13,3 +13,4 @@ router.register("flows", views.FlowViewSet, basename="flow")
 router.register("events", views.EventViewSet, basename="event")
 
 urlpatterns = router.urls
+__all__ = ["schema", "urlpatterns"]  # schema registers its OpenAPI extensions on import

@@ -27,8 +27,8 @@ def test_queues_are_read_by_all_and_written_by_staff(api, owner, staff):
     ("body", "field"),
     [
         ({"name": "q", "weight": 0}, "weight"),
-        ({"name": "q", "capability": {"gpu": 1.5}}, "capability"),
-        ({"name": "q", "capability": {"disk": 1}}, "capability"),
+        ({"name": "q", "capability": {"gpu": 1.5}}, "capability.gpu"),
+        ({"name": "q", "capability": {"disk": 1}}, "capability.disk"),
         ({"name": "Q Q"}, "name"),
     ],
 )
