@@ -170,10 +170,10 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
+        "scheduler.api.parsers.JSONParser",
         "scheduler.api.parsers.YAMLParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+        "scheduler.api.parsers.FormParser",
+        "scheduler.api.parsers.MultiPartParser",
     ],
     "DEFAULT_PAGINATION_CLASS": "scheduler.api.pagination.Pagination",
     "PAGE_SIZE": 50,
@@ -219,3 +219,20 @@ BERTH_KILL_GRACE_SECONDS = env_float("BERTH_KILL_GRACE_SECONDS", 10.0, minimum=0
 BERTH_SCHEDULER_INTERVAL = env_float("BERTH_SCHEDULER_INTERVAL", 1.0, minimum=0.01)
 BERTH_LOG_CHUNK_BYTES = env_int("BERTH_LOG_CHUNK_BYTES", 64 * 1024, minimum=1024)
 BERTH_LOG_MAX_BYTES = env_int("BERTH_LOG_MAX_BYTES", 8 * 1024 * 1024, minimum=1024)
+
+# --- Input limits (docs/limits.md) -----------------------------------------------------------
+# Every request body and spec is bounded so that one bad input is a fast 400 for its sender and
+# never a slow page, a huge allocation or a crash for everyone else. The request body itself is
+# capped by DATA_UPLOAD_MAX_MEMORY_SIZE (413 past it).
+BERTH_MAX_INPUT_DEPTH = env_int("BERTH_MAX_INPUT_DEPTH", 64, minimum=8)
+BERTH_MAX_TASKS_PER_JOB = env_int("BERTH_MAX_TASKS_PER_JOB", 1024, minimum=1)
+BERTH_MAX_FLOW_STEPS = env_int("BERTH_MAX_FLOW_STEPS", 256, minimum=1)
+BERTH_MAX_FLOW_ITEMS = env_int("BERTH_MAX_FLOW_ITEMS", 1000, minimum=1)
+BERTH_MAX_COMMAND_BYTES = env_int("BERTH_MAX_COMMAND_BYTES", 64 * 1024, minimum=256)
+BERTH_MAX_ENV_VARS = env_int("BERTH_MAX_ENV_VARS", 256, minimum=1)
+BERTH_MAX_ENV_VALUE_BYTES = env_int("BERTH_MAX_ENV_VALUE_BYTES", 32 * 1024, minimum=256)
+BERTH_MAX_LABELS = env_int("BERTH_MAX_LABELS", 64, minimum=1)
+BERTH_MAX_LABEL_BYTES = env_int("BERTH_MAX_LABEL_BYTES", 256, minimum=63)
+BERTH_MAX_TEXT_BYTES = env_int("BERTH_MAX_TEXT_BYTES", 4096, minimum=256)
+BERTH_MAX_PRIORITY = env_int("BERTH_MAX_PRIORITY", 1_000_000, minimum=1)
+BERTH_MAX_SECONDS = env_int("BERTH_MAX_SECONDS", 10 * 366 * 24 * 3600, minimum=3600)
