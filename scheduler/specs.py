@@ -12,6 +12,8 @@ import copy
 import re
 from typing import Any
 
+from django.conf import settings
+
 from scheduler.core.quantity import format_cpu, format_memory, parse_cpu, parse_gpu, parse_memory
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
@@ -32,11 +34,9 @@ OVERRIDE_JOB = {"priority", "queue", "walltime", "max_retry", "preemptible", "mi
 OVERRIDE_TASK = {"command", "env", "resources", "node_selector", "replicas"}
 # Job fields given in seconds, with their smallest value.
 SECONDS_FIELDS = {"walltime": 1, "ttl_seconds_after_finished": 0, "active_deadline_seconds": 1}
-MAX_REPLICAS = 1000
-MAX_TASKS = 10_000  # per job, over all its task groups
-MAX_ITEMS = 10_000  # jobs one flow step may fan out to
-# Whole numbers the database stores as 32-bit integers (seconds, counts).
+# Whole numbers the database stores as 32-bit integers (counts).
 MAX_INT = 2**31 - 1
+MAX_ERRORS = 50  # per spec: enough to fix it, never a flood
 RESERVED_LABEL_PREFIX = "berth/"
 # Far above any machine, low enough for the database's integers.
 RESOURCE_MAX = {"cpu": 10**9, "memory": 2**60, "gpu": 1024}  # millicores, bytes, devices
@@ -55,7 +55,8 @@ class _Errors:
         self.errors: dict[str, list[str]] = {}
 
     def add(self, path: str, message: str) -> None:
-        self.errors.setdefault(path or "spec", []).append(message)
+        if len(self.errors) < MAX_ERRORS or path in self.errors:
+            self.errors.setdefault(path or "spec", []).append(message)
 
     def raise_if_any(self) -> None:
         if self.errors:
@@ -63,7 +64,27 @@ class _Errors:
 
 
 def _path(prefix: str, key: str | int) -> str:
-    return f"{prefix}.{key}" if prefix else str(key)
+    key = _shorten(str(key), 64)
+    return f"{prefix}.{key}" if prefix else key
+
+
+def limit(name: str) -> int:
+    """An input limit from the settings (`BERTH_MAX_<NAME>`, documented in docs/limits.md)."""
+    return int(getattr(settings, f"BERTH_MAX_{name}"))
+
+
+def _shorten(text: str, size: int) -> str:
+    return text if len(text) <= size else f"{text[:size]}..."
+
+
+def _show(value: object) -> str:
+    """A value as an error message quotes it: never more than a few dozen characters."""
+    return _shorten(repr(value), 40)
+
+
+def _too_long(text: str, max_bytes: int) -> str | None:
+    size = len(text.encode(errors="replace"))
+    return f"at most {max_bytes} bytes, got {size}" if size > max_bytes else None
 
 
 def _int(
@@ -74,7 +95,7 @@ def _int(
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        errors.add(path, f"must be a whole number, got {value!r}")
+        errors.add(path, f"must be a whole number, got {_show(value)}")
         return default
     if minimum is not None and value < minimum:
         errors.add(path, f"must be at least {minimum}, got {value}")
@@ -86,7 +107,7 @@ def _int(
 def _bool(errors: _Errors, data: dict[str, Any], key: str, path: str, default: bool) -> bool:
     value = data.get(key, default)
     if not isinstance(value, bool):
-        errors.add(path, f"must be true or false, got {value!r}")
+        errors.add(path, f"must be true or false, got {_show(value)}")
         return default
     return value
 
@@ -94,24 +115,35 @@ def _bool(errors: _Errors, data: dict[str, Any], key: str, path: str, default: b
 def _name(errors: _Errors, value: object, path: str) -> str:
     if not isinstance(value, str) or not value:
         errors.add(
-            path, "is required" if value in (None, "") else f"must be a string, got {value!r}"
+            path, "is required" if value in (None, "") else f"must be a string, got {_show(value)}"
         )
         return ""
     if not NAME_RE.match(value):
-        errors.add(path, f"{value!r} {NAME_RULE}")
+        errors.add(path, f"{_show(value)} {NAME_RULE}")
     return value
 
 
 def _str_map(errors: _Errors, value: object, path: str, *, env: bool = False) -> dict[str, str]:
+    """Names to values: environment variables (`env`) or labels and node selectors, each
+    bounded in count and size."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         errors.add(path, f"must be a mapping of names to values, got {type(value).__name__}")
         return {}
+    most = limit("ENV_VARS") if env else limit("LABELS")
+    if len(value) > most:
+        errors.add(path, f"at most {most} entries, got {len(value)}")
+        return {}
+    key_bytes = limit("LABEL_BYTES")
+    value_bytes = limit("ENV_VALUE_BYTES") if env else limit("LABEL_BYTES")
     out: dict[str, str] = {}
     for key, item in value.items():
         if not isinstance(key, str) or not key:
-            errors.add(path, f"keys must be non-empty strings, got {key!r}")
+            errors.add(path, f"keys must be non-empty strings, got {_show(key)}")
+            continue
+        if (problem := _too_long(key, key_bytes)) is not None:
+            errors.add(_path(path, key), f"name too long: {problem}")
             continue
         if env and not ENV_RE.match(key):
             errors.add(_path(path, key), "is not a valid environment variable name")
@@ -120,12 +152,25 @@ def _str_map(errors: _Errors, value: object, path: str, *, env: bool = False) ->
         if not isinstance(item, str | int | float):
             errors.add(_path(path, key), f"must be a string or number, got {type(item).__name__}")
             continue
-        out[key] = str(item)
+        text = str(item)
+        if (problem := _too_long(text, value_bytes)) is not None:
+            errors.add(_path(path, key), problem)
+            continue
+        out[key] = text
     return out
 
 
+def _command(errors: _Errors, value: object, path: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        errors.add(path, "is required: a shell command to run")
+        return ""
+    if (problem := _too_long(value, limit("COMMAND_BYTES"))) is not None:
+        errors.add(path, problem)
+    return value
+
+
 def _unknown(errors: _Errors, data: dict[str, Any], allowed: set[str], path: str) -> None:
-    for key in sorted(set(data) - allowed, key=str):
+    for key in sorted(set(data) - allowed, key=str)[:MAX_ERRORS]:
         errors.add(_path(path, str(key)), f"unknown field (allowed: {', '.join(sorted(allowed))})")
 
 
@@ -170,10 +215,11 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
     queue = data.get("queue", "default")
     spec["queue"] = _name(errors, queue, "queue")
     spec["priority"] = _int(errors, data, "priority", "priority", default=0,
-                            minimum=-1_000_000, maximum=1_000_000)  # fmt: skip
+                            minimum=-limit("PRIORITY"), maximum=limit("PRIORITY"))  # fmt: skip
     spec["preemptible"] = _bool(errors, data, "preemptible", "preemptible", True)
     for key, minimum in SECONDS_FIELDS.items():
-        spec[key] = _int(errors, data, key, key, default=None, minimum=minimum, maximum=MAX_INT)
+        spec[key] = _int(errors, data, key, key, default=None, minimum=minimum,
+                         maximum=limit("SECONDS"))  # fmt: skip
     spec["max_retry"] = _int(errors, data, "max_retry", "max_retry", default=0, minimum=0,
                              maximum=100)  # fmt: skip
     spec["labels"] = _str_map(errors, data.get("labels"), "labels")
@@ -186,6 +232,9 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
     if not isinstance(tasks, list) or not tasks:
         errors.add("tasks", "must be a non-empty list of task groups")
         tasks = []
+    elif len(tasks) > limit("TASKS_PER_JOB"):
+        errors.add("tasks", f"at most {limit('TASKS_PER_JOB')} task groups, got {len(tasks)}")
+        tasks = []
     seen: set[str] = set()
     total = 0
     for i, task in enumerate(tasks):
@@ -196,15 +245,12 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
         _unknown(errors, task, TASK_FIELDS, path)
         name = _name(errors, task.get("name", "main" if len(tasks) == 1 else None), f"{path}.name")
         if name and name in seen:
-            errors.add(f"{path}.name", f"{name!r} is used by another task group of this job")
+            errors.add(f"{path}.name", f"{_show(name)} is used by another task group of this job")
         seen.add(name)
         replicas = _int(errors, task, "replicas", f"{path}.replicas", default=1, minimum=1,
-                        maximum=MAX_REPLICAS) or 1  # fmt: skip
+                        maximum=limit("TASKS_PER_JOB")) or 1  # fmt: skip
         total += replicas
-        command = task.get("command")
-        if not isinstance(command, str) or not command.strip():
-            errors.add(f"{path}.command", "is required: a shell command to run")
-            command = ""
+        command = _command(errors, task.get("command"), f"{path}.command")
         spec["tasks"].append(
             {
                 "name": name,
@@ -217,8 +263,8 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
                 ),
             }
         )
-    if total > MAX_TASKS:
-        errors.add("tasks", f"at most {MAX_TASKS} tasks in all, got {total}")
+    if total > limit("TASKS_PER_JOB"):
+        errors.add("tasks", f"at most {limit('TASKS_PER_JOB')} tasks in all, got {total}")
     min_available = _int(errors, data, "min_available", "min_available", default=None, minimum=1,
                          maximum=MAX_INT)  # fmt: skip
     if min_available is not None and total and min_available > total:
@@ -240,6 +286,8 @@ def normalize_template_spec(data: object) -> dict[str, Any]:
     if not isinstance(description, str):
         errors.add("description", "must be a string")
         description = ""
+    elif (problem := _too_long(description, limit("TEXT_BYTES"))) is not None:
+        errors.add("description", problem)
     spec: dict[str, Any] = {}
     if not isinstance(data.get("spec"), dict):
         errors.add("spec", "is required: a job spec without name")
@@ -278,6 +326,9 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
     if not isinstance(steps, list) or not steps:
         errors.add("steps", "must be a non-empty list of steps")
         steps = []
+    elif len(steps) > limit("FLOW_STEPS"):
+        errors.add("steps", f"at most {limit('FLOW_STEPS')} steps, got {len(steps)}")
+        steps = []
     names: dict[str, int] = {}
     for i, step in enumerate(steps):
         path = f"steps.{i}"
@@ -287,12 +338,16 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
         _unknown(errors, step, STEP_FIELDS, path)
         name = _name(errors, step.get("name"), f"{path}.name")
         if name in names:
-            errors.add(f"{path}.name", f"{name!r} repeats the name of step {names[name]}")
+            errors.add(f"{path}.name", f"{_show(name)} repeats the name of step {names[name]}")
         elif name:
             names[name] = i
         template = _name(errors, step.get("template"), f"{path}.template")
         depends = step.get("depends_on", [])
-        if not isinstance(depends, list) or not all(isinstance(d, str) for d in depends):
+        if (
+            not isinstance(depends, list)
+            or len(depends) > len(steps)
+            or not all(isinstance(d, str) for d in depends)
+        ):
             errors.add(f"{path}.depends_on", "must be a list of step names")
             depends = []
         overrides = _overrides(errors, step.get("overrides"), f"{path}.overrides")
@@ -301,8 +356,9 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
             if not isinstance(items, list) or not items:
                 errors.add(f"{path}.items", "must be a non-empty list of objects (one job each)")
                 items = None
-            elif len(items) > MAX_ITEMS:
-                errors.add(f"{path}.items", f"at most {MAX_ITEMS} items, got {len(items)}")
+            elif len(items) > limit("FLOW_ITEMS"):
+                most = limit("FLOW_ITEMS")
+                errors.add(f"{path}.items", f"at most {most} items, got {len(items)}")
                 items = None
             else:
                 cleaned = []
@@ -321,12 +377,16 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
     for i, step in enumerate(flow["steps"]):
         for dep in step["depends_on"]:
             if dep not in names:
-                errors.add(f"steps.{i}.depends_on", f"unknown step {dep!r}")
+                errors.add(f"steps.{i}.depends_on", f"unknown step {_show(dep)}")
             elif dep == step["name"]:
-                errors.add(f"steps.{i}.depends_on", f"step {dep!r} depends on itself")
+                errors.add(f"steps.{i}.depends_on", f"step {_show(dep)} depends on itself")
     cycle = find_cycle({s["name"]: s["depends_on"] for s in flow["steps"] if s["name"]})
     if cycle:
-        errors.add("steps", f"cycle {' -> '.join(cycle)}")
+        if len(cycle) <= 10:
+            errors.add("steps", f"cycle {' -> '.join(cycle)}")
+        else:  # a long one, shown by its ends
+            shown = " -> ".join([*cycle[:5], "...", *cycle[-5:]])
+            errors.add("steps", f"cycle of {len(cycle) - 1} steps: {shown}")
     errors.raise_if_any()
     return flow
 
@@ -341,11 +401,11 @@ def _overrides(errors: _Errors, value: object, path: str) -> dict[str, Any]:
     _unknown(errors, value, OVERRIDE_JOB | OVERRIDE_TASK, path)
     out: dict[str, Any] = {}
     ints: dict[str, tuple[int, int]] = {
-        "priority": (-1_000_000, 1_000_000),
+        "priority": (-limit("PRIORITY"), limit("PRIORITY")),
         "max_retry": (0, 100),
         "min_available": (1, MAX_INT),
-        "replicas": (1, MAX_REPLICAS),
-        **{key: (minimum, MAX_INT) for key, minimum in SECONDS_FIELDS.items()},
+        "replicas": (1, limit("TASKS_PER_JOB")),
+        **{key: (minimum, limit("SECONDS")) for key, minimum in SECONDS_FIELDS.items()},
     }
     for key in sorted(set(value) & (OVERRIDE_JOB | OVERRIDE_TASK)):
         where = _path(path, key)
@@ -357,9 +417,7 @@ def _overrides(errors: _Errors, value: object, path: str) -> dict[str, Any]:
         elif key == "queue":
             out[key] = _name(errors, value[key], where)
         elif key == "command":
-            if not isinstance(value[key], str) or not value[key].strip():
-                errors.add(where, "must be a shell command to run")
-            out[key] = value[key]
+            out[key] = _command(errors, value[key], where)
         elif key == "env":
             out[key] = _str_map(errors, value[key], where, env=True)
         elif key == "node_selector":
@@ -370,31 +428,30 @@ def _overrides(errors: _Errors, value: object, path: str) -> dict[str, Any]:
 
 
 def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
-    """A dependency cycle as a closed path (a -> b -> a), or None."""
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(name: str) -> list[str] | None:
-        state[name] = 1
-        stack.append(name)
-        for dep in graph.get(name, []):
-            if dep not in graph or dep == name:
+    """A dependency cycle as a closed path (a -> b -> a), or None. Iterative (an explicit
+    stack), so a chain of thousands of steps never reaches Python's recursion limit."""
+    done: set[str] = set()
+    for root in graph:
+        if root in done:
+            continue
+        path: list[str] = [root]  # the current chain of dependencies
+        on_path = {root}
+        pending: list[list[str]] = [graph.get(root, [])[::-1]]  # popped from the end
+        while path:
+            deps = pending[-1]
+            if not deps:
+                done.add(path[-1])
+                on_path.discard(path.pop())
+                pending.pop()
                 continue
-            if state.get(dep) == 1:
-                return stack[stack.index(dep) :] + [dep]
-            if dep not in state:
-                found = visit(dep)
-                if found:
-                    return found
-        stack.pop()
-        state[name] = 2
-        return None
-
-    for name in graph:
-        if name not in state:
-            found = visit(name)
-            if found:
-                return found
+            dep = deps.pop()
+            if dep not in graph or dep == path[-1] or dep in done:
+                continue
+            if dep in on_path:
+                return path[path.index(dep) :] + [dep]
+            path.append(dep)
+            on_path.add(dep)
+            pending.append(graph.get(dep, [])[::-1])
     return None
 
 
