@@ -82,8 +82,15 @@ def _show(value: object) -> str:
     return _shorten(repr(value), 40)
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
 def _too_long(text: str, max_bytes: int) -> str | None:
-    size = len(text.encode(errors="replace"))
+    """What is wrong with `text` as a stored string: too long, or holding a NUL or a lone
+    surrogate (REST refuses those while parsing; the admin and commands come through here)."""
+    if _UNSTORABLE.search(text):
+        return "must not contain NUL characters or lone surrogates"
+    size = len(text.encode())
     return f"at most {max_bytes} bytes, got {size}" if size > max_bytes else None
 
 
@@ -143,7 +150,7 @@ def _str_map(errors: _Errors, value: object, path: str, *, env: bool = False) ->
             errors.add(path, f"keys must be non-empty strings, got {_show(key)}")
             continue
         if (problem := _too_long(key, key_bytes)) is not None:
-            errors.add(_path(path, key), f"name too long: {problem}")
+            errors.add(_path(path, key), f"name: {problem}")
             continue
         if env and not ENV_RE.match(key):
             errors.add(_path(path, key), "is not a valid environment variable name")
@@ -158,6 +165,17 @@ def _str_map(errors: _Errors, value: object, path: str, *, env: bool = False) ->
             continue
         out[key] = text
     return out
+
+
+def label_problems(value: object) -> dict[str, list[str]]:
+    """What is wrong with labels (a node's, a job's): names to strings, bounded."""
+    errors = _Errors()
+    labels = _str_map(errors, value, "labels")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in labels and not isinstance(item, str):
+                errors.add(_path("labels", key), "must be a string")
+    return errors.errors
 
 
 def _command(errors: _Errors, value: object, path: str) -> str:

@@ -3,9 +3,12 @@ spec is validated the same way everywhere (REST, forms, flows)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
+from django.core.exceptions import ValidationError as ModelValidationError
+from django.db import models
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -18,11 +21,21 @@ from scheduler.core.quantity import (
     parse_memory,
 )
 from scheduler.models import Event, Flow, Job, JobTemplate, Node, Queue, Task
+from scheduler.specs import label_problems
 
-MAX_WEIGHT = 1e6
-MAX_CAPABILITY = 2**62  # millicores, bytes or devices: far beyond any cluster
 PARSERS = {"cpu": parse_cpu, "memory": parse_memory, "gpu": parse_gpu}
 FORMATS: dict[str, Callable[[int], Any]] = {"cpu": format_cpu, "memory": format_memory, "gpu": int}
+
+
+def check_model(instance: models.Model, attrs: dict[str, Any]) -> None:
+    """The model's own rules (field validators and clean(), which the admin and commands run
+    too) on the object as it would be saved: REST can never store what they refuse."""
+    for key, value in attrs.items():
+        setattr(instance, key, value)
+    try:
+        instance.full_clean(validate_unique=False, validate_constraints=False)
+    except ModelValidationError as exc:
+        raise serializers.ValidationError(exc.message_dict) from None
 
 
 def show_resources(data: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -39,11 +52,6 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
         fields = ["name", "weight", "capability", "reclaimable", "priority", "open", "created_at"]
         read_only_fields = ["created_at"]
 
-    def validate_weight(self, value: float) -> float:
-        if not 0 < value <= MAX_WEIGHT:
-            raise serializers.ValidationError(f"must be greater than 0 and at most {MAX_WEIGHT:g}")
-        return value
-
     def validate_capability(self, value: Any) -> Any:
         if value is not None and not isinstance(value, dict):
             raise serializers.ValidationError("must be a mapping with cpu, memory, gpu (or null)")
@@ -54,6 +62,7 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
         each bad entry is named by its path (`capability.gpu`)."""
         value = attrs.get("capability")
         if value is None:
+            check_model(copy.copy(self.instance) if self.instance else Queue(), attrs)
             return attrs
         errors: dict[str, list[str]] = {}
         out: dict[str, int | None] = {}
@@ -70,12 +79,12 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
             except ValueError as exc:
                 errors[path] = [str(exc)]
                 continue
-            if amount > MAX_CAPABILITY:
-                errors[path] = ["is larger than any cluster"]
             out[key] = amount
         if errors:
             raise serializers.ValidationError(errors)
-        return {**attrs, "capability": out}
+        attrs = {**attrs, "capability": out}
+        check_model(copy.copy(self.instance) if self.instance else Queue(), attrs)
+        return attrs
 
     def to_representation(self, instance: Queue) -> dict[str, Any]:
         data = super().to_representation(instance)
@@ -97,12 +106,12 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
         ]  # fmt: skip
         read_only_fields = [f for f in fields if f != "labels"]
 
-    def validate_labels(self, value: Any) -> dict[str, str]:
-        if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-        ):
-            raise serializers.ValidationError("must be a mapping of strings to strings")
-        return value
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "labels" in attrs and (problems := label_problems(attrs["labels"])):
+            raise serializers.ValidationError(problems)  # by path: labels.zone
+        if self.instance is not None:
+            check_model(copy.copy(self.instance), attrs)
+        return attrs
 
     def get_cpu(self, node: Node) -> str:
         return format_cpu(node.cpu)

@@ -75,7 +75,7 @@ def test_staff_relabel_a_node_and_users_cannot(api, owner, staff):
     response = api(staff).patch("/api/v1/nodes/gpu-01/", {"labels": {"a": "b"}}, format="json")
     assert response.json()["labels"] == {"a": "b"}
     bad = api(staff).patch("/api/v1/nodes/gpu-01/", {"labels": {"a": 1}}, format="json")
-    assert bad.status_code == 400 and "labels" in bad.json()
+    assert bad.status_code == 400 and "labels.a" in bad.json()
 
 
 def test_events_show_own_jobs_and_cluster_events_only(api, owner, outsider, staff):
