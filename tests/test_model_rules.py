@@ -59,9 +59,7 @@ def test_the_admin_refuses_a_bad_weight_and_rest_says_the_same(console, api, sta
     assert not Queue.objects.filter(name="research").exists()
 
 
-def test_an_admin_edit_that_would_break_the_snapshot_is_refused_and_jobs_still_run(
-    console, owner
-):
+def test_an_admin_edit_that_would_break_the_snapshot_is_refused_and_jobs_still_run(console, owner):
     make_node("n1")
     default = Queue.objects.get(name="default")
     url = reverse("admin:scheduler_queue_change", args=[default.pk])
