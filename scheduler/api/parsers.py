@@ -29,6 +29,14 @@ INT_RANGE = 2**63  # what the database's bigint holds
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
 
 
+class BadInput(ValueError):
+    """Input refused before any validation of its meaning; `errors` maps paths to reasons."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__("; ".join(f"{k}: {', '.join(v)}" for k, v in errors.items()))
+        self.errors = errors
+
+
 class PayloadTooLarge(APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "request body too large"
@@ -85,7 +93,7 @@ def check_tree(data: object, *, raw_text: frozenset[str] = frozenset()) -> None:
         path, value, depth = stack.pop()
         where = path or "body"
         if depth > max_depth:
-            raise ValidationError({where: [f"nested deeper than {max_depth} levels"]})
+            raise BadInput({where: [f"nested deeper than {max_depth} levels"]})
         if isinstance(value, str):
             if _BAD_TEXT.search(value) and path not in raw_text:
                 errors[where] = ["must not contain NUL characters or lone surrogates"]
@@ -109,7 +117,7 @@ def check_tree(data: object, *, raw_text: frozenset[str] = frozenset()) -> None:
         else:
             errors[where] = [f"unsupported value of type {type(value).__name__}"]
     if errors:
-        raise ValidationError(errors)
+        raise BadInput(errors)
 
 
 def _raw_text_fields(parser_context: Mapping[str, Any] | None) -> frozenset[str]:
@@ -137,7 +145,10 @@ class JSONParser(parsers.JSONParser):
             ) from None
         except ValueError as exc:  # also UnicodeDecodeError and NaN/Infinity
             raise ParseError(shorten(f"JSON parse error: {exc}")) from None
-        check_tree(data, raw_text=_raw_text_fields(parser_context))
+        try:
+            check_tree(data, raw_text=_raw_text_fields(parser_context))
+        except BadInput as exc:
+            raise ValidationError(exc.errors) from None
         return data
 
 
@@ -162,13 +173,30 @@ def _check_yaml_events(text: str) -> None:
     depth = 0
     for event in yaml.parse(text, Loader=_JSONTypesLoader):
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise ValidationError({"body": ["YAML anchors and aliases (&, *) are not accepted"]})
+            raise BadInput({"body": ["YAML anchors and aliases (&, *) are not accepted"]})
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > max_depth:
-                raise ValidationError({"body": [f"nested deeper than {max_depth} levels"]})
+                raise BadInput({"body": [f"nested deeper than {max_depth} levels"]})
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
+
+
+def load_yaml(text: str, *, raw_text: frozenset[str] = frozenset()) -> Any:
+    """A YAML document (a request body, the dashboard's submit form) as JSON types, with the
+    bounds above; BadInput otherwise."""
+    if len(text) > body_limit():
+        raise BadInput({"body": [f"larger than {body_limit()} bytes"]})
+    try:
+        _check_yaml_events(text)
+        data = yaml.load(text, Loader=_JSONTypesLoader)  # noqa: S506 (safe: JSON types only)
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        if isinstance(exc, BadInput):
+            raise
+        raise BadInput({"body": [shorten(f"not valid YAML: {exc}")]}) from None
+    data = {} if data is None else data
+    check_tree(data, raw_text=raw_text)
+    return data
 
 
 class YAMLParser(parsers.BaseParser):
@@ -182,14 +210,11 @@ class YAMLParser(parsers.BaseParser):
     ) -> Any:
         raw = read_body(stream, parser_context)
         try:
-            text = raw.decode()
-            _check_yaml_events(text)
-            data = yaml.load(text, Loader=_JSONTypesLoader)  # noqa: S506 (safe: JSON types only)
-        except (yaml.YAMLError, ValueError, RecursionError) as exc:
-            raise ParseError(shorten(f"YAML parse error: {exc}")) from None
-        data = {} if data is None else data
-        check_tree(data, raw_text=_raw_text_fields(parser_context))
-        return data
+            return load_yaml(raw.decode(), raw_text=_raw_text_fields(parser_context))
+        except UnicodeDecodeError:
+            raise ParseError("not valid YAML: the body is not UTF-8") from None
+        except BadInput as exc:
+            raise ValidationError(exc.errors) from None
 
 
 def _form_tree(data: QueryDict) -> dict[str, object]:
@@ -206,7 +231,10 @@ class FormParser(parsers.FormParser):
     ) -> Any:
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         data = QueryDict(read_body(stream, parser_context), encoding=encoding)
-        check_tree(_form_tree(data))
+        try:
+            check_tree(_form_tree(data))
+        except BadInput as exc:
+            raise ValidationError(exc.errors) from None
         return data
 
 
@@ -222,5 +250,8 @@ class MultiPartParser(parsers.MultiPartParser):
         if not declared.isdigit() or int(declared) > body_limit():
             raise PayloadTooLarge(f"request body larger than {body_limit()} bytes")
         result = super().parse(stream, media_type, parser_context)
-        check_tree(_form_tree(result.data))
+        try:
+            check_tree(_form_tree(result.data))
+        except BadInput as exc:
+            raise ValidationError(exc.errors) from None
         return result
