@@ -20,7 +20,8 @@ from tests.e2e.conftest import Cluster, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e]
 
-JOB = {"name": "ok", "tasks": [{"command": "true", "resources": {"cpu": "0.1", "memory": "16Mi"}}]}
+TASK: dict[str, Any] = {"command": "true", "resources": {"cpu": "0.1", "memory": "16Mi"}}
+JOB: dict[str, Any] = {"name": "ok", "tasks": [TASK]}
 
 
 def post(url: str, token: str, body: str | bytes, content_type: str) -> tuple[int, bytes]:
@@ -79,7 +80,7 @@ def test_hostile_inputs_harm_only_their_sender(cluster: Cluster, api, owner, out
     cluster.scheduler()
     wait_for(lambda: Node.objects.filter(state=NodeState.READY).exists(), what="node Ready")
     running = api(owner).post(
-        "/api/v1/jobs/", {**JOB, "name": "steady", "tasks": [{**JOB["tasks"][0],
+        "/api/v1/jobs/", {**JOB, "name": "steady", "tasks": [{**TASK,
                                                                "command": "sleep 2; echo done"}]},
         format="json",
     )  # fmt: skip
@@ -95,7 +96,7 @@ def test_hostile_inputs_harm_only_their_sender(cluster: Cluster, api, owner, out
     assert not Job.objects.filter(owner=outsider).exists()
     assert not Flow.objects.exists()
 
-    noisy = {**JOB, "name": "noisy", "tasks": [{**JOB["tasks"][0],
+    noisy = {**JOB, "name": "noisy", "tasks": [{**TASK,
                                                 "command": "printf 'a\\0b\\377c\\n'"}]}  # fmt: skip
     status, answer = post(f"{cluster.url}/api/v1/jobs/", token, json.dumps(noisy),
                           "application/json")  # fmt: skip
