@@ -45,7 +45,8 @@ from scheduler.specs import SpecError
 from scheduler.states import FLOW_FINAL
 from scheduler.submit import create_flow, create_template, submit_job, update_template
 
-NAME_LOOKUP = r"[^/]+"
+# Names never hold NUL (PostgreSQL cannot even compare one): such a path is a 404.
+NAME_LOOKUP = r"[^/\x00]+"
 DEFAULT_QUEUE = "default"
 MAX_QUERY_INT = 2**63 - 1
 

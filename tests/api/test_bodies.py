@@ -153,3 +153,14 @@ def test_form_bodies_are_checked_too(api, staff):
         "/api/v1/queues/", data="name=a%00b", content_type="application/x-www-form-urlencoded"
     )
     assert response.status_code == 400 and "name" in response.json()
+
+
+@pytest.mark.parametrize("kind", ["nodes", "queues", "templates"])
+def test_a_name_with_nul_in_the_path_is_a_404(api, staff, kind):
+    assert api(staff).get(f"/api/v1/{kind}/a%00b/").status_code == 404
+    assert api(staff).delete(f"/api/v1/{kind}/a%00b/").status_code == 404
+
+
+@pytest.mark.parametrize("query", ["state=%00", "owner=a%00", "queue=%00", "flow=%00"])
+def test_nul_in_a_filter_is_a_400(api, owner, query):
+    assert api(owner).get(f"/api/v1/jobs/?{query}").status_code == 400
