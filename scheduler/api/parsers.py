@@ -37,6 +37,10 @@ class BadInput(ValueError):
         self.errors = errors
 
 
+class NotYAML(BadInput):
+    """The text is not YAML at all (a syntax error), as opposed to YAML Berth refuses."""
+
+
 class PayloadTooLarge(APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "request body too large"
@@ -193,7 +197,7 @@ def load_yaml(text: str, *, raw_text: frozenset[str] = frozenset()) -> Any:
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
         if isinstance(exc, BadInput):
             raise
-        raise BadInput({"body": [shorten(f"not valid YAML: {exc}")]}) from None
+        raise NotYAML({"body": [shorten(f"not valid YAML: {exc}")]}) from None
     data = {} if data is None else data
     check_tree(data, raw_text=raw_text)
     return data
@@ -213,6 +217,8 @@ class YAMLParser(parsers.BaseParser):
             return load_yaml(raw.decode(), raw_text=_raw_text_fields(parser_context))
         except UnicodeDecodeError:
             raise ParseError("not valid YAML: the body is not UTF-8") from None
+        except NotYAML as exc:  # like a JSON syntax error: under `detail`
+            raise ParseError(exc.errors["body"][0]) from None
         except BadInput as exc:
             raise ValidationError(exc.errors) from None
 

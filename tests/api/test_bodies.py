@@ -76,7 +76,7 @@ def test_yaml_builds_only_json_types(api, owner):
     assert response.json()["labels"] == {"when": "2024-01-01"}
     tagged = "name: ok\ntasks: [{command: !!binary aGk=}]\n"
     response = post(api(owner), "/api/v1/jobs/", tagged, "application/yaml")
-    assert response.status_code == 400 and "not valid YAML" in response.json()["body"][0]
+    assert response.status_code == 400 and "not valid YAML" in response.json()["detail"]
 
 
 def test_a_body_over_the_limit_is_413(api, owner, settings):
