@@ -29,6 +29,12 @@ JOIN = "fuzz-join-token"
 EXAMPLES = int(os.environ.get("BERTH_FUZZ_EXAMPLES", "3"))
 
 
+@pytest.fixture(autouse=True)
+def fast_passwords(settings: Any) -> None:
+    """The users sign in by token here: hashing their passwords slowly buys nothing."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def one_connection() -> Iterator[None]:
     """Keep the test's database connection across requests, as Django's test client does:
