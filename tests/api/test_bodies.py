@@ -156,9 +156,17 @@ def test_form_bodies_are_checked_too(api, staff):
 
 
 @pytest.mark.parametrize("kind", ["nodes", "queues", "templates"])
-def test_a_name_with_nul_in_the_path_is_a_404(api, staff, kind):
-    assert api(staff).get(f"/api/v1/{kind}/a%00b/").status_code == 404
-    assert api(staff).delete(f"/api/v1/{kind}/a%00b/").status_code == 404
+def test_a_name_with_nul_in_the_path_is_refused(api, staff, kind):
+    response = api(staff).get(f"/api/v1/{kind}/a%00b/")
+    assert response.status_code == 400 and "path" in response.json()
+    assert api(staff).delete(f"/api/v1/{kind}/a%00b/").status_code == 400
+
+
+def test_the_api_lookup_itself_never_matches_a_nul(staff):
+    from django.urls import Resolver404, resolve
+
+    with pytest.raises(Resolver404):
+        resolve("/api/v1/nodes/a\x00b/")
 
 
 @pytest.mark.parametrize("query", ["state=%00", "owner=a%00", "queue=%00", "flow=%00"])

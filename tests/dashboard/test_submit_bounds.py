@@ -26,3 +26,17 @@ def test_hostile_yaml_is_refused_inline(owner, signed_in, spec, shown):
     page = response.content.decode()
     assert shown in page and len(page) < 200_000 + 2 * len(spec)
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("method", "url"),
+    [
+        ("get", "/jobs/?state=%00"),
+        ("get", "/jobs/?q=a%00"),
+        ("get", "/submit/?template=%00"),
+        ("post", "/nodes/a%00/cordon/"),
+    ],
+)
+def test_nul_in_a_page_url_is_a_400_not_a_500(staff, signed_in, method, url):
+    response = getattr(signed_in(staff), method)(url)
+    assert response.status_code == 400
