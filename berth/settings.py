@@ -95,6 +95,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "berth.metrics.HttpMetricsMiddleware",  # first, so it times everything below it
+    "scheduler.middleware.refuse_nul_in_urls",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "berth.throttle.SignInThrottleMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -273,10 +274,10 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
+        "scheduler.api.parsers.JSONParser",
         "scheduler.api.parsers.YAMLParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+        "scheduler.api.parsers.FormParser",
+        "scheduler.api.parsers.MultiPartParser",
     ],
     "DEFAULT_PAGINATION_CLASS": "scheduler.api.pagination.Pagination",
     "PAGE_SIZE": 50,
@@ -340,3 +341,20 @@ BERTH_ARRAY_MAX_TASKS = env_int("BERTH_ARRAY_MAX_TASKS", 200_000, minimum=1)
 BERTH_TOKEN_CREATE_RATE = env_rate("BERTH_TOKEN_CREATE_RATE", "20/minute")
 # /metrics also answers `Authorization: Bearer <this>` (for Prometheus) when set.
 BERTH_METRICS_TOKEN = os.environ.get("BERTH_METRICS_TOKEN", "").strip()
+
+# --- Input limits (docs/limits.md) -----------------------------------------------------------
+# Every request body and spec is bounded so that one bad input is a fast 400 for its sender and
+# never a slow page, a huge allocation or a crash for everyone else. The request body itself is
+# capped by DATA_UPLOAD_MAX_MEMORY_SIZE (413 past it).
+BERTH_MAX_INPUT_DEPTH = env_int("BERTH_MAX_INPUT_DEPTH", 64, minimum=8)
+BERTH_MAX_TASKS_PER_JOB = env_int("BERTH_MAX_TASKS_PER_JOB", 1024, minimum=1)
+BERTH_MAX_FLOW_STEPS = env_int("BERTH_MAX_FLOW_STEPS", 256, minimum=1)
+BERTH_MAX_FLOW_ITEMS = env_int("BERTH_MAX_FLOW_ITEMS", 1000, minimum=1)
+BERTH_MAX_COMMAND_BYTES = env_int("BERTH_MAX_COMMAND_BYTES", 64 * 1024, minimum=256)
+BERTH_MAX_ENV_VARS = env_int("BERTH_MAX_ENV_VARS", 256, minimum=1)
+BERTH_MAX_ENV_VALUE_BYTES = env_int("BERTH_MAX_ENV_VALUE_BYTES", 32 * 1024, minimum=256)
+BERTH_MAX_LABELS = env_int("BERTH_MAX_LABELS", 64, minimum=1)
+BERTH_MAX_LABEL_BYTES = env_int("BERTH_MAX_LABEL_BYTES", 256, minimum=63)
+BERTH_MAX_TEXT_BYTES = env_int("BERTH_MAX_TEXT_BYTES", 4096, minimum=256)
+BERTH_MAX_PRIORITY = env_int("BERTH_MAX_PRIORITY", 1_000_000, minimum=1)
+BERTH_MAX_SECONDS = env_int("BERTH_MAX_SECONDS", 10 * 366 * 24 * 3600, minimum=3600)

@@ -17,6 +17,7 @@ from django.views.decorators.http import require_POST
 from dashboard import queries
 from dashboard.arrays import element_page
 from scheduler import operations
+from scheduler.api.parsers import BadInput, load_yaml
 from scheduler.models import Flow, Job, JobTemplate, Node, Queue
 from scheduler.specs import SpecError
 from scheduler.states import JobState
@@ -221,10 +222,10 @@ def submit(request: HttpRequest) -> HttpResponse:
     text = ""
     if request.method == "POST":
         text = request.POST.get("spec", "")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            errors = {"yaml": [f"not valid YAML: {exc}"]}
+        try:  # the API's bounds: no aliases, bounded depth, storable text
+            data = load_yaml(text)
+        except BadInput as exc:
+            errors = {("yaml" if p == "body" else p): m for p, m in exc.errors.items()}
         else:
             try:
                 if kind == "flow":

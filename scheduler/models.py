@@ -12,6 +12,7 @@ import secrets
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q, QuerySet
@@ -34,6 +35,34 @@ name_validator = RegexValidator(NAME_RE, f"must be {NAME_HELP}")
 # The range a job's priority may take (scheduler/specs.py refuses anything outside it).
 PRIORITY_LIMIT = 1_000_000
 priority_validators = [MinValueValidator(-PRIORITY_LIMIT), MaxValueValidator(PRIORITY_LIMIT)]
+
+# Rules checked in clean() (so the admin, REST and commands refuse the same things) for what
+# one bad row would otherwise break for everyone: the snapshot reads capabilities and labels.
+CAPABILITY_UNITS = {"cpu": "millicores", "memory": "bytes", "gpu": "devices"}
+CAPABILITY_MAX = 2**62
+MAX_QUEUE_WEIGHT = 1e6
+
+
+def capability_problems(value: object) -> list[str]:
+    """What is wrong with a stored capability: null, or {resource: whole number or null}."""
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        return ['must be an object like {"gpu": 16, "memory": 1099511627776}, or null']
+    problems = []
+    for key, amount in value.items():
+        if key not in CAPABILITY_UNITS:
+            problems.append(f"{str(key)[:40]}: unknown resource (allowed: cpu, memory, gpu)")
+        elif amount is not None and (
+            isinstance(amount, bool)
+            or not isinstance(amount, int)
+            or not 0 <= amount <= CAPABILITY_MAX
+        ):
+            problems.append(
+                f"{key}: must be a whole number of {CAPABILITY_UNITS[key]} up to 2^62, or null;"
+                f" got {repr(amount)[:40]}"
+            )
+    return problems
 
 
 class OwnedQuerySet(QuerySet[Any]):
@@ -86,6 +115,15 @@ class Queue(models.Model):
             return ""
         return f'at most {cap} in queue "{self.name}" for non-staff users, got {priority}'
 
+    def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
+        if problems := capability_problems(self.capability):
+            errors["capability"] = problems
+        if not 0 < self.weight <= MAX_QUEUE_WEIGHT:  # also refuses NaN
+            errors["weight"] = [f"must be greater than 0 and at most {MAX_QUEUE_WEIGHT:g}"]
+        if errors:
+            raise ValidationError(errors)
+
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
@@ -123,6 +161,14 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        from scheduler.specs import label_problems
+
+        if problems := label_problems(self.labels):
+            raise ValidationError(
+                {"labels": [f"{p}: {m}" for p, ms in problems.items() for m in ms]}
+            )
 
     def issue_token(self) -> str:
         """Make a new node token; only its hash is kept."""
@@ -174,6 +220,26 @@ class JobTemplate(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """The spec must make a valid job (the flow controller builds step jobs from it) in a
+        queue that exists; it is stored normalized, as REST stores it."""
+        from scheduler.specs import SpecError, normalize_template_spec
+
+        # The name is checked by its own field; a fixed one keeps it out of these errors.
+        data = {"name": "template", "description": self.description or "", "spec": self.spec}
+        try:
+            normalized = normalize_template_spec(data)
+        except SpecError as exc:
+            errors: dict[str, list[str]] = {}
+            for path, messages in exc.errors.items():
+                field = "description" if path == "description" else "spec"
+                errors.setdefault(field, []).extend(f"{path}: {m}" for m in messages)
+            raise ValidationError(errors) from None
+        queue = normalized["spec"]["queue"]
+        if not Queue.objects.filter(name=queue).exists():
+            raise ValidationError({"spec": [f'queue: unknown queue "{queue}"']})
+        self.spec = normalized["spec"]
 
 
 class Flow(models.Model):

@@ -12,6 +12,8 @@ import copy
 import re
 from typing import Any
 
+from django.conf import settings
+
 from scheduler.arrayspec import ArraySpecError, parse_array
 from scheduler.core.quantity import format_cpu, format_memory, parse_cpu, parse_gpu, parse_memory
 
@@ -32,7 +34,14 @@ STEP_FIELDS = {"name", "template", "depends_on", "overrides", "items"}
 OVERRIDE_JOB = {"priority", "queue", "walltime", "max_retry", "preemptible", "min_available",
                 "active_deadline_seconds"}  # fmt: skip
 OVERRIDE_TASK = {"command", "env", "resources", "node_selector", "replicas"}
-MAX_REPLICAS = 1000
+# Job fields given in seconds, with their smallest value.
+SECONDS_FIELDS = {"walltime": 1, "ttl_seconds_after_finished": 0, "active_deadline_seconds": 1}
+# Whole numbers the database stores as 32-bit integers (counts).
+MAX_INT = 2**31 - 1
+MAX_ERRORS = 50  # per spec: enough to fix it, never a flood
+RESERVED_LABEL_PREFIX = "berth/"
+# Far above any machine, low enough for the database's integers.
+RESOURCE_MAX = {"cpu": 10**9, "memory": 2**60, "gpu": 1024}  # millicores, bytes, devices
 
 
 class SpecError(Exception):
@@ -48,7 +57,8 @@ class _Errors:
         self.errors: dict[str, list[str]] = {}
 
     def add(self, path: str, message: str) -> None:
-        self.errors.setdefault(path or "spec", []).append(message)
+        if len(self.errors) < MAX_ERRORS or path in self.errors:
+            self.errors.setdefault(path or "spec", []).append(message)
 
     def raise_if_any(self) -> None:
         if self.errors:
@@ -56,7 +66,34 @@ class _Errors:
 
 
 def _path(prefix: str, key: str | int) -> str:
-    return f"{prefix}.{key}" if prefix else str(key)
+    key = _shorten(str(key), 64)
+    return f"{prefix}.{key}" if prefix else key
+
+
+def limit(name: str) -> int:
+    """An input limit from the settings (`BERTH_MAX_<NAME>`, documented in docs/limits.md)."""
+    return int(getattr(settings, f"BERTH_MAX_{name}"))
+
+
+def _shorten(text: str, size: int) -> str:
+    return text if len(text) <= size else f"{text[:size]}..."
+
+
+def _show(value: object) -> str:
+    """A value as an error message quotes it: never more than a few dozen characters."""
+    return _shorten(repr(value), 40)
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _too_long(text: str, max_bytes: int) -> str | None:
+    """What is wrong with `text` as a stored string: too long, or holding a NUL or a lone
+    surrogate (REST refuses those while parsing; the admin and commands come through here)."""
+    if _UNSTORABLE.search(text):
+        return "must not contain NUL characters or lone surrogates"
+    size = len(text.encode())
+    return f"at most {max_bytes} bytes, got {size}" if size > max_bytes else None
 
 
 def _int(
@@ -67,7 +104,7 @@ def _int(
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        errors.add(path, f"must be a whole number, got {value!r}")
+        errors.add(path, f"must be a whole number, got {_show(value)}")
         return default
     if minimum is not None and value < minimum:
         errors.add(path, f"must be at least {minimum}, got {value}")
@@ -79,7 +116,7 @@ def _int(
 def _bool(errors: _Errors, data: dict[str, Any], key: str, path: str, default: bool) -> bool:
     value = data.get(key, default)
     if not isinstance(value, bool):
-        errors.add(path, f"must be true or false, got {value!r}")
+        errors.add(path, f"must be true or false, got {_show(value)}")
         return default
     return value
 
@@ -87,24 +124,35 @@ def _bool(errors: _Errors, data: dict[str, Any], key: str, path: str, default: b
 def _name(errors: _Errors, value: object, path: str) -> str:
     if not isinstance(value, str) or not value:
         errors.add(
-            path, "is required" if value in (None, "") else f"must be a string, got {value!r}"
+            path, "is required" if value in (None, "") else f"must be a string, got {_show(value)}"
         )
         return ""
     if not NAME_RE.match(value):
-        errors.add(path, f"{value!r} {NAME_RULE}")
+        errors.add(path, f"{_show(value)} {NAME_RULE}")
     return value
 
 
 def _str_map(errors: _Errors, value: object, path: str, *, env: bool = False) -> dict[str, str]:
+    """Names to values: environment variables (`env`) or labels and node selectors, each
+    bounded in count and size."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         errors.add(path, f"must be a mapping of names to values, got {type(value).__name__}")
         return {}
+    most = limit("ENV_VARS") if env else limit("LABELS")
+    if len(value) > most:
+        errors.add(path, f"at most {most} entries, got {len(value)}")
+        return {}
+    key_bytes = limit("LABEL_BYTES")
+    value_bytes = limit("ENV_VALUE_BYTES") if env else limit("LABEL_BYTES")
     out: dict[str, str] = {}
     for key, item in value.items():
         if not isinstance(key, str) or not key:
-            errors.add(path, f"keys must be non-empty strings, got {key!r}")
+            errors.add(path, f"keys must be non-empty strings, got {_show(key)}")
+            continue
+        if (problem := _too_long(key, key_bytes)) is not None:
+            errors.add(_path(path, key), f"name: {problem}")
             continue
         if env and not ENV_RE.match(key):
             errors.add(_path(path, key), "is not a valid environment variable name")
@@ -113,23 +161,49 @@ def _str_map(errors: _Errors, value: object, path: str, *, env: bool = False) ->
         if not isinstance(item, str | int | float):
             errors.add(_path(path, key), f"must be a string or number, got {type(item).__name__}")
             continue
-        out[key] = str(item)
+        text = str(item)
+        if (problem := _too_long(text, value_bytes)) is not None:
+            errors.add(_path(path, key), problem)
+            continue
+        out[key] = text
     return out
 
 
+def label_problems(value: object) -> dict[str, list[str]]:
+    """What is wrong with labels (a node's, a job's): names to strings, bounded."""
+    errors = _Errors()
+    labels = _str_map(errors, value, "labels")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in labels and not isinstance(item, str):
+                errors.add(_path("labels", key), "must be a string")
+    return errors.errors
+
+
+def _command(errors: _Errors, value: object, path: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        errors.add(path, "is required: a shell command to run")
+        return ""
+    if (problem := _too_long(value, limit("COMMAND_BYTES"))) is not None:
+        errors.add(path, problem)
+    return value
+
+
 def _unknown(errors: _Errors, data: dict[str, Any], allowed: set[str], path: str) -> None:
-    for key in sorted(set(data) - allowed, key=str):
+    for key in sorted(set(data) - allowed, key=str)[:MAX_ERRORS]:
         errors.add(_path(path, str(key)), f"unknown field (allowed: {', '.join(sorted(allowed))})")
 
 
-def _resources(errors: _Errors, value: object, path: str) -> dict[str, Any]:
+def _resources(errors: _Errors, value: object, path: str, *, fill: bool = True) -> dict[str, Any]:
+    """Resources in canonical form; `fill` gives absent ones 0 (an override keeps them absent)."""
+    empty: dict[str, Any] = {"cpu": "0", "memory": "0", "gpu": 0} if fill else {}
     if value is None:
         value = {}
     if not isinstance(value, dict):
         errors.add(path, f"must be a mapping with cpu, memory, gpu, got {type(value).__name__}")
-        return {"cpu": "0", "memory": "0", "gpu": 0}
+        return empty
     _unknown(errors, value, RESOURCE_FIELDS, path)
-    out: dict[str, Any] = {"cpu": "0", "memory": "0", "gpu": 0}
+    out = dict(empty)
     for key, parse, fmt in (
         ("cpu", parse_cpu, format_cpu),
         ("memory", parse_memory, format_memory),
@@ -138,9 +212,14 @@ def _resources(errors: _Errors, value: object, path: str) -> dict[str, Any]:
         if key not in value:
             continue
         try:
-            out[key] = fmt(parse(value[key]))
+            amount = parse(value[key])
         except ValueError as exc:
             errors.add(_path(path, key), str(exc))
+            continue
+        if amount > RESOURCE_MAX[key]:
+            errors.add(_path(path, key), f"must be at most {fmt(RESOURCE_MAX[key])}")
+            continue
+        out[key] = fmt(amount)
     return out
 
 
@@ -156,19 +235,17 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
     queue = data.get("queue", "default")
     spec["queue"] = _name(errors, queue, "queue")
     spec["priority"] = _int(errors, data, "priority", "priority", default=0,
-                            minimum=-1_000_000, maximum=1_000_000)  # fmt: skip
+                            minimum=-limit("PRIORITY"), maximum=limit("PRIORITY"))  # fmt: skip
     spec["preemptible"] = _bool(errors, data, "preemptible", "preemptible", True)
-    spec["walltime"] = _int(errors, data, "walltime", "walltime", default=None, minimum=1)
-    spec["ttl_seconds_after_finished"] = _int(
-        errors, data, "ttl_seconds_after_finished", "ttl_seconds_after_finished",
-        default=None, minimum=0,
-    )  # fmt: skip
-    spec["active_deadline_seconds"] = _int(
-        errors, data, "active_deadline_seconds", "active_deadline_seconds", default=None, minimum=1
-    )
+    for key, minimum in SECONDS_FIELDS.items():
+        spec[key] = _int(errors, data, key, key, default=None, minimum=minimum,
+                         maximum=limit("SECONDS"))  # fmt: skip
     spec["max_retry"] = _int(errors, data, "max_retry", "max_retry", default=0, minimum=0,
                              maximum=100)  # fmt: skip
     spec["labels"] = _str_map(errors, data.get("labels"), "labels")
+    for key in spec["labels"]:
+        if key.startswith(RESERVED_LABEL_PREFIX):
+            errors.add(_path("labels", key), f"the prefix {RESERVED_LABEL_PREFIX!r} is Berth's own")
     elements = 0
     if data.get("array") is not None:  # only array jobs carry the key: other specs are unchanged
         spec["array"], elements = _array(errors, data["array"])
@@ -177,6 +254,9 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
     spec["tasks"] = []
     if not isinstance(tasks, list) or not tasks:
         errors.add("tasks", "must be a non-empty list of task groups")
+        tasks = []
+    elif len(tasks) > limit("TASKS_PER_JOB"):
+        errors.add("tasks", f"at most {limit('TASKS_PER_JOB')} task groups, got {len(tasks)}")
         tasks = []
     seen: set[str] = set()
     total = 0
@@ -188,15 +268,12 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
         _unknown(errors, task, TASK_FIELDS, path)
         name = _name(errors, task.get("name", "main" if len(tasks) == 1 else None), f"{path}.name")
         if name and name in seen:
-            errors.add(f"{path}.name", f"{name!r} is used by another task group of this job")
+            errors.add(f"{path}.name", f"{_show(name)} is used by another task group of this job")
         seen.add(name)
         replicas = _int(errors, task, "replicas", f"{path}.replicas", default=1, minimum=1,
-                        maximum=MAX_REPLICAS) or 1  # fmt: skip
+                        maximum=limit("TASKS_PER_JOB")) or 1  # fmt: skip
         total += replicas
-        command = task.get("command")
-        if not isinstance(command, str) or not command.strip():
-            errors.add(f"{path}.command", "is required: a shell command to run")
-            command = ""
+        command = _command(errors, task.get("command"), f"{path}.command")
         spec["tasks"].append(
             {
                 "name": name,
@@ -209,11 +286,14 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
                 ),
             }
         )
-    min_available = _int(errors, data, "min_available", "min_available", default=None, minimum=1)
+    if total > limit("TASKS_PER_JOB"):
+        errors.add("tasks", f"at most {limit('TASKS_PER_JOB')} tasks in all, got {total}")
+    min_available = _int(errors, data, "min_available", "min_available", default=None, minimum=1,
+                         maximum=MAX_INT)  # fmt: skip
     if min_available is not None and total and min_available > total:
         errors.add(
             "min_available", f"must be at most the total replicas ({total}), got {min_available}"
-        )  # noqa: E501
+        )
     spec["min_available"] = min_available if min_available is not None else max(total, 1)
     max_tasks = array_max_tasks()
     if elements * total > max_tasks:
@@ -258,6 +338,8 @@ def normalize_template_spec(data: object) -> dict[str, Any]:
     if not isinstance(description, str):
         errors.add("description", "must be a string")
         description = ""
+    elif (problem := _too_long(description, limit("TEXT_BYTES"))) is not None:
+        errors.add("description", problem)
     spec: dict[str, Any] = {}
     if not isinstance(data.get("spec"), dict):
         errors.add("spec", "is required: a job spec without name")
@@ -285,21 +367,21 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
     _unknown(errors, data, FLOW_FIELDS, "")
     flow: dict[str, Any] = {
         "name": _name(errors, data.get("name"), "name"),
-        "parallelism": _int(errors, data, "parallelism", "parallelism", default=None, minimum=1),
+        "parallelism": _int(errors, data, "parallelism", "parallelism", default=None, minimum=1,
+                            maximum=MAX_INT),
         "fail_fast": _bool(errors, data, "fail_fast", "fail_fast", False),
         "ttl_seconds_after_finished": _int(
-            errors,
-            data,
-            "ttl_seconds_after_finished",
-            "ttl_seconds_after_finished",
-            default=None,
-            minimum=0,
-        ),  # fmt: skip
+            errors, data, "ttl_seconds_after_finished", "ttl_seconds_after_finished",
+            default=None, minimum=0, maximum=MAX_INT,
+        ),
         "steps": [],
-    }
+    }  # fmt: skip
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps:
         errors.add("steps", "must be a non-empty list of steps")
+        steps = []
+    elif len(steps) > limit("FLOW_STEPS"):
+        errors.add("steps", f"at most {limit('FLOW_STEPS')} steps, got {len(steps)}")
         steps = []
     names: dict[str, int] = {}
     for i, step in enumerate(steps):
@@ -310,23 +392,27 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
         _unknown(errors, step, STEP_FIELDS, path)
         name = _name(errors, step.get("name"), f"{path}.name")
         if name in names:
-            errors.add(f"{path}.name", f"{name!r} repeats the name of step {names[name]}")
+            errors.add(f"{path}.name", f"{_show(name)} repeats the name of step {names[name]}")
         elif name:
             names[name] = i
         template = _name(errors, step.get("template"), f"{path}.template")
         depends = step.get("depends_on", [])
-        if not isinstance(depends, list) or not all(isinstance(d, str) for d in depends):
+        if (
+            not isinstance(depends, list)
+            or len(depends) > len(steps)
+            or not all(isinstance(d, str) for d in depends)
+        ):
             errors.add(f"{path}.depends_on", "must be a list of step names")
             depends = []
-        overrides = step.get("overrides", {})
-        if not isinstance(overrides, dict):
-            errors.add(f"{path}.overrides", "must be a mapping")
-            overrides = {}
-        _unknown(errors, overrides, OVERRIDE_JOB | OVERRIDE_TASK, f"{path}.overrides")
+        overrides = _overrides(errors, step.get("overrides"), f"{path}.overrides")
         items = step.get("items")
         if items is not None:
             if not isinstance(items, list) or not items:
                 errors.add(f"{path}.items", "must be a non-empty list of objects (one job each)")
+                items = None
+            elif len(items) > limit("FLOW_ITEMS"):
+                most = limit("FLOW_ITEMS")
+                errors.add(f"{path}.items", f"at most {most} items, got {len(items)}")
                 items = None
             else:
                 cleaned = []
@@ -334,7 +420,7 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
                     if not isinstance(item, dict):
                         errors.add(
                             f"{path}.items.{j}", f"must be an object, got {type(item).__name__}"
-                        )  # noqa: E501
+                        )
                         continue
                     cleaned.append(_str_map(errors, item, f"{path}.items.{j}", env=True))
                 items = cleaned
@@ -345,42 +431,81 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
     for i, step in enumerate(flow["steps"]):
         for dep in step["depends_on"]:
             if dep not in names:
-                errors.add(f"steps.{i}.depends_on", f"unknown step {dep!r}")
+                errors.add(f"steps.{i}.depends_on", f"unknown step {_show(dep)}")
             elif dep == step["name"]:
-                errors.add(f"steps.{i}.depends_on", f"step {dep!r} depends on itself")
+                errors.add(f"steps.{i}.depends_on", f"step {_show(dep)} depends on itself")
     cycle = find_cycle({s["name"]: s["depends_on"] for s in flow["steps"] if s["name"]})
     if cycle:
-        errors.add("steps", f"cycle {' -> '.join(cycle)}")
+        if len(cycle) <= 10:
+            errors.add("steps", f"cycle {' -> '.join(cycle)}")
+        else:  # a long one, shown by its ends
+            shown = " -> ".join([*cycle[:5], "...", *cycle[-5:]])
+            errors.add("steps", f"cycle of {len(cycle) - 1} steps: {shown}")
     errors.raise_if_any()
     return flow
 
 
+def _overrides(errors: _Errors, value: object, path: str) -> dict[str, Any]:
+    """A step's overrides, each checked as the same field of a job spec would be."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        errors.add(path, f"must be a mapping, got {type(value).__name__}")
+        return {}
+    _unknown(errors, value, OVERRIDE_JOB | OVERRIDE_TASK, path)
+    out: dict[str, Any] = {}
+    ints: dict[str, tuple[int, int]] = {
+        "priority": (-limit("PRIORITY"), limit("PRIORITY")),
+        "max_retry": (0, 100),
+        "min_available": (1, MAX_INT),
+        "replicas": (1, limit("TASKS_PER_JOB")),
+        **{key: (minimum, limit("SECONDS")) for key, minimum in SECONDS_FIELDS.items()},
+    }
+    for key in sorted(set(value) & (OVERRIDE_JOB | OVERRIDE_TASK)):
+        where = _path(path, key)
+        if key in ints:
+            low, high = ints[key]
+            out[key] = _int(errors, value, key, where, default=None, minimum=low, maximum=high)
+        elif key == "preemptible":
+            out[key] = _bool(errors, value, key, where, True)
+        elif key == "queue":
+            out[key] = _name(errors, value[key], where)
+        elif key == "command":
+            out[key] = _command(errors, value[key], where)
+        elif key == "env":
+            out[key] = _str_map(errors, value[key], where, env=True)
+        elif key == "node_selector":
+            out[key] = _str_map(errors, value[key], where)
+        elif key == "resources":
+            out[key] = _resources(errors, value[key], where, fill=False)
+    return out
+
+
 def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
-    """A dependency cycle as a closed path (a -> b -> a), or None."""
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(name: str) -> list[str] | None:
-        state[name] = 1
-        stack.append(name)
-        for dep in graph.get(name, []):
-            if dep not in graph or dep == name:
+    """A dependency cycle as a closed path (a -> b -> a), or None. Iterative (an explicit
+    stack), so a chain of thousands of steps never reaches Python's recursion limit."""
+    done: set[str] = set()
+    for root in graph:
+        if root in done:
+            continue
+        path: list[str] = [root]  # the current chain of dependencies
+        on_path = {root}
+        pending: list[list[str]] = [graph.get(root, [])[::-1]]  # popped from the end
+        while path:
+            deps = pending[-1]
+            if not deps:
+                done.add(path[-1])
+                on_path.discard(path.pop())
+                pending.pop()
                 continue
-            if state.get(dep) == 1:
-                return stack[stack.index(dep) :] + [dep]
-            if dep not in state:
-                found = visit(dep)
-                if found:
-                    return found
-        stack.pop()
-        state[name] = 2
-        return None
-
-    for name in graph:
-        if name not in state:
-            found = visit(name)
-            if found:
-                return found
+            dep = deps.pop()
+            if dep not in graph or dep == path[-1] or dep in done:
+                continue
+            if dep in on_path:
+                return path[path.index(dep) :] + [dep]
+            path.append(dep)
+            on_path.add(dep)
+            pending.append(graph.get(dep, [])[::-1])
     return None
 
 

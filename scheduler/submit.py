@@ -16,6 +16,7 @@ from scheduler.specs import (
     normalize_flow_spec,
     normalize_job_spec,
     normalize_template_spec,
+    step_job_spec,
 )
 
 
@@ -105,15 +106,28 @@ def submit_job(
 
 
 def create_flow(owner: Any, data: object) -> Flow:
-    """Validate `data` and create the flow and its steps; the flow controller makes jobs."""
+    """Validate `data` and create the flow and its steps; the flow controller makes jobs.
+
+    Each step's job (template, then overrides, then its first item) is checked here too, so a
+    flow that could never make a job is refused before anything is written."""
     spec = normalize_flow_spec(data)
     names = {s["template"] for s in spec["steps"]}
     templates = {t.name: t for t in JobTemplate.objects.filter(name__in=names)}
-    errors = {
-        f"steps.{i}.template": [f'unknown template "{s["template"]}"']
-        for i, s in enumerate(spec["steps"])
-        if s["template"] not in templates
-    }
+    errors: dict[str, list[str]] = {}
+    queues = set(Queue.objects.values_list("name", flat=True))
+    for i, step in enumerate(spec["steps"]):
+        template = templates.get(step["template"])
+        if template is None:
+            errors[f"steps.{i}.template"] = [f'unknown template "{step["template"]}"']
+            continue
+        for path, messages in _step_job_errors(template, step).items():
+            errors.setdefault(f"steps.{i}.{path}", []).extend(messages)
+        if not isinstance(template.spec, dict):
+            continue
+        queue = step["overrides"].get("queue") or template.spec.get("queue", "default")
+        if queue not in queues:
+            where = "overrides.queue" if "queue" in step["overrides"] else "template"
+            errors.setdefault(f"steps.{i}.{where}", []).append(f'unknown queue "{queue}"')
     if errors:
         raise SpecError(errors)
     errors = _step_priority_refusals(owner, spec["steps"], templates)
@@ -175,18 +189,53 @@ def _step_priority_refusals(
     return errors
 
 
-def save_template(owner: Any, data: object, instance: JobTemplate | None = None) -> JobTemplate:
-    """Create a template, or replace `instance`'s description and spec."""
+def _step_job_errors(template: JobTemplate, step: dict[str, Any]) -> dict[str, list[str]]:
+    """What is wrong with the job a flow step would make, keyed under the step: a field the
+    step overrides is named under `overrides`, the rest is the template's fault."""
+    if not isinstance(template.spec, dict):
+        return {"template": [f'template "{template.name}" has no job spec']}
+    item = step["items"][0] if step["items"] else None
+    try:
+        step_job_spec(template.spec, step["overrides"], item, name="check")
+    except SpecError as exc:
+        out: dict[str, list[str]] = {}
+        for path, messages in exc.errors.items():
+            parts = path.split(".")
+            field = parts[2] if parts[0] == "tasks" and len(parts) > 2 else parts[0]
+            if field in step["overrides"]:
+                key = "overrides." + (".".join(parts[2:]) if parts[0] == "tasks" else path)
+                out.setdefault(key, []).extend(messages)
+            else:
+                out.setdefault("template", []).extend(
+                    f'template "{template.name}" makes no valid job: {path} {m}' for m in messages
+                )
+        return out
+    return {}
+
+
+def create_template(owner: Any, data: object) -> JobTemplate:
+    """Validate `data` (`{"name", "description", "spec"}`) and create the template."""
     spec = normalize_template_spec(data)
-    if instance is None:
-        if JobTemplate.objects.filter(name=spec["name"]).exists():
-            raise SpecError({"name": [f'a template named "{spec["name"]}" exists already']})
-        return JobTemplate.objects.create(
-            name=spec["name"], description=spec["description"], spec=spec["spec"], owner=owner
-        )
-    if spec["name"] != instance.name:
+    if JobTemplate.objects.filter(name=spec["name"]).exists():
+        raise SpecError({"name": [f'a template named "{spec["name"]}" exists already']})
+    _check_queue(spec["spec"]["queue"], "spec.queue")
+    return JobTemplate.objects.create(
+        name=spec["name"], description=spec["description"], spec=spec["spec"], owner=owner
+    )
+
+
+def update_template(template: JobTemplate, data: object) -> JobTemplate:
+    """Replace the template's description and spec; its name stays (flows refer to it)."""
+    spec = normalize_template_spec(data)
+    if spec["name"] != template.name:
         raise SpecError({"name": ["cannot be changed; create a new template instead"]})
-    instance.description = spec["description"]
-    instance.spec = spec["spec"]
-    instance.save(update_fields=["description", "spec", "updated_at"])
-    return instance
+    _check_queue(spec["spec"]["queue"], "spec.queue")
+    template.description = spec["description"]
+    template.spec = spec["spec"]
+    template.save(update_fields=["description", "spec", "updated_at"])
+    return template
+
+
+def _check_queue(name: str, path: str) -> None:
+    if not Queue.objects.filter(name=name).exists():
+        raise SpecError({path: [f'unknown queue "{name}"']})

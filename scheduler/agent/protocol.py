@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -590,14 +591,16 @@ def append_log(node: Node, task_id: int, data: object) -> dict[str, Any]:
         raise ProtocolError({"body": ["must be a JSON object"]})
     errors: dict[str, list[str]] = {}
     attempt, offset, text = data.get("attempt"), data.get("offset"), data.get("data")
-    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or not 0 <= attempt < 2**31:
         errors["attempt"] = ["must be a non-negative integer"]
-    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < 2**62:
         errors["offset"] = ["must be a non-negative integer"]
     if not isinstance(text, str):
         errors["data"] = ["must be a string"]
-    elif len(text.encode()) > settings.BERTH_LOG_CHUNK_BYTES:
-        errors["data"] = [f"chunk larger than {settings.BERTH_LOG_CHUNK_BYTES} bytes"]
+    else:
+        text = storable_text(text)
+        if len(text.encode()) > settings.BERTH_LOG_CHUNK_BYTES:
+            errors["data"] = [f"chunk larger than {settings.BERTH_LOG_CHUNK_BYTES} bytes"]
     if errors:
         raise ProtocolError(errors)
     assert isinstance(attempt, int) and isinstance(offset, int) and isinstance(text, str)
@@ -621,6 +624,15 @@ def append_log(node: Node, task_id: int, data: object) -> dict[str, Any]:
         notify.changed(jobs=[task.job_id])
         _published_log(task, attempt, offset, text)
     return {"next_offset": offset + size}
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """Task output as the database can hold it: NUL (PostgreSQL refuses it in text) and lone
+    surrogates (not UTF-8) become U+FFFD, as the agent already does for undecodable bytes."""
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 def _kept_bytes(task: Task, attempt: int) -> int:

@@ -148,6 +148,8 @@ class HeartbeatView(AgentView):
 class TaskLogView(AgentView):
     authentication_classes = [NodeTokenAuthentication]
     permission_classes = [IsNode]
+    # Task output may hold NUL or stray surrogates: append_log stores them as U+FFFD.
+    raw_text_fields = ("data",)
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def post(self, request: Request, task_id: int) -> Response:

@@ -3,9 +3,12 @@ spec is validated the same way everywhere (REST, forms, flows)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
+from django.core.exceptions import ValidationError as ModelValidationError
+from django.db import models
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -19,9 +22,21 @@ from scheduler.core.quantity import (
     parse_memory,
 )
 from scheduler.models import Event, Flow, Job, JobTemplate, Node, Queue, Task
+from scheduler.specs import label_problems
 
 PARSERS = {"cpu": parse_cpu, "memory": parse_memory, "gpu": parse_gpu}
 FORMATS: dict[str, Callable[[int], Any]] = {"cpu": format_cpu, "memory": format_memory, "gpu": int}
+
+
+def check_model(instance: models.Model, attrs: dict[str, Any]) -> None:
+    """The model's own rules (field validators and clean(), which the admin and commands run
+    too) on the object as it would be saved: REST can never store what they refuse."""
+    for key, value in attrs.items():
+        setattr(instance, key, value)
+    try:
+        instance.full_clean(validate_unique=False, validate_constraints=False)
+    except ModelValidationError as exc:
+        raise serializers.ValidationError(exc.message_dict) from None
 
 
 def show_resources(data: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -39,26 +54,39 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
                   "open", "created_at"]  # fmt: skip
         read_only_fields = ["created_at"]
 
-    def validate_weight(self, value: float) -> float:
-        if not value > 0:
-            raise serializers.ValidationError("must be greater than 0")
+    def validate_capability(self, value: Any) -> Any:
+        if value is not None and not isinstance(value, dict):
+            raise serializers.ValidationError("must be a mapping with cpu, memory, gpu (or null)")
         return value
 
-    def validate_capability(self, value: Any) -> dict[str, int | None] | None:
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Capability as users write it ({"gpu": 16, "memory": "1Ti"}) -> stored integers;
+        each bad entry is named by its path (`capability.gpu`)."""
+        value = attrs.get("capability")
         if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise serializers.ValidationError("must be a mapping with cpu, memory, gpu (or null)")
-        unknown = set(value) - set(PARSERS)
-        if unknown:
-            raise serializers.ValidationError(f"unknown keys: {', '.join(sorted(unknown))}")
+            check_model(copy.copy(self.instance) if self.instance else Queue(), attrs)
+            return attrs
+        errors: dict[str, list[str]] = {}
         out: dict[str, int | None] = {}
         for key, raw in value.items():
+            path = f"capability.{key}"
+            if key not in PARSERS:
+                errors[path] = [f"unknown resource (allowed: {', '.join(PARSERS)})"]
+                continue
+            if raw is None:  # unlimited in this dimension
+                out[key] = None
+                continue
             try:
-                out[key] = None if raw is None else PARSERS[key](raw)
+                amount = PARSERS[key](raw)
             except ValueError as exc:
-                raise serializers.ValidationError({key: str(exc)}) from None
-        return out
+                errors[path] = [str(exc)]
+                continue
+            out[key] = amount
+        if errors:
+            raise serializers.ValidationError(errors)
+        attrs = {**attrs, "capability": out}
+        check_model(copy.copy(self.instance) if self.instance else Queue(), attrs)
+        return attrs
 
     def to_representation(self, instance: Queue) -> dict[str, Any]:
         data = super().to_representation(instance)
@@ -80,12 +108,12 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
         ]  # fmt: skip
         read_only_fields = [f for f in fields if f != "labels"]
 
-    def validate_labels(self, value: Any) -> dict[str, str]:
-        if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-        ):
-            raise serializers.ValidationError("must be a mapping of strings to strings")
-        return value
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "labels" in attrs and (problems := label_problems(attrs["labels"])):
+            raise serializers.ValidationError(problems)  # by path: labels.zone
+        if self.instance is not None:
+            check_model(copy.copy(self.instance), attrs)
+        return attrs
 
     def get_cpu(self, node: Node) -> str:
         return format_cpu(node.cpu)

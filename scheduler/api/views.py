@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Prefetch, ProtectedError, QuerySet
+from django import forms
+from django.conf import settings
+from django.db.models import F, Prefetch, ProtectedError, QuerySet
 from django.http import Http404
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
@@ -28,12 +30,26 @@ from scheduler.api.serializers import (
     QueueSerializer,
     TemplateSerializer,
 )
-from scheduler.models import Allocation, Device, Event, Flow, Job, JobTemplate, Node, Queue, Task
+from scheduler.models import (
+    Allocation,
+    Device,
+    Event,
+    Flow,
+    Job,
+    JobTemplate,
+    Node,
+    Queue,
+    Task,
+    TaskLog,
+)
 from scheduler.specs import SpecError
 from scheduler.states import FLOW_FINAL
-from scheduler.submit import create_flow, save_template, submit_job
+from scheduler.submit import create_flow, create_template, submit_job, update_template
 
-NAME_LOOKUP = r"[^/]+"
+# Names never hold NUL (PostgreSQL cannot even compare one): such a path is a 404.
+NAME_LOOKUP = r"[^/\x00]+"
+DEFAULT_QUEUE = "default"
+MAX_QUERY_INT = 2**63 - 1  # the largest id a database key holds; a larger one names nothing
 
 
 class StaffWritesOnly(permissions.BasePermission):
@@ -68,6 +84,8 @@ class QueueViewSet(viewsets.ModelViewSet[Queue]):
     lookup_value_regex = NAME_LOOKUP
 
     def perform_destroy(self, instance: Queue) -> None:
+        if instance.name == DEFAULT_QUEUE:
+            raise ValidationError({"name": ["the default queue is where jobs go by default"]})
         try:
             instance.delete()
         except ProtectedError:
@@ -143,7 +161,7 @@ class TemplateViewSet(viewsets.ModelViewSet[JobTemplate]):
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: TemplateSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         try:
-            template = save_template(request.user, request.data)
+            template = create_template(request.user, request.data)
         except SpecError as exc:
             raise spec_errors(exc) from None
         return Response(self.get_serializer(template).data, status=status.HTTP_201_CREATED)
@@ -151,7 +169,7 @@ class TemplateViewSet(viewsets.ModelViewSet[JobTemplate]):
     @extend_schema(request=OpenApiTypes.OBJECT, responses=TemplateSerializer)
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         try:
-            template = save_template(request.user, request.data, instance=self.get_object())
+            template = update_template(self.get_object(), request.data)
         except SpecError as exc:
             raise spec_errors(exc) from None
         return Response(self.get_serializer(template).data)
@@ -163,12 +181,21 @@ class TemplateViewSet(viewsets.ModelViewSet[JobTemplate]):
             raise ValidationError({"name": ["flows still use this template"]}) from None
 
 
+class IdFilter(filters.NumberFilter):
+    """An id: a whole number the database can hold (a bigger one is a 400, not a 500)."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, min_value=0, max_value=MAX_QUERY_INT, **kwargs)
+
+
 class JobFilter(filters.FilterSet):
     state = filters.CharFilter()
     queue = filters.CharFilter(field_name="queue__name")
     owner = filters.CharFilter(field_name="owner__username")
-    flow = filters.NumberFilter(field_name="flow_id")
-    array = filters.NumberFilter(field_name="array_parent_id", label="the elements of this array")
+    flow = IdFilter(field_name="flow_id")
+    array = IdFilter(field_name="array_parent_id", label="the elements of this array")
 
     class Meta:
         model = Job
@@ -290,26 +317,54 @@ class JobViewSet(
                 params[name] = int(raw)
             except ValueError:
                 raise ValidationError({name: [f"must be a whole number, got {raw!r}"]}) from None
-        tasks = job.tasks.all()
+            if not 0 <= params[name] <= MAX_QUERY_INT:
+                raise ValidationError({name: [f"must be between 0 and {MAX_QUERY_INT}"]})
+        tasks = list(job.tasks.order_by("group", "index"))
         if "task" in params:
-            tasks = tasks.filter(pk=params["task"])
+            tasks = [t for t in tasks if t.pk == params["task"]]
+            if not tasks:
+                raise ValidationError({"task": [f"job {job.pk} has no task {params['task']}"]})
+        after = params.get("after", 0)
+        # One query for every task's chunks of the attempt asked for (default: its latest).
+        chunks = TaskLog.objects.filter(task__in=tasks).order_by("task_id", "offset")
+        if "attempt" in params:
+            chunks = chunks.filter(attempt=params["attempt"])
+        else:
+            chunks = chunks.filter(attempt=F("task__attempt"))
+        by_task: dict[int, list[TaskLog]] = {}
+        # Agents send chunks of at most BERTH_LOG_CHUNK_BYTES, so one that straddles `after`
+        # starts no earlier than this.
+        for chunk in chunks.filter(offset__gte=after - settings.BERTH_LOG_CHUNK_BYTES):
+            by_task.setdefault(chunk.task_id, []).append(chunk)
         out = []
-        for task in tasks.order_by("group", "index"):
-            attempt = params.get("attempt", task.attempt)
-            chunks = task.logs.filter(attempt=attempt, offset__gte=params.get("after", 0))
-            data = "".join(c.data for c in chunks.order_by("offset"))
-            last = chunks.order_by("-offset").first()
+        for task in tasks:
+            text, end = _read_after(by_task.get(task.pk, []), after)
             out.append(
                 {
                     "id": task.pk,
                     "group": task.group,
                     "index": task.index,
-                    "attempt": attempt,
-                    "data": data,
-                    "next_offset": (last.offset + len(last.data.encode())) if last else 0,
+                    "attempt": params.get("attempt", task.attempt),
+                    "data": text,
+                    "next_offset": end,
                 }
             )
         return Response({"job": job.pk, "tasks": out})
+
+
+def _read_after(chunks: list[TaskLog], after: int) -> tuple[str, int]:
+    """The text of `chunks` (in offset order) from byte `after` on, and the offset to ask for
+    next time; a chunk that straddles `after` contributes only its tail."""
+    parts: list[bytes] = []
+    end = after
+    for chunk in chunks:
+        data = chunk.data.encode()
+        stop = chunk.offset + len(data)
+        if stop <= after:
+            continue
+        parts.append(data[max(0, after - chunk.offset) :])
+        end = max(end, stop)
+    return b"".join(parts).decode(errors="replace"), end
 
 
 class FlowFilter(filters.FilterSet):
@@ -377,16 +432,22 @@ class FlowViewSet(
         return paginated_events(self, Event.objects.filter(flow=self.get_object()))
 
 
-# The largest id a database key holds; a larger one names no object.
-MAX_ID = 2**63 - 1
+class EventFilter(filters.FilterSet):
+    node = filters.CharFilter(field_name="node__name")
+    kind = filters.CharFilter()
+
+    class Meta:
+        model = Event
+        fields = ["node", "kind"]
 
 
 class EventViewSet(viewsets.ReadOnlyModelViewSet[Event]):
-    """Events the user may see. `?job=` and `?flow=` of a job or flow the user cannot see
-    answer 404 exactly as the job or flow itself does, so they never tell whether it exists."""
+    """The audit trail: events of the user's own jobs and flows and of the cluster (nodes).
+    `?job=` and `?flow=` of a job or flow the user cannot see answer 404 exactly as the job
+    or flow itself does, so they never tell whether it exists."""
 
     serializer_class = EventSerializer
-    filterset_fields = ["kind"]
+    filterset_class = EventFilter
 
     @extend_schema(
         parameters=[
@@ -411,8 +472,8 @@ class EventViewSet(viewsets.ReadOnlyModelViewSet[Event]):
                 continue
             if not (raw.isascii() and raw.isdigit()):
                 raise ValidationError({name: [f"must be a {name} id (a whole number)"]})
-            pk = int(raw) if len(raw) <= len(str(MAX_ID)) else MAX_ID + 1
-            if pk > MAX_ID or not visible.filter(pk=pk).exists():
+            pk = int(raw) if len(raw) <= len(str(MAX_QUERY_INT)) else MAX_QUERY_INT + 1
+            if pk > MAX_QUERY_INT or not visible.filter(pk=pk).exists():
                 raise Http404(f"No {name.capitalize()} matches the given query.")
             events = events.filter(**{f"{name}_id": pk})
         return events

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal, InvalidOperation
 
@@ -10,21 +11,47 @@ _MEMORY_UNITS = {
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
 }  # fmt: skip
+# Checked before any arithmetic: a number is short and its exponent small, so "1e1000000" is
+# refused at once instead of becoming a million-digit integer.
+MAX_TEXT = 32
+MAX_ADJUSTED_EXPONENT = 18
+QUANTITY_MAX = 2**62  # millicores, bytes or devices: far beyond any cluster, fits a bigint
+_NUMBER_RE = re.compile(r"^[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?$|^[0-9]+\.$")
 _MEMORY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kMGTP]i?|)\s*$")
 
 
 def _decimal(value: object, what: str) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
-        raise ValueError(f"{what} must be a number, got {value!r}")
+        raise ValueError(f"{what} must be a number, got {_show(value)}")
+    if isinstance(value, int) and abs(value) > QUANTITY_MAX:  # before str(): it may be huge
+        raise ValueError(f"{what} is out of range")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {_show(value)}")
+    text = (str(value) if not isinstance(value, str) else value).strip()
+    if len(text) > MAX_TEXT:
+        raise ValueError(f"{what} is too long a number ({len(text)} characters)")
+    if text.startswith("-"):
+        raise ValueError(f"{what} must not be negative, got {_show(value)}")
+    if not _NUMBER_RE.match(text):
+        raise ValueError(f"{what} must be a number, got {_show(value)}")
     try:
-        number = Decimal(str(value).strip())
+        number = Decimal(text)
     except InvalidOperation:
-        raise ValueError(f"{what} must be a number, got {value!r}") from None
-    if not number.is_finite():
-        raise ValueError(f"{what} must be a finite number, got {value!r}")
-    if number < 0:
-        raise ValueError(f"{what} must not be negative, got {value!r}")
+        raise ValueError(f"{what} must be a number, got {_show(value)}") from None
+    if number and abs(number.adjusted()) > MAX_ADJUSTED_EXPONENT:
+        raise ValueError(f"{what} is out of range, got {_show(value)}")
     return number
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}..."
+
+
+def _bounded(amount: int, what: str, value: object) -> int:
+    if amount > QUANTITY_MAX:
+        raise ValueError(f"{what} is out of range, got {_show(value)}")
+    return amount
 
 
 def parse_cpu(value: object) -> int:
@@ -32,35 +59,39 @@ def parse_cpu(value: object) -> int:
     if isinstance(value, str) and value.strip().endswith("m"):
         milli = _decimal(value.strip()[:-1], "cpu")
         if milli != milli.to_integral_value():
-            raise ValueError(f"cpu in millicores must be whole, got {value!r}")
-        return int(milli)
+            raise ValueError(f"cpu in millicores must be whole, got {_show(value)}")
+        return _bounded(int(milli), "cpu", value)
     cores = _decimal(value, "cpu")
     milli = cores * 1000
     if milli != milli.to_integral_value():
-        raise ValueError(f"cpu must be a multiple of 0.001 cores, got {value!r}")
-    return int(milli)
+        raise ValueError(f"cpu must be a multiple of 0.001 cores, got {_show(value)}")
+    return _bounded(int(milli), "cpu", value)
 
 
 def parse_memory(value: object) -> int:
     """Bytes as an integer or a string with a unit ("512Mi", "16Gi", "1G") -> bytes."""
     if isinstance(value, bool):
-        raise ValueError(f"memory must be bytes or a size like 16Gi, got {value!r}")
+        raise ValueError(f"memory must be bytes or a size like 16Gi, got {_show(value)}")
     if isinstance(value, int | float):
         return _whole_bytes(_decimal(value, "memory"), value)
     if not isinstance(value, str):
-        raise ValueError(f"memory must be bytes or a size like 16Gi, got {value!r}")
+        raise ValueError(f"memory must be bytes or a size like 16Gi, got {_show(value)}")
+    if len(value) > MAX_TEXT:
+        raise ValueError(f"memory is too long a size ({len(value)} characters)")
     if value.strip().startswith("-"):
-        raise ValueError(f"memory must not be negative, got {value!r}")
+        raise ValueError(f"memory must not be negative, got {_show(value)}")
     match = _MEMORY_RE.match(value)
     if not match:
-        raise ValueError(f"memory must be bytes or a size like 512Mi or 16Gi, got {value!r}")
+        raise ValueError(f"memory must be bytes or a size like 512Mi or 16Gi, got {_show(value)}")
     number, unit = match.groups()
-    return _whole_bytes(Decimal(number) * _MEMORY_UNITS[unit], value)
+    return _whole_bytes(_decimal(number, "memory") * _MEMORY_UNITS[unit], value)
 
 
 def _whole_bytes(size: Decimal, value: object) -> int:
+    if size > QUANTITY_MAX:
+        raise ValueError(f"memory is out of range, got {_show(value)}")
     if size != size.to_integral_value():
-        raise ValueError(f"memory must be a whole number of bytes, got {value!r}")
+        raise ValueError(f"memory must be a whole number of bytes, got {_show(value)}")
     return int(size)
 
 
@@ -68,8 +99,8 @@ def parse_gpu(value: object) -> int:
     """A count of whole devices."""
     number = _decimal(value, "gpu")
     if number != number.to_integral_value():
-        raise ValueError(f"gpu must be a whole number of devices, got {value!r}")
-    return int(number)
+        raise ValueError(f"gpu must be a whole number of devices, got {_show(value)}")
+    return _bounded(int(number), "gpu", value)
 
 
 def format_cpu(milli: int) -> str:

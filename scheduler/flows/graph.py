@@ -94,20 +94,26 @@ def _step_state(step: StepView, states: dict[str, str], stopping: bool) -> str:
 
 
 def _topological(steps: list[StepView]) -> list[str]:
-    """Steps with every dependency before its dependents (specs are checked acyclic)."""
+    """Steps with every dependency before its dependents (specs are checked acyclic).
+    Iterative, so a long chain of steps never reaches Python's recursion limit."""
     order: list[str] = []
     seen: set[str] = set()
     deps = {s.name: s.depends_on for s in steps}
-
-    def visit(name: str) -> None:
-        if name in seen:
-            return
-        seen.add(name)
-        for dep in deps.get(name, []):
-            if dep in deps:
-                visit(dep)
-        order.append(name)
-
     for step in steps:
-        visit(step.name)
+        if step.name in seen:
+            continue
+        seen.add(step.name)
+        # (name, its dependencies still to visit); a name is placed once all of them are.
+        stack: list[tuple[str, list[str]]] = [(step.name, deps[step.name][::-1])]
+        while stack:
+            name, todo = stack[-1]
+            while todo and (todo[-1] in seen or todo[-1] not in deps):
+                todo.pop()
+            if not todo:
+                order.append(name)
+                stack.pop()
+                continue
+            dep = todo.pop()
+            seen.add(dep)
+            stack.append((dep, deps[dep][::-1]))
     return order

@@ -65,3 +65,24 @@ def test_it_does_exact_resource_arithmetic() -> None:
     assert (b - a).to_dict() == {"cpu": "1", "memory": "0", "gpu": 0}
     assert a.fits_in(b) and not b.fits_in(a)
     assert (a - a).is_zero() and not a.is_zero()
+
+
+@pytest.mark.parametrize("parse", [parse_cpu, parse_memory, parse_gpu])
+@pytest.mark.parametrize(
+    "value",
+    ["1e300000", "1e1000000", "1e-99999999", pytest.param("9" * 1_000_000, id="digits"),
+     pytest.param(10**5000, id="bigint"), 2**62 + 1, 1e300,
+     float("inf"), float("nan"), "Infinity", "1_000", "0x10", "1e19"],
+)  # fmt: skip
+def test_huge_or_odd_numbers_are_refused_before_any_arithmetic(
+    parse: Callable[[object], int], value: object
+) -> None:
+    with pytest.raises(ValueError) as error:
+        parse(value)
+    assert len(str(error.value)) < 120  # the value is never echoed in full
+
+
+def test_a_whole_quantity_up_to_the_bound_is_kept() -> None:
+    assert parse_gpu(2**62) == 2**62
+    assert parse_cpu("1e6") == 10**9
+    assert parse_memory("1024Pi") == 2**60
