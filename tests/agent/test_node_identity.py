@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 from django.urls import reverse
-from rest_framework.test import APIClient
 
 from scheduler.models import Event, Node
 from tests.agent.test_protocol import JOIN, NODE, _assigned, beat, register, rows
@@ -102,7 +101,5 @@ def test_the_start_message_names_the_jobs_owner(owner):
 
 def test_a_join_token_is_not_a_node_token():
     register()
-    client = APIClient()
-    response = client.post("/api/v1/agent/register/", NODE, format="json",
-                           HTTP_AUTHORIZATION=f"Node {JOIN}")  # fmt: skip
+    response = register(token=JOIN, scheme="Node")
     assert response.status_code == 401

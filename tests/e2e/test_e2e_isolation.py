@@ -20,13 +20,14 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
+from scheduler.agent.client import PROTOCOL
 from scheduler.models import Event, Node, Task
 from scheduler.states import JobState
 from tests.e2e.conftest import Cluster, wait_for
 from tests.e2e.test_e2e_jobs import job_state, one_task, submit
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e, pytest.mark.root]
-SECRET_KEY = f"isolation-secret-{secrets.token_hex(8)}"
+SECRET_KEY = f"isolation-secret-{secrets.token_hex(32)}"  # 50+ characters: DEBUG is off
 JOIN = f"isolation-join-{secrets.token_hex(8)}"  # unique: other processes may show theirs
 
 
@@ -124,6 +125,7 @@ def test_the_join_token_cannot_take_a_node_and_a_restarted_agent_keeps_it(
         {"name": "iso-b", "cpu": "64", "memory": "1Ti"},
         format="json",
         HTTP_AUTHORIZATION=f"Bearer {JOIN}",
+        HTTP_BERTH_AGENT_PROTOCOL=str(PROTOCOL),  # an up-to-date impostor
     )
     assert impostor.status_code == 409 and "iso-b" in str(impostor.json()), impostor.content
     assert Node.objects.get(name="iso-b").token_hash == before

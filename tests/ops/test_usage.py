@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 from scheduler import lifecycle
 from scheduler.models import FinishedJobCount, Job, Node, Task, UsageRecord
 from scheduler.states import JobState, TaskState
+from tests.agent.test_protocol import agent, register
 from tests.factories import make_job, make_node, place
 
 pytestmark = pytest.mark.django_db
@@ -28,28 +29,27 @@ def join_token(settings):
 def _agent(name: str = "gpu-01", gpus: int = 2) -> APIClient:
     body = {"name": name, "cpu": "16", "memory": "64Gi",
             "devices": [{"index": i, "uuid": f"{name}-{i}"} for i in range(gpus)]}  # fmt: skip
-    token = APIClient().post("/api/v1/agent/register/", body, format="json",
-                             HTTP_AUTHORIZATION=f"Bearer {JOIN}").json()["token"]  # fmt: skip
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Node {token}")
-    return client
+    token = register(body, token=JOIN).json()["token"]
+    return agent(token)
 
 
-def _beat(agent: APIClient, reports: list[dict]) -> None:
-    response = agent.post("/api/v1/agent/heartbeat/", {"tasks": reports}, format="json")
+def _beat(node: APIClient, reports: list[dict]) -> None:
+    """A full-state report (protocol 2: an ended task says how much output it made)."""
+    reports = [r if r["state"] == "Running" else {"output_bytes": 0, **r} for r in reports]
+    response = node.post("/api/v1/agent/report/", {"tasks": reports}, format="json")
     assert response.status_code == 200, response.content
 
 
-def _run_and_end(agent, job: Job, ran_seconds: float, state: str = "Succeeded") -> list[Task]:
+def _run_and_end(node, job: Job, ran_seconds: float, state: str = "Succeeded") -> list[Task]:
     """The agent starts the job's tasks, they run `ran_seconds`, then end in `state`."""
     tasks = list(job.tasks.all())
-    _beat(agent, [{"id": t.pk, "attempt": t.attempt, "state": "Running"} for t in tasks])
+    _beat(node, [{"id": t.pk, "attempt": t.attempt, "state": "Running"} for t in tasks])
     # Move the start back instead of waiting.
     Task.objects.filter(job=job).update(
         started_at=timezone.now() - timedelta(seconds=ran_seconds)
     )
     code = 0 if state == "Succeeded" else 1
-    _beat(agent, [{"id": t.pk, "attempt": t.attempt, "state": state, "exit_code": code}
+    _beat(node, [{"id": t.pk, "attempt": t.attempt, "state": state, "exit_code": code}
                   for t in tasks])  # fmt: skip
     return list(job.tasks.all())
 
