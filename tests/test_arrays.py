@@ -16,6 +16,7 @@ from scheduler.loop import run_cycle_once
 from scheduler.models import Event, Job, Task
 from scheduler.states import TASK_ON_NODE, JobRequest, JobState, TaskState
 from scheduler.submit import submit_job
+from tests.agent.test_protocol import beat, register
 from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db
@@ -198,18 +199,11 @@ def test_elements_go_with_their_own_ttl_and_the_parent_after_the_last(owner):
 def test_each_elements_tasks_start_with_its_index(owner, settings):
     settings.BERTH_JOIN_TOKEN = "join-secret"
     node = {"name": "n1", "cpu": "16", "memory": "64Gi", "devices": []}
-    token = (
-        APIClient()
-        .post("/api/v1/agent/register/", node, format="json",
-              HTTP_AUTHORIZATION="Bearer join-secret")
-        .json()["token"]
-    )  # fmt: skip
+    token = register(node, token="join-secret").json()["token"]
     parent = submit_array(owner, "3,5,7", replicas=2)
     plain = submit_job(owner, {"name": "plain", "tasks": [{"command": "true"}]})
     run_cycle_once()
-    agent = APIClient()
-    agent.credentials(HTTP_AUTHORIZATION=f"Node {token}")
-    starts = agent.post("/api/v1/agent/heartbeat/", {"tasks": []}, format="json").json()["start"]
+    starts = beat(token).json()["start"]
     by_job: dict[int, set[tuple[str, ...]]] = {}
     for start in starts:
         env = start["env"]

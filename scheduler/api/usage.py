@@ -50,11 +50,14 @@ class UsageView(APIView):
         except Http404:
             raise ValidationError({"format": ["json or csv"]}) from None
 
-    def handle_exception(self, exc: Exception) -> Response:
-        # Errors are JSON whatever format was asked for, so they name the field.
-        self.request.accepted_renderer = JSONRenderer()
-        self.request.accepted_media_type = JSONRenderer.media_type
-        return super().handle_exception(exc)
+    def finalize_response(self, request: Request, response: Any, *args: Any,
+                          **kwargs: Any) -> Any:  # fmt: skip
+        # Only a usage answer is CSV: errors (naming the field) and OPTIONS' description of
+        # the endpoint are JSON whatever format was asked for.
+        if request.method != "GET" or response.status_code >= 400:
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)
 
     @extend_schema(
         parameters=[

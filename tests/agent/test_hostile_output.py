@@ -1,5 +1,5 @@
 """Task output with NUL bytes or stray surrogates is stored (as U+FFFD) and shown; agent fields
-that cannot be stored are refused by name. Either way the node keeps heartbeating."""
+that cannot be stored are refused by name. Either way the node keeps reporting."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
+from scheduler.agent.client import PROTOCOL
 from scheduler.models import Node, TaskLog
 from scheduler.states import NodeState, TaskState
 from tests.factories import make_job, place
@@ -29,13 +30,15 @@ def register(body: dict) -> tuple[int, dict]:
         data=json.dumps(body, ensure_ascii=True),
         content_type="application/json",
         HTTP_AUTHORIZATION=f"Bearer {JOIN}",
+        HTTP_BERTH_AGENT_PROTOCOL=str(PROTOCOL),
     )
     return response.status_code, response.json()
 
 
 def as_node(token: str) -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Node {token}")
+    client.credentials(HTTP_AUTHORIZATION=f"Node {token}",
+                       HTTP_BERTH_AGENT_PROTOCOL=str(PROTOCOL))  # fmt: skip
     return client
 
 
@@ -60,7 +63,7 @@ def test_output_with_nul_and_surrogates_is_stored_and_shown(api, owner):
     page = browser.get(f"/jobs/{job.pk}/")
     assert page.status_code == 200 and "a\ufffdb" in page.content.decode()
     beat = as_node(answer["token"]).post(
-        "/api/v1/agent/heartbeat/", {"tasks": [{"id": task.pk, "state": "Running"}]}, format="json"
+        "/api/v1/agent/report/", {"tasks": [{"id": task.pk, "state": "Running"}]}, format="json"
     )
     assert beat.status_code == 200
     assert Node.objects.get().state == NodeState.READY
@@ -86,9 +89,10 @@ def test_a_heartbeat_with_unstorable_text_is_refused_and_the_next_one_works(owne
     job = make_job(owner)
     place(job, Node.objects.get(), state=TaskState.RUNNING)
     task = job.tasks.get()
-    bad = {"tasks": [{"id": task.pk, "state": "Failed", "exit_code": 1, "message": "x\x00"}]}
+    bad = {"tasks": [{"id": task.pk, "state": "Failed", "exit_code": 1, "message": "x\x00",
+                      "output_bytes": 0}]}  # fmt: skip
     response = as_node(answer["token"]).post(
-        "/api/v1/agent/heartbeat/",
+        "/api/v1/agent/report/",
         data=json.dumps(bad, ensure_ascii=True),
         content_type="application/json",
     )
@@ -96,5 +100,5 @@ def test_a_heartbeat_with_unstorable_text_is_refused_and_the_next_one_works(owne
     task.refresh_from_db()
     assert task.state == TaskState.RUNNING
     good = {"tasks": [{"id": task.pk, "state": "Running"}]}
-    response = as_node(answer["token"]).post("/api/v1/agent/heartbeat/", good, format="json")
+    response = as_node(answer["token"]).post("/api/v1/agent/report/", good, format="json")
     assert response.status_code == 200

@@ -216,3 +216,10 @@ def test_bad_parameters_are_named(api, owner, query, field):
     response = api(owner).get(f"/api/v1/usage/?{query}")
     assert response.status_code == 400
     assert field in response.json()
+
+
+@pytest.mark.parametrize("method", ["options", "post", "delete"])
+def test_other_methods_answer_json_even_when_csv_is_asked(method, api, owner):
+    response = getattr(api(owner), method)("/api/v1/usage/?format=csv")
+    assert response.status_code in (200, 405)
+    assert response["Content-Type"].startswith("application/json")
