@@ -153,8 +153,8 @@ class Submitter:
             try:
                 response = http.post("/api/v1/jobs/", json=body)
                 code = str(response.status_code)
-            except httpx.HTTPError as exc:
-                response, code = None, type(exc).__name__
+            except (httpx.ConnectError, httpx.TimeoutException) as exc:
+                response, code = None, type(exc).__name__  # refused or slow: try again
             with self.lock:
                 self.statuses[code] += 1
             if response is not None and response.status_code < 400:
@@ -162,6 +162,8 @@ class Submitter:
                     self.latencies.append(time.monotonic() - started)
                 return dict(response.json())
             if response is not None and response.status_code not in (429, 503):
+                if self.statuses[code] == 1:
+                    say(f"first {code}: {response.text[:300]}")
                 return None
             wait = parse_retry_after(response.headers.get("Retry-After")) if response else None
             time.sleep(backoff.delay(wait))
@@ -195,6 +197,11 @@ def cycle_phases(log: str) -> dict[str, dict[str, float | None]]:
             phases.setdefault(name, []).append(float(ms))
     return {name: {"p50": pct(v, 0.5), "p99": pct(v, 0.99), "n": len(v)}
             for name, v in phases.items()}  # fmt: skip
+
+
+def say(what: str) -> None:
+    """Progress on stderr, so stdout stays one JSON object."""
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
 
 
 def wait_until(check: Any, timeout: float, what: str) -> None:
@@ -232,7 +239,7 @@ def run_berth(args: argparse.Namespace) -> dict[str, Any]:
          "from rest_framework.authtoken.models import Token;"
          "print(Token.objects.create(user=User.objects.create_user('bench')).key)"],
         env=env, cwd=ROOT, check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
+    ).stdout.strip().splitlines()[-1]  # after what the shell says about its imports
 
     db = Database(db_url)
     port = free_port()
@@ -243,6 +250,7 @@ def run_berth(args: argparse.Namespace) -> dict[str, Any]:
         serve += ["--workers", str(args.workers)]
     procs.start("web", serve)
     try:
+        say(f"serving on {url}; logs in {work}")
         wait_until(lambda: _up(url), 60, "the web server")
         procs.start("simagent", [*manage, "run_simagent", "--server", url, "--nodes",
                                  str(args.nodes), "--gpus", str(args.gpus), "--cpu", args.cpu,
@@ -250,8 +258,11 @@ def run_berth(args: argparse.Namespace) -> dict[str, Any]:
         wait_until(lambda: db.one("SELECT count(*) FROM scheduler_node WHERE state = 'Ready'")
                    >= args.nodes, 120, "nodes to register")  # fmt: skip
         procs.start("scheduler", [*manage, "run_scheduler", "--interval", str(args.interval)])
+        say(f"{args.nodes} nodes ready; counting agent requests at rest")
         rest = _agents_at_rest(db, args.rest_seconds)
+        say(f"{args.clients} clients submit {args.jobs} jobs")
         result = _load(args, url, token, db)
+        say("every job ended")
         result["agent_requests_per_s_at_rest"] = rest["requests_per_s"]
         result["connections"]["at_rest"] = rest["connections"]
         if args.array:
@@ -320,6 +331,7 @@ def _load(args: argparse.Namespace, url: str, token: str, db: Database) -> dict[
     with ThreadPoolExecutor(args.clients) as pool:
         accepted = sum(pool.map(client_loop, per_client))
     submit_s = time.monotonic() - t0
+    say(f"{accepted} accepted in {submit_s:.1f}s; waiting for them to end")
     wait_until(lambda: db.one("SELECT count(*) FROM scheduler_job WHERE state IN "
                               "('Succeeded','Failed','Cancelled')") >= accepted,
                args.timeout, "every job to end")  # fmt: skip
