@@ -404,8 +404,7 @@ class Agent:
                 stop.wait(POLL_SECONDS)
                 continue
             try:
-                body = {"tasks": self._task_list(), "usage": {"gpus": self._gpu_samples()}}
-                answer = self._lease_post(body, f"Node {token}")
+                answer = self._lease_post(self.lease_body(), f"Node {token}")
             except Unavailable as exc:
                 if not stop.is_set():
                     stop.wait(backoff.delay(exc.retry_after))
@@ -426,11 +425,12 @@ class Agent:
                 # again at once.
                 done.wait(ORDERS_ACK_SECONDS)
 
-    def _gpu_samples(self) -> list[dict[str, int]]:
-        """Each GPU's utilisation and memory now, for the lease (the server keeps a history)."""
+    def lease_body(self) -> dict[str, Any]:
+        """Our tasks, and each GPU's utilisation and memory now (the server keeps a history:
+        a sample rides on every renewal, so it costs no request of its own)."""
         with self.lock:
             busy = {i for t in self.tasks.values() if t.state == "Running" for i in t.devices}
-        return self.gpus.sample(busy)
+        return {"tasks": self._task_list(), "usage": {"gpus": self.gpus.sample(busy)}}
 
     def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:
         return self.lease_http.post("lease/", body, auth, timeout=self.lease * 1.25 + self.timeout)
