@@ -213,11 +213,11 @@ def job_history(job: Job, after: float | None = None) -> dict[str, Any]:
         "node_id", "device_indices", "assigned_at", "started_at", "finished_at"
     ):
         begin = task.started_at or task.assigned_at
-        if begin is None:
+        if begin is None or task.node_id is None:
             continue
         end = task.finished_at or now
         for index in task.device_indices or []:
-            key = (task.node_id, index)  # type: ignore[arg-type]
+            key = (task.node_id, int(index))
             old = spans.get(key)
             spans[key] = (min(old[0], begin), max(old[1], end)) if old else (begin, end)
     keys = sorted(spans)[:MAX_SERIES]

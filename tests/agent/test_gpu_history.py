@@ -51,7 +51,8 @@ def test_a_lease_keeps_one_sample_per_gpu_stamped_with_the_servers_clock(token: 
     assert samples() == [(0, 0, 0), (1, 97, 12 * GI)]
     times = set(DeviceSample.objects.values_list("time", flat=True))
     node = Node.objects.get(name="gpu-01")
-    assert times == {node.gpu_sampled_at} and node.gpu_sampled_at >= before
+    assert node.gpu_sampled_at is not None and node.gpu_sampled_at >= before
+    assert times == {node.gpu_sampled_at}
 
 
 def test_leases_closer_than_the_sample_interval_keep_only_the_first(token: str) -> None:
