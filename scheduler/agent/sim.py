@@ -134,8 +134,12 @@ class SimCluster:
                 "memory": node.memory,
                 "labels": node.labels,
                 "devices": [
-                    {"index": i, "uuid": f"sim-{node.name}-{i}", "model": "sim",
-                     "memory": FAKE_MEMORY}
+                    {
+                        "index": i,
+                        "uuid": f"sim-{node.name}-{i}",
+                        "model": "sim",
+                        "memory": FAKE_MEMORY,
+                    }
                     for i in range(node.gpus)
                 ],
                 "hostname": node.name,

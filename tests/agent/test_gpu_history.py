@@ -60,9 +60,7 @@ def test_leases_closer_than_the_sample_interval_keep_only_the_first(token: str) 
     assert lease(token, [sample(0, 20)]).status_code == 200  # woken by orders: renewed at once
     assert samples() == [(0, 10, GI)]
     # Once the interval has passed, the next renewal's samples count.
-    Node.objects.filter(name="gpu-01").update(
-        gpu_sampled_at=timezone.now() - timedelta(seconds=6)
-    )
+    Node.objects.filter(name="gpu-01").update(gpu_sampled_at=timezone.now() - timedelta(seconds=6))
     assert lease(token, [sample(0, 30)]).status_code == 200
     assert samples() == [(0, 10, GI), (0, 30, GI)]
 

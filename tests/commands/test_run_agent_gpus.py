@@ -26,7 +26,10 @@ def _busy(index: int, after: Any = None) -> list[tuple[int, int]]:
 
 
 def test_the_agent_reports_the_gpu_its_task_holds_as_busy(
-    server: str, owner: Any, tmp_path: Any, settings: Any  # noqa: F811
+    server: str,  # noqa: F811 - the fixture imported above
+    owner: Any,
+    tmp_path: Any,
+    settings: Any,
 ) -> None:
     settings.BERTH_GPU_SAMPLE_SECONDS = 0.2  # the fixture renews leases every 0.1 s
     agent = manage(tmp_path, "run_agent", "--server", server, "--name", "gpu-node",
