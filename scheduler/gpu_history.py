@@ -98,31 +98,27 @@ def parse_samples(raw: object, errors: dict[str, list[str]]) -> list[GpuSample]:
     return samples
 
 
-def record_samples(node: Node, samples: list[GpuSample], now: datetime) -> dict[str, list[str]]:
-    """Keep `node`'s samples (the caller holds the node's row lock and saves
-    `gpu_sampled_at`). Returns the errors (a sample for a GPU the node does not have), in
-    which case nothing is written."""
+def record_samples(node: Node, samples: list[GpuSample], now: datetime) -> int:
+    """Keep `node`'s samples, unless it sent some less than BERTH_GPU_SAMPLE_SECONDS ago (the
+    caller holds the node's row lock and saves `gpu_sampled_at`). A sample for a GPU the server
+    does not know (its row deleted by staff) is dropped: it must not cost the node its lease.
+    Returns how many were written."""
     if not samples:
-        return {}
-    devices = dict(Device.objects.filter(node=node).values_list("index", "pk"))
-    errors = {
-        f"usage.gpus.{i}.index": [f"node {node.name} has no GPU {s.index}"]
-        for i, s in enumerate(samples)
-        if s.index not in devices
-    }
-    if errors:
-        return errors
-    due = node.gpu_sampled_at is None or now - node.gpu_sampled_at >= timedelta(
+        return 0
+    if node.gpu_sampled_at is not None and now - node.gpu_sampled_at < timedelta(
         seconds=settings.BERTH_GPU_SAMPLE_SECONDS
-    )
-    if due:
-        DeviceSample.objects.bulk_create(
-            DeviceSample(device_id=devices[s.index], time=now, utilization=s.utilization,
-                         memory_used=s.memory_used)
-            for s in samples
-        )  # fmt: skip
-        node.gpu_sampled_at = now
-    return {}
+    ):
+        return 0
+    devices = dict(Device.objects.filter(node=node).values_list("index", "pk"))
+    rows = [
+        DeviceSample(device_id=devices[s.index], time=now, utilization=s.utilization,
+                     memory_used=s.memory_used)
+        for s in samples
+        if s.index in devices
+    ]  # fmt: skip
+    DeviceSample.objects.bulk_create(rows)
+    node.gpu_sampled_at = now
+    return len(rows)
 
 
 def prune_samples(now: datetime) -> int:

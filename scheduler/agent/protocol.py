@@ -490,7 +490,7 @@ def _finish(task: Task, state: str, exit_code: int | None, message: str, now: An
 
 def renew_lease(token: str, data: object) -> tuple[Node, list[Report], dict[str, Any]]:
     """Authenticate, renew the node's lease, keep its GPU samples and read its orders (one
-    short transaction: a bad sample refuses the whole request, nothing written)."""
+    short transaction; a malformed body is refused whole before it)."""
     reports, _, samples = parse_tasks(data)
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(token_hash=hash_token(token)).first()
@@ -498,8 +498,7 @@ def renew_lease(token: str, data: object) -> tuple[Node, list[Report], dict[str,
             raise ProtocolError({"detail": ["unknown node token; register again"]}, status=401)
         was = node.state
         now = timezone.now()
-        if errors := gpu_history.record_samples(node, samples, now):
-            raise ProtocolError(errors)
+        gpu_history.record_samples(node, samples, now)
         _renew(node, now)
         node.save(update_fields=["last_heartbeat", "state", "gpu_sampled_at"])
         if was != node.state:

@@ -82,7 +82,6 @@ def test_leases_closer_than_the_sample_interval_keep_only_the_first(token: str) 
         ([sample(0, used=1.5)], "usage.gpus.0.memory_used"),
         ([sample(0, total=2**60)], "usage.gpus.0.memory_total"),
         ([{"index": 0}], "usage.gpus.0.utilization"),
-        ([sample(1), sample(5)], "usage.gpus.1.index"),  # no such GPU on this node
         ([sample(0)] * 300, "usage.gpus"),
     ],
 )
@@ -95,6 +94,13 @@ def test_a_bad_sample_refuses_the_lease_naming_the_field_and_writes_nothing(
     assert field in response.json(), response.json()
     assert rows() == before  # the lease was not even renewed
     assert not DeviceSample.objects.exists()
+
+
+def test_a_sample_of_a_gpu_the_server_does_not_know_is_dropped(token: str) -> None:
+    # Staff deleted GPU 1's row: the agent's samples of it must not cost the node its lease.
+    Device.objects.filter(node__name="gpu-01", index=1).delete()
+    assert lease(token, [sample(0, 40), sample(1, 50), sample(9, 60)]).status_code == 200
+    assert samples() == [(0, 40, GI)]
 
 
 def test_a_report_validates_gpu_samples_too(token: str) -> None:
