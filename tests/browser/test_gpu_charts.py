@@ -52,6 +52,7 @@ def test_node_and_job_pages_chart_gpu_utilisation_live(server: str) -> None:  # 
     run_cycle_once()  # bound to GPU 0
     assert agent.beat() == [job.tasks.get().pk]
     agent.beat()  # now Running
+    run_cycle_once()
     _history(job)
     asyncio.run(_look(server, agent, job.pk))
 
@@ -62,6 +63,20 @@ def _lease_with_samples(url: str, token: str) -> None:
             {"index": 1, "utilization": 0, "memory_used": 0, "memory_total": 16 * GI}]  # fmt: skip
     _post(f"{url}/api/v1/agent/lease/", {"tasks": [], "wait": 0, "usage": {"gpus": gpus}},
           f"Node {token}")  # fmt: skip
+
+
+async def _drawn(page: Any) -> None:
+    """Both charts are drawn, laid out by uPlot's stylesheet (legend below the plot)."""
+    from playwright.async_api import expect
+
+    for chart in (".gpu-util", ".gpu-mem"):
+        canvas = page.locator(f"{chart} .uplot canvas")
+        await expect(canvas).to_be_visible()
+        box = await canvas.bounding_box()
+        legend = await page.locator(f"{chart} .u-legend").bounding_box()
+        assert box and legend and box["width"] > 300 and box["height"] > 150
+        assert legend["y"] >= box["y"] + box["height"] - 1
+        assert await page.evaluate(PAINTED, f"{chart} canvas") > 1000
 
 
 async def _look(url: str, agent: FakeAgent, job_id: int) -> None:
@@ -76,15 +91,9 @@ async def _look(url: str, agent: FakeAgent, job_id: int) -> None:
 
         # The node card links to the node's page, which charts both GPUs over the last hour.
         await page.click("#node-grid a[href='/nodes/gpu-01/'], a[href='/nodes/gpu-01/']")
-        util = page.locator(".gpu-util .uplot canvas")
-        await expect(util).to_be_visible()
-        await expect(page.locator(".gpu-mem .uplot canvas")).to_be_visible()
         legend = page.locator(".gpu-util .u-legend .u-series .u-label")
         await expect(legend).to_have_text(["Time", "gpu-01 GPU 0", "gpu-01 GPU 1"])
-        box = await util.bounding_box()
-        assert box and box["width"] > 300 and box["height"] > 150
-        assert await page.evaluate(PAINTED, ".gpu-util canvas") > 1000
-        assert await page.evaluate(PAINTED, ".gpu-mem canvas") > 1000
+        await _drawn(page)
         holder = page.locator("[data-gpu-chart]")
         await expect(holder).to_have_attribute("data-points", "80")
         await page.screenshot(path=str(SHOTS / "node-gpus.png"))
@@ -100,7 +109,7 @@ async def _look(url: str, agent: FakeAgent, job_id: int) -> None:
             ["Time", "gpu-01 GPU 0"]
         )
         await expect(page.locator("[data-gpu-chart]")).to_have_attribute("data-points", "20")
-        assert await page.evaluate(PAINTED, ".gpu-util canvas") > 1000
+        await _drawn(page)
         await page.screenshot(path=str(SHOTS / "job-gpus.png"))
         assert errors == []
         await browser.close()
