@@ -337,6 +337,11 @@ BERTH_LOG_CHUNK_BYTES = env_int("BERTH_LOG_CHUNK_BYTES", 64 * 1024, minimum=1024
 BERTH_LOG_MAX_BYTES = env_int("BERTH_LOG_MAX_BYTES", 8 * 1024 * 1024, minimum=1024)
 BERTH_ARRAY_MAX_ELEMENTS = env_int("BERTH_ARRAY_MAX_ELEMENTS", 100_000, minimum=1)
 BERTH_ARRAY_MAX_TASKS = env_int("BERTH_ARRAY_MAX_TASKS", 200_000, minimum=1)
+# GPU utilisation history (docs/metrics.md): samples older than this are deleted by the
+# scheduler loop, and at most one sample per node is kept per BERTH_GPU_SAMPLE_SECONDS (so a
+# device holds at most HISTORY / SAMPLE samples, however often its agent renews its lease).
+BERTH_GPU_HISTORY_SECONDS = env_int("BERTH_GPU_HISTORY_SECONDS", 24 * 3600, minimum=60)
+BERTH_GPU_SAMPLE_SECONDS = env_float("BERTH_GPU_SAMPLE_SECONDS", 5.0, minimum=1.0)
 # Token creation (POST /api/v1/tokens/, what `berth login` calls): per address or user.
 BERTH_TOKEN_CREATE_RATE = env_rate("BERTH_TOKEN_CREATE_RATE", "20/minute")
 # /metrics also answers `Authorization: Bearer <this>` (for Prometheus) when set.

@@ -126,7 +126,7 @@ def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
         Prefetch("allocations", queryset=Allocation.objects.select_related("device"))
     ).order_by("group", "index"))  # fmt: skip
     for task in tasks:
-        task.device_list = ",".join(str(a.device.index) for a in task.allocations.all())  # type: ignore[attr-defined]
+        task.device_list = ",".join(str(i) for i in task.gpu_indices())  # type: ignore[attr-defined]
         if with_logs:  # the output pane is rendered once; pushes append to it
             task.log_text = "".join(  # type: ignore[attr-defined]
                 task.logs.filter(attempt=task.attempt)

@@ -16,6 +16,7 @@ urlpatterns = [
     path("flows/<int:flow_id>/cancel/", views.flow_cancel, name="flow-cancel"),
     path("queues/", views.queues, name="queues"),
     path("nodes/", views.nodes, name="nodes"),
+    path("nodes/<str:name>/", views.node, name="node"),
     path("nodes/<str:name>/<str:action>/", views.node_action, name="node-action"),
     path("submit/", views.submit, name="submit"),
     path("usage/", ops_views.usage, name="usage"),

@@ -85,6 +85,8 @@ def job(request: HttpRequest, job_id: int) -> HttpResponse:
     context = queries.job_detail(the_job)
     if the_job.is_array:
         context.update(element_page(the_job, request.GET))
+    # Its GPUs' utilisation is charted (static/berth/gpu-chart.js polls the API).
+    context["uses_gpus"] = any(t.gpu for t in context["tasks"])
     return render(request, "dashboard/job.html", context)
 
 
@@ -173,6 +175,14 @@ def queues(request: HttpRequest) -> HttpResponse:
 @login_required
 def nodes(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/nodes.html", {"cards": queries.node_cards()})
+
+
+@login_required
+def node(request: HttpRequest, name: str) -> HttpResponse:
+    """One node: its card (live) and each GPU's utilisation and memory over the last hour."""
+    the_node = get_object_or_404(Node, name=name)
+    card = queries.node_cards([the_node.pk])[0]
+    return render(request, "dashboard/node.html", {"card": card, "node": the_node})
 
 
 @login_required

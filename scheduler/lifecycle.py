@@ -158,6 +158,7 @@ def _fresh_attempt(task: Task) -> None:
     task.attempt += 1
     task.state = TaskState.PENDING
     task.node = None
+    task.device_indices = []
     task.exit_code = None
     task.kill_requested = False
     task.assigned_at = task.started_at = task.finished_at = None

@@ -17,7 +17,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from scheduler import arrays, lifecycle, notify, store
+from scheduler import arrays, gpu_history, lifecycle, notify, store
 from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulerConfig
 
@@ -196,6 +196,7 @@ def _cycle(report: CycleReport, config: SchedulerConfig | None) -> None:
     _phase(report, "lifecycle", lifecycle.check_nodes, "nodes")
     report.counts["ttl_deleted"] = _phase(report, "lifecycle", lifecycle.cleanup_ttl, "ttl") or 0
     report.counts["ttl_deleted"] += _phase(report, "lifecycle", _flows_ttl, "flow-ttl") or 0
+    _phase(report, "lifecycle", gpu_history.prune_if_due, "gpu-history")  # once a minute
     # A flow whose last job just finished is closed in this cycle, not the next one.
     _phase(report, "flows", _flows_reconcile)
     _phase(report, "lifecycle", arrays.refresh_parents, "arrays")

@@ -150,6 +150,9 @@ class Node(models.Model):
     hostname = models.CharField(max_length=255, blank=True)
     usage = models.JSONField(default=dict, blank=True)  # last usage the agent reported
     registered_at = models.DateTimeField(auto_now_add=True)
+    # When the agent's GPU samples were last kept (scheduler/gpu_history.py keeps at most one
+    # per BERTH_GPU_SAMPLE_SECONDS, however often the agent renews its lease).
+    gpu_sampled_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["name"]
@@ -203,6 +206,34 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/gpu{self.index}"
+
+
+class DeviceSample(models.Model):
+    """One GPU's utilisation and memory in use at one time (server time), as its agent sent
+    them with a lease renewal. Kept for BERTH_GPU_HISTORY_SECONDS: the scheduler loop deletes
+    older ones (scheduler/gpu_history.py)."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="samples")
+    time = models.DateTimeField()
+    utilization = models.PositiveSmallIntegerField(help_text="percent")
+    memory_used = models.BigIntegerField(help_text="bytes")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(utilization__lte=100) & Q(memory_used__gte=0),
+                name="devicesample_in_range",
+            ),
+        ]
+        indexes = [
+            # The node and job charts read each device's samples over a window.
+            models.Index(fields=["device", "time"], name="devicesample_device_time"),
+            # The scheduler loop's prune deletes by age.
+            models.Index(fields=["time"], name="devicesample_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"device {self.device_id} at {self.time}: {self.utilization}%"
 
 
 class JobTemplate(models.Model):
@@ -451,6 +482,9 @@ class Task(models.Model):
     assigned_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The GPU indices (on `node`) of this attempt, written when it is bound and kept after it
+    # ends, when its Allocation rows are gone: a finished job still says which GPUs it used.
+    device_indices = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["job_id", "group", "index"]
@@ -467,6 +501,14 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}/{self.group}-{self.index}"
+
+    def gpu_indices(self) -> list[int]:
+        """The GPUs this attempt holds (its allocations; prefetch them for many tasks) or, once
+        it ended, held. Tasks bound before `device_indices` existed have only allocations."""
+        held = sorted(a.device.index for a in self.allocations.all())
+        if held or self.node_id is None:
+            return held
+        return sorted(i for i in self.device_indices or [] if isinstance(i, int))
 
 
 class Allocation(models.Model):

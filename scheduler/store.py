@@ -92,10 +92,15 @@ def bind_jobs(
     }
     # Claim the tasks that are still Pending; a job missing one is dropped whole.
     task_job = {b.task_id: job_id for job_id in ok for b in binds_by_job[job_id]}
+    # The task keeps its device indices after it ends (its Allocation rows do not).
     claimed = update_rows(
         Task,
-        {b.task_id: (ready[b.node],) for job_id in ok for b in binds_by_job[job_id]},
-        per_row=["node"],
+        {
+            b.task_id: (ready[b.node], sorted(b.devices))
+            for job_id in ok
+            for b in binds_by_job[job_id]
+        },
+        per_row=["node", "device_indices"],
         constants={"state": TaskState.ASSIGNED, "assigned_at": now, "kill_requested": False},
         guards={"state": TaskState.PENDING},
     )
@@ -105,7 +110,7 @@ def bind_jobs(
         undo = [t for t, job_id in task_job.items() if job_id in failed and t in claimed]
         for ids in chunks(undo):
             Task.objects.filter(pk__in=ids).update(
-                state=TaskState.PENDING, node=None, assigned_at=None
+                state=TaskState.PENDING, node=None, assigned_at=None, device_indices=[]
             )
         ok -= failed
 

@@ -70,13 +70,15 @@ def place(job: Job, node: Node, *, state: str = TaskState.RUNNING, devices: int 
     free = list(Device.objects.filter(node=node, allocation__isnull=True).order_by("index"))
     now = timezone.now()
     for task in job.tasks.all():
+        held = [free.pop(0) for _ in range(devices)]
         task.state = state
         task.node = node
+        task.device_indices = [d.index for d in held]
         task.assigned_at = now
         task.started_at = now if state == TaskState.RUNNING else None
         task.save()
-        for _ in range(devices):
-            Allocation.objects.create(device=free.pop(0), task=task)
+        for device in held:
+            Allocation.objects.create(device=device, task=task)
     if state == TaskState.RUNNING:
         job.state = JobState.RUNNING
         job.started_at = now

@@ -29,7 +29,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from scheduler import notify
+from scheduler import gpu_history, notify
 from scheduler.accounting import record_task_ends
 from scheduler.agent.client import PROTOCOL
 from scheduler.arrays import array_env
@@ -297,8 +297,9 @@ def _parse_task(item: object, path: str, errors: dict[str, list[str]]) -> Report
     )  # fmt: skip
 
 
-def parse_tasks(data: object) -> tuple[list[Report], dict[str, Any]]:
-    """The `tasks` (and `usage`) of a report or lease body, validated whole."""
+def parse_tasks(data: object) -> tuple[list[Report], dict[str, Any], list[gpu_history.GpuSample]]:
+    """The `tasks`, `usage` and GPU samples (`usage.gpus`) of a report or lease body,
+    validated whole."""
     if not isinstance(data, dict):
         raise ProtocolError({"body": ["must be a JSON object"]})
     raw = data.get("tasks", [])
@@ -310,6 +311,8 @@ def parse_tasks(data: object) -> tuple[list[Report], dict[str, Any]]:
         raise ProtocolError({"tasks": [f"at most {settings.BERTH_AGENT_MAX_TASKS} tasks"]})
     if not isinstance(usage, dict):
         errors["usage"] = ["must be an object"]
+        usage = {}
+    samples = gpu_history.parse_samples(usage.get("gpus"), errors)
     reports = []
     seen: set[int] = set()
     for i, item in enumerate(raw):
@@ -322,7 +325,7 @@ def parse_tasks(data: object) -> tuple[list[Report], dict[str, Any]]:
         reports.append(report)
     if errors:
         raise ProtocolError(errors)
-    return reports, usage
+    return reports, usage, samples
 
 
 def _wanted(task: Task | None, report: Report, node: Node) -> bool:
@@ -341,7 +344,7 @@ def _kill_order(task_id: int, attempt: int) -> dict[str, Any]:
 
 def apply_report(node: Node, data: object) -> dict[str, Any]:
     """Apply one full-state report from `node`'s agent; answer with orders."""
-    reports, usage = parse_tasks(data)
+    reports, usage, _ = parse_tasks(data)  # GPU samples are kept from leases only
     now = timezone.now()
     changed_jobs: set[int] = set()
     kill: list[dict[str, Any]] = []
@@ -486,15 +489,18 @@ def _finish(task: Task, state: str, exit_code: int | None, message: str, now: An
 
 
 def renew_lease(token: str, data: object) -> tuple[Node, list[Report], dict[str, Any]]:
-    """Authenticate, renew the node's lease and read its orders (one short transaction)."""
-    reports, _ = parse_tasks(data)
+    """Authenticate, renew the node's lease, keep its GPU samples and read its orders (one
+    short transaction; a malformed body is refused whole before it)."""
+    reports, _, samples = parse_tasks(data)
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(token_hash=hash_token(token)).first()
         if node is None or not token:
             raise ProtocolError({"detail": ["unknown node token; register again"]}, status=401)
         was = node.state
-        _renew(node, timezone.now())
-        node.save(update_fields=["last_heartbeat", "state"])
+        now = timezone.now()
+        gpu_history.record_samples(node, samples, now)
+        _renew(node, now)
+        node.save(update_fields=["last_heartbeat", "state", "gpu_sampled_at"])
         if was != node.state:
             notify.changed(nodes=[node.pk])
     return node, reports, lease_orders(node, reports)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
+from scheduler.agent.gpus import FAKE_MEMORY, GpuSampler
 from scheduler.agent.isolation import (
     DEFAULT_TASK_USER,
     TaskAccounts,
@@ -103,9 +104,10 @@ def discover_gpus(fake: int, name: str) -> list[dict[str, Any]]:
     except Exception:  # no driver, no library, no device: fall back
         pass
     return [
-        {"index": i, "uuid": f"fake-{name}-{i}", "model": "fake", "memory": 0, "healthy": True}
+        {"index": i, "uuid": f"fake-{name}-{i}", "model": "fake", "memory": FAKE_MEMORY,
+         "healthy": True}
         for i in range(fake)
-    ]
+    ]  # fmt: skip
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -134,6 +136,7 @@ class RunningTask:
     reported_final: bool = False
     dropped: bool = False  # the server keeps no more of this attempt's output
     started: str = ""  # the process's start time (/proc), to tell it from a reused pid
+    devices: list[int] = field(default_factory=list)  # GPU indices the server gave it
     proc: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -198,6 +201,7 @@ class Agent:
         self.ship_running_at = 0.0  # running tasks' output goes out at most every SHIP_SECONDS
         self.ended: dict[tuple[int, int], float] = {}  # attempts over: a late start is ignored
         self.reregister = False
+        self.gpus = GpuSampler([], fake=True)  # the registered GPUs (set by register())
 
     # --- HTTP ------------------------------------------------------------------------
 
@@ -211,12 +215,15 @@ class Agent:
         of identity (the join token registers new names only); when the server no longer
         knows it (the node was deleted, or staff reset its token), join as a newcomer."""
         cpu, memory = discover_resources()
+        devices = discover_gpus(self.fake_gpus, self.name)
+        self.gpus.close()
+        self.gpus = GpuSampler(devices, fake=any(d["model"] == "fake" for d in devices))
         body = {
             "name": self.name,
             "cpu": f"{cpu}m",  # the protocol reads cpu as users write it
             "memory": memory,
             "labels": self.labels,
-            "devices": discover_gpus(self.fake_gpus, self.name),
+            "devices": devices,
             "hostname": socket.gethostname(),
             "version": VERSION,
         }
@@ -295,6 +302,7 @@ class Agent:
             if self.kill_on_exit:
                 self._kill_all()
             self._save()
+            self.gpus.close()
 
     def _kill_all(self) -> None:
         """--kill-on-exit: stop every task (SIGTERM, SIGKILL after the grace) and tell the
@@ -396,7 +404,7 @@ class Agent:
                 stop.wait(POLL_SECONDS)
                 continue
             try:
-                answer = self._lease_post({"tasks": self._task_list()}, f"Node {token}")
+                answer = self._lease_post(self.lease_body(), f"Node {token}")
             except Unavailable as exc:
                 if not stop.is_set():
                     stop.wait(backoff.delay(exc.retry_after))
@@ -416,6 +424,13 @@ class Agent:
                 # The next lease must list what these orders started, or it would get them
                 # again at once.
                 done.wait(ORDERS_ACK_SECONDS)
+
+    def lease_body(self) -> dict[str, Any]:
+        """Our tasks, and each GPU's utilisation and memory now (the server keeps a history:
+        a sample rides on every renewal, so it costs no request of its own)."""
+        with self.lock:
+            busy = {i for t in self.tasks.values() if t.state == "Running" for i in t.devices}
+        return {"tasks": self._task_list(), "usage": {"gpus": self.gpus.sample(busy)}}
 
     def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:
         return self.lease_http.post("lease/", body, auth, timeout=self.lease * 1.25 + self.timeout)
@@ -513,7 +528,7 @@ class Agent:
             return
         self.tasks[task_id] = RunningTask(
             task_id, attempt, proc.pid, str(directory), workdir=str(workdir), proc=proc,
-            started=_start_time(proc.pid),
+            started=_start_time(proc.pid), devices=_indices(order.get("devices")),
         )  # fmt: skip
         log.info("started task %s (attempt %s) as pid %s, user %s",
                  task_id, attempt, proc.pid, account.name)  # fmt: skip
@@ -667,6 +682,13 @@ class Agent:
                     " its exit code comes from its exit file; its output file is still shipped",
                     task.id, task.pid,
                 )  # fmt: skip
+
+
+def _indices(raw: object) -> list[int]:
+    """The GPU indices of a start order (anything else is ignored)."""
+    if not isinstance(raw, list):
+        return []
+    return [i for i in raw if isinstance(i, int) and not isinstance(i, bool)]
 
 
 def _alive(pid: int) -> bool:

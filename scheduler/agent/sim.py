@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
+from scheduler.agent.gpus import FAKE_MEMORY, fake_samples
 
 log = logging.getLogger("berth.simagent")
 AWAIT_OUTPUT_SECONDS = 0.5
@@ -36,6 +37,7 @@ class SimTask:
     state: str = "Running"
     output: str = ""  # shipped before the final report
     logged: bool = False
+    devices: list[int] = field(default_factory=list)  # GPU indices the server gave it
 
 
 @dataclass
@@ -53,6 +55,7 @@ class SimNode:
     lock: threading.Lock = field(default_factory=threading.Lock)
     dirty: bool = True  # a report is due
     reporting: bool = False  # a pool worker is sending this node's reports
+    ticks: int = 0  # lease renewals sent: the fake GPUs' clock
 
     def task_list(self) -> list[dict[str, Any]]:
         return [
@@ -61,6 +64,12 @@ class SimNode:
              "output_bytes": len(t.output.encode())}
             for t in self.tasks.values()
         ]  # fmt: skip
+
+    def gpu_samples(self) -> list[dict[str, int]]:
+        """Fake utilisation for the lease: busy while a running task holds the GPU."""
+        self.ticks += 1
+        busy = [i for t in self.tasks.values() if t.state == "Running" for i in t.devices]
+        return fake_samples(range(self.gpus), busy, self.ticks)
 
 
 def _duration(order: dict[str, Any]) -> float:
@@ -125,7 +134,12 @@ class SimCluster:
                 "memory": node.memory,
                 "labels": node.labels,
                 "devices": [
-                    {"index": i, "uuid": f"sim-{node.name}-{i}", "model": "sim"}
+                    {
+                        "index": i,
+                        "uuid": f"sim-{node.name}-{i}",
+                        "model": "sim",
+                        "memory": FAKE_MEMORY,
+                    }
                     for i in range(node.gpus)
                 ],
                 "hostname": node.name,
@@ -222,7 +236,8 @@ class SimCluster:
                 if key in node.ended or (current is not None and current.attempt == key[1]):
                     continue
                 code = int(order.get("env", {}).get("BERTH_SIM_EXIT", 0))
-                task = SimTask(key[0], key[1], now + _duration(order), code)
+                devices = [i for i in order.get("devices") or [] if isinstance(i, int)]
+                task = SimTask(key[0], key[1], now + _duration(order), code, devices=devices)
                 task.output = f"simulated task {task.id} on {node.name}: exit {code}\n"
                 node.tasks[key[0]] = task
                 self._due(task.ends_at, node, task)
@@ -262,7 +277,7 @@ class SimCluster:
                 self.stop.wait(0.2 if node.reporting else backoff.delay())
                 continue
             with node.lock:
-                body = {"tasks": node.task_list()}
+                body = {"tasks": node.task_list(), "usage": {"gpus": node.gpu_samples()}}
             try:
                 answer = node.lease_http.post("lease/", body, f"Node {node.token}",
                                               timeout=node.lease * 1.25 + self.timeout)  # fmt: skip

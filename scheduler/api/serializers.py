@@ -167,7 +167,8 @@ class TaskSerializer(serializers.ModelSerializer[Task]):
         ]  # fmt: skip
 
     def get_devices(self, task: Task) -> list[int]:
-        return sorted(a.device.index for a in task.allocations.all())
+        """The GPUs it holds, or held: an ended task keeps its indices, not its allocations."""
+        return task.gpu_indices()
 
 
 class JobSerializer(serializers.ModelSerializer[Job]):

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from scheduler.api import account, schema, views
+from scheduler.api import account, gpu_history, schema, views
 
 router = DefaultRouter()
 router.register("queues", views.QueueViewSet, basename="queue")
@@ -13,5 +13,12 @@ router.register("jobs", views.JobViewSet, basename="job")
 router.register("flows", views.FlowViewSet, basename="flow")
 router.register("events", views.EventViewSet, basename="event")
 
-urlpatterns = [path("me/", account.MeView.as_view(), name="me"), *router.urls]
+urlpatterns = [
+    path("me/", account.MeView.as_view(), name="me"),
+    path("nodes/<str:name>/gpu-history/", gpu_history.NodeGpuHistoryView.as_view(),
+         name="node-gpu-history"),
+    path("jobs/<int:job_id>/gpu-history/", gpu_history.JobGpuHistoryView.as_view(),
+         name="job-gpu-history"),
+    *router.urls,
+]  # fmt: skip
 __all__ = ["schema", "urlpatterns"]  # schema registers its OpenAPI extensions on import
