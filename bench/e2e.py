@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import slurm_peer  # noqa: E402
+
 from scheduler.agent.client import Backoff, parse_retry_after  # noqa: E402
 
 FINAL = ("Succeeded", "Failed", "Cancelled")
