@@ -7,7 +7,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from dashboard import live
+from scheduler import notify
 from scheduler.models import Flow, Job
 
 
@@ -15,7 +15,7 @@ class _Live(AsyncWebsocketConsumer):
     groups_to_join: list[str]
 
     async def connect(self) -> None:
-        live.remember_server_loop()
+        notify.remember_server_loop()
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=4401)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
@@ -26,45 +25,22 @@ from channels.layers import get_channel_layer
 from django.template.loader import render_to_string
 
 from dashboard import queries
+from scheduler import notify
 from scheduler.models import Flow, Job, Task
 
 T = TypeVar("T")
 log = logging.getLogger("berth.live")
 SEND_TIMEOUT = 5.0
 
-# Where the channel layer's coroutines run. In a process that serves websockets this is the
-# server's own event loop (the consumers record it on connect): the in-memory layer's queues
-# belong to that loop, and the Redis layer keeps its connection pool there. A process without
-# one (the scheduler loop, a test) gets one private loop thread, so every push reuses the same
-# Redis connection instead of opening a new one on a fresh loop as async_to_sync would.
-_server_loop: asyncio.AbstractEventLoop | None = None
-_own_loop: asyncio.AbstractEventLoop | None = None
-_own_lock = threading.Lock()
+# Pushes run on the process's one channel-layer loop (scheduler.notify.layer_loop: the ASGI
+# server's own, or one private loop thread), so every push reuses the layer's connections.
 _pending: set[concurrent.futures.Future[Any]] = set()
-
-
-def remember_server_loop() -> None:
-    """Called by consumers, on the server's loop."""
-    global _server_loop
-    _server_loop = asyncio.get_running_loop()
-
-
-def _target_loop() -> asyncio.AbstractEventLoop:
-    global _own_loop
-    loop = _server_loop
-    if loop is not None and loop.is_running() and not loop.is_closed():
-        return loop
-    with _own_lock:
-        if _own_loop is None or _own_loop.is_closed():
-            _own_loop = asyncio.new_event_loop()
-            threading.Thread(target=_own_loop.run_forever, name="berth-live", daemon=True).start()
-        return _own_loop
 
 
 def _run(coroutine: Coroutine[Any, Any, T], default: T) -> T:
     """Run `coroutine` on the target loop and wait for it; from a thread that is itself
     running an event loop it cannot wait, so the coroutine is only scheduled."""
-    loop = _target_loop()
+    loop = notify.layer_loop()
     try:
         running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
     except RuntimeError:
