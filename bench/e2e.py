@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import slurm_peer  # noqa: E402
+from processes import stop_groups  # noqa: E402
 
 from scheduler.agent.client import Backoff, parse_retry_after  # noqa: E402
 
@@ -106,14 +106,7 @@ class Processes:
         return (self.work / f"{name}.log").read_text(errors="replace")
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_groups(self.procs, timeout=15)
 
 
 class Database:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from processes import stop_groups
 
 BINARIES = ("sbatch", "squeue", "slurmctld", "slurmd", "munged")
 
@@ -124,14 +125,7 @@ class SlurmCluster:
         return len(out.stdout.split()) if out.returncode == 0 else -1
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_groups(reversed(self.procs))
 
 
 def run(jobs: int, clients: int, duration: float, slots: int, timeout: float) -> dict[str, Any]:

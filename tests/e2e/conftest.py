@@ -4,7 +4,6 @@ separate processes on the PostgreSQL test database, jobs submitted over REST."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
+from bench.processes import stop_groups
 from scheduler.models import Queue
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,15 +81,7 @@ class Cluster:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_groups(self.procs)
 
 
 @pytest.fixture
