@@ -31,6 +31,7 @@ from scheduler.models import (
     Queue,
     SchedulerHeartbeat,
     Task,
+    UsageRecord,
 )
 from scheduler.states import JOB_FINAL, TASK_ON_NODE, JobState, NodeState
 
@@ -152,9 +153,29 @@ def _scheduler() -> Iterator[Metric]:
     yield histogram
 
 
+def _usage() -> Iterator[Metric]:
+    """What each user used per queue, from the accounting records (kept when tasks end and
+    through TTL deletion of their jobs): counters, so `increase(...[30d])` is a month's use."""
+    rows = (
+        UsageRecord.objects.values("username", "queue")
+        .annotate(gpu=Sum("gpu_seconds"), cpu=Sum("cpu_seconds"), n=Count("id"))
+        .order_by("username", "queue")
+    )
+    gpu = CounterMetricFamily("berth_usage_gpu_seconds", "GPU-seconds used by ended task "
+                              "attempts, by user and queue.", labels=["user", "queue"])  # fmt: skip
+    cpu = CounterMetricFamily("berth_usage_cpu_seconds", "CPU core-seconds used by ended task "
+                              "attempts, by user and queue.", labels=["user", "queue"])  # fmt: skip
+    for row in rows:
+        gpu.add_metric([row["username"], row["queue"]], float(row["gpu"] or 0.0))
+        cpu.add_metric([row["username"], row["queue"]], float(row["cpu"] or 0.0))
+    yield gpu
+    yield cpu
+
+
 class ClusterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         queues = list(Queue.objects.order_by("name").values_list("name", flat=True))
         yield from _jobs(queues)
         yield from _capacity()
         yield from _scheduler()
+        yield from _usage()

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
 from scheduler import lifecycle
 from scheduler.heartbeat import record_cycle
-from scheduler.models import Device, Queue
+from scheduler.models import Device, Queue, UsageRecord
 from scheduler.states import JobState, NodeState
 from scheduler.tokens import create_token
 from tests.factories import make_job, make_node, place
@@ -144,8 +145,12 @@ def test_the_grafana_dashboard_uses_only_exported_metrics(staff):
     import json
     import re
 
-    record_cycle({"snapshot": 0.01}, 0.01, 1.0)
+    record_cycle({"load": 0.01}, 0.01, 1.0)
     Client().get("/healthz")  # HTTP metrics have samples once a request was answered
+    now = timezone.now()  # usage counters have samples once a task attempt ended
+    UsageRecord.objects.create(username="alice", queue="default", job_id=1, task_id=1,
+                               state="Succeeded", started_at=now, finished_at=now, day=now.date(),
+                               wall_seconds=1, cpu_seconds=1, gpu_seconds=1)  # fmt: skip
     exported = {name for name, _ in _scrape(staff)}
     dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
     used = {name for panel in dashboard["panels"] for target in panel["targets"]

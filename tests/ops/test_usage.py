@@ -8,6 +8,7 @@ import io
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -223,3 +224,26 @@ def test_other_methods_answer_json_even_when_csv_is_asked(method, api, owner):
     response = getattr(api(owner), method)("/api/v1/usage/?format=csv")
     assert response.status_code in (200, 405)
     assert response["Content-Type"].startswith("application/json")
+
+
+def test_metrics_count_each_users_usage_and_keep_it_past_ttl(owner, staff):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    agent = _agent()
+    job = make_job(owner, "train", replicas=2, cpu=2500, gpu=1, ttl_seconds_after_finished=0)
+    place(job, Node.objects.get(), state=TaskState.ASSIGNED, devices=1)
+    wall = _measured(_run_and_end(agent, job, ran_seconds=100))
+    lifecycle.sync_jobs()
+    assert lifecycle.cleanup_ttl(timezone.now() + timedelta(seconds=1)) == 1
+
+    browser = Client()
+    browser.force_login(staff)
+    text = browser.get("/metrics").content.decode()
+    samples = {
+        (s.name, s.labels.get("user"), s.labels.get("queue")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    gpu = samples[("berth_usage_gpu_seconds_total", "alice", "default")]
+    cpu = samples[("berth_usage_cpu_seconds_total", "alice", "default")]
+    assert gpu == pytest.approx(wall) and cpu == pytest.approx(2.5 * wall)
