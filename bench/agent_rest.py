@@ -30,6 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.processes import free_port  # noqa: E402
 from scheduler.agent import client  # noqa: E402  (Django-free)
 from scheduler.agent.sim import SimCluster  # noqa: E402
 
@@ -42,12 +43,6 @@ def counting_post(self: client.Http, path: str, *args: Any, **kw: Any) -> dict[s
     with _lock:
         SENT["log/" if path.startswith("tasks/") else path] += 1
     return _post(self, path, *args, **kw)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(port: int, timeout: float = 60.0) -> None:

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,18 +40,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import slurm_peer  # noqa: E402
-from processes import stop_groups  # noqa: E402
+from processes import free_port, stop_groups  # noqa: E402
 
 from scheduler.agent.client import Backoff, parse_retry_after  # noqa: E402
 
 FINAL = ("Succeeded", "Failed", "Cancelled")
 APP = "berth-bench"  # this script's own PostgreSQL connections, left out of the counts
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(values: list[float], q: float, scale: float = 1.0) -> float | None:

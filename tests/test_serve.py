@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -21,38 +20,17 @@ from typing import Any
 import psycopg
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from bench.client import post_json
+from bench.processes import free_port
 from scheduler.models import Queue
+from tests.e2e.conftest import database_url, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 STRONG_KEY = "serve-test-key-" + "k3y" * 20
 pytestmark = pytest.mark.postgres
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
-
-
-def admin_dsn() -> str:
-    db = connection.settings_dict
-    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 @dataclass
@@ -68,7 +46,7 @@ class Server:
         if state:
             query += " AND wait_event_type = %s"
             params.append(state)
-        with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+        with psycopg.connect(database_url(), autocommit=True) as conn:
             row = conn.execute(query, params).fetchone()
         return int(row[0]) if row else 0
 
@@ -85,7 +63,7 @@ def serve(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..., Serv
         app_name = f"berth-test-{uuid.uuid4().hex[:8]}"
         env = {
             **os.environ,
-            "DATABASE_URL": admin_dsn(),
+            "DATABASE_URL": database_url(),
             "BERTH_SECRET_KEY": STRONG_KEY,
             "BERTH_DATA_DIR": str(tmp_path / "data"),
             "BERTH_DB_APPLICATION_NAME": app_name,
@@ -177,7 +155,7 @@ def test_it_serves_many_concurrent_submissions_and_keeps_its_connections(serve, 
 
     # PostgreSQL drops every server connection (a restart, a failover): pooled connections
     # are checked as they are handed out, so no request fails and the pool refills.
-    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+    with psycopg.connect(database_url(), autocommit=True) as conn:
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
             (server.app_name,),
@@ -197,7 +175,7 @@ def test_a_starved_pool_answers_503_with_retry_after_then_recovers(serve, token,
     session = {"Cookie": f"sessionid={browser.cookies['sessionid'].value}"}
     first: list[tuple[int, Any]] = []
     # A table lock makes the first request hold the pool's only connection while it waits.
-    with psycopg.connect(admin_dsn()) as locker:
+    with psycopg.connect(database_url()) as locker:
         locker.execute("LOCK TABLE scheduler_job IN ACCESS EXCLUSIVE MODE")
         holder = threading.Thread(
             target=lambda: first.append(
@@ -263,8 +241,8 @@ def test_serve_refuses_sqlite():
 
 def test_serve_migrates_a_fresh_database_before_serving(serve):
     name = f"test_serve_fresh_{uuid.uuid4().hex[:8]}"
-    base = admin_dsn().rsplit("/", 1)[0]
-    with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+    base = database_url().rsplit("/", 1)[0]
+    with psycopg.connect(database_url(), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         server = serve(1, DATABASE_URL=f"{base}/{name}")
@@ -275,7 +253,7 @@ def test_serve_migrates_a_fresh_database_before_serving(serve):
         os.killpg(server.proc.pid, signal.SIGTERM)
         server.proc.wait(timeout=30)
     finally:
-        with psycopg.connect(admin_dsn(), autocommit=True) as conn:
+        with psycopg.connect(database_url(), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -25,9 +24,11 @@ from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.db import connection
 
+from bench.processes import free_port
 from scheduler.loop import run_cycle_once
 from scheduler.models import Flow, JobTemplate, Queue
 from scheduler.submit import create_flow
+from tests.e2e.conftest import database_url
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,12 +38,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 JOIN = "browser-join"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def server(transactional_db: None, tmp_path: Path) -> Iterator[str]:
     if connection.vendor != "postgresql":
@@ -50,11 +45,10 @@ def server(transactional_db: None, tmp_path: Path) -> Iterator[str]:
     if "channels_redis" not in str(django_settings.CHANNEL_LAYERS["default"]["BACKEND"]):
         pytest.skip("needs Redis (REDIS_URL): pushes go from this process to the server's")
     Queue.objects.get_or_create(name="default")
-    db = connection.settings_dict
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",  # noqa: E501
+        "DATABASE_URL": database_url(),
         "BERTH_JOIN_TOKEN": JOIN,
         "BERTH_DATA_DIR": str(tmp_path),
         "PYTHONUNBUFFERED": "1",

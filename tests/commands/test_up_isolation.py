@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from bench.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_SECRET = "up-server-only-secret-5b1e"
@@ -49,9 +50,7 @@ def until(check: Any, what: str, timeout: float = 60) -> Any:
 @pytest.mark.root
 def test_up_runs_tasks_unprivileged_and_they_cannot_read_its_data_dir(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATABASE_URL", "REDIS_URL", "BERTH_SECRET_KEY", "BERTH_TEST_DB_NAME",
                         "DJANGO_SETTINGS_MODULE", "BERTH_JOIN_TOKEN")}  # fmt: skip

@@ -35,6 +35,12 @@ def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condi
         time.sleep(0.1)
 
 
+def database_url() -> str:
+    """The test database as a URL, for the processes a test starts (server, loop, agents)."""
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
 @dataclass
 class Cluster:
     url: str
@@ -98,12 +104,9 @@ def cluster(
     settings.BERTH_HEARTBEAT_INTERVAL = 1.0
     settings.BERTH_HEARTBEAT_TIMEOUT = 3.0
     settings.BERTH_KILL_GRACE_SECONDS = 1.0
-    db = connection.settings_dict
     env = {
         **os.environ,
-        "DATABASE_URL": (
-            f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-        ),
+        "DATABASE_URL": database_url(),
         # Long enough for DEBUG-off settings, which refuse short keys; public: tests only.
         "BERTH_SECRET_KEY": "e2e-tests-only-secret-key-never-in-production-0123456789",
         "BERTH_JOIN_TOKEN": JOIN_TOKEN,  # agents read it here, never from their command line
