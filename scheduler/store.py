@@ -251,7 +251,7 @@ def _write_pending(
     for job_id, info in result.pending.items():
         if job_id in binds_by_job:
             continue
-        message = loaded.invalid_queues.get(queue_of.get(job_id, ""), info.message or info.reason)
+        message = loaded.invalid_queues.get(queue_of.get(job_id, ""), info.message or info.code)
         wanted[job_id] = ([message], _from_timestamp(info.estimated_start))
     for job_id, message in loaded.invalid_jobs.items():
         wanted[job_id] = ([message], None)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.plugins import job_request
 from scheduler.core.resources import Resources
-from scheduler.core.session import Evict, Failure, NodeState, PendingInfo, Session, Statement
+from scheduler.core.session import Evict, Failure, NodeState, Session, Statement
+from scheduler.core.status import Code, Status
 
 log = logging.getLogger("berth.core")
 
@@ -29,8 +30,8 @@ def _guarded(session: Session, job: JobInfo, work: Callable[[], None]) -> None:
     except Exception as exc:  # noqa: BLE001 - fault isolation is the point
         log.exception("scheduling job %s failed", job.id)
         session.stats["errors"] += 1
-        session.set_pending(job, PendingInfo("SchedulerError", f"{type(exc).__name__}: {exc}"))
-        session.failures[job.id] = Failure("SchedulerError", str(exc), False)
+        session.set_pending(job, Status(Code.SCHEDULER_ERROR, f"{type(exc).__name__}: {exc}"))
+        session.failures[job.id] = Failure(Code.SCHEDULER_ERROR, str(exc), False)
 
 
 # --- enqueue -----------------------------------------------------------------------------
@@ -44,7 +45,7 @@ def enqueue(session: Session) -> None:
             problem = session.job_valid(job)
             if problem is not None:
                 session.set_pending(job, problem)
-                session.failures[job.id] = Failure(problem.reason, problem.message, False)
+                session.failures[job.id] = Failure(problem.code, problem.message, False)
                 return
             if not session.pending_tasks(job):
                 return
@@ -113,12 +114,20 @@ def place(
     queue = session.queues[job.queue]
     over = session.overused(queue, job)
     if over is not None:
-        return Failure(over.reason, over.message, False)
+        return Failure(over.code, over.message, False)
     shape = _Memo.shape(job, tasks)
     if shape is not None and shape in memo.max_placeable:
         most, failure = memo.max_placeable[shape]
         if need > most:
-            return _failure(session, job, failure.detail, failure.blocked_by_resources, most, memo)
+            return _failure(
+                session,
+                job,
+                failure.detail,
+                failure.blocked_by_resources,
+                most,
+                memo,
+                failure.node_reasons,
+            )
     cap = queue.info.capability
     room = cap - queue.allocated if cap is not None else None
     statement = Statement(session)
@@ -142,14 +151,16 @@ def place(
         return None
     if first_miss is None:
         statement.discard()
-        return Failure("QueueCapability", f'queue "{queue.info.name}" at capability', False, placed)
+        message = f'queue "{queue.info.name}" at capability'
+        return Failure(Code.QUEUE_QUOTA, message, False, placed)
     # Explain while the gang's own placements still stand: that is the state it failed in.
-    detail, could_fit = session.explain(job, first_miss)
+    detail, could_fit, counts = session.explain(job, first_miss)
     statement.discard()
     if need == 0:
         # A running job's extra tasks: they never hold up other jobs.
-        return Failure("Unschedulable", detail, False, 0, detail)
-    failure = _failure(session, job, detail, could_fit, placed, memo)
+        code = Code.WAITING_FOR_RESOURCES if could_fit else Code.NEVER_FITS
+        return Failure(code, detail, False, 0, detail, counts)
+    failure = _failure(session, job, detail, could_fit, placed, memo, counts)
     if shape is not None:
         memo.max_placeable[shape] = (placed, failure)
     return failure
@@ -160,11 +171,18 @@ def _same_shape(a: TaskInfo, b: TaskInfo) -> bool:
 
 
 def _failure(
-    session: Session, job: JobInfo, detail: str, could_fit: bool, placed: int, memo: _Memo
+    session: Session,
+    job: JobInfo,
+    detail: str,
+    could_fit: bool,
+    placed: int,
+    memo: _Memo,
+    counts: dict[str, int],
 ) -> Failure:
     need = session.needed(job)
     if placed == 0 and need <= 1:
-        return Failure("Unschedulable", detail, could_fit, placed, detail)
+        code = Code.WAITING_FOR_RESOURCES if could_fit else Code.NEVER_FITS
+        return Failure(code, detail, could_fit, placed, detail, counts)
     if could_fit:
         key = (_Memo.shape(job, session.pending_tasks(job)), need)
         ever = memo.ever_fits.get(key) if key[0] is not None else None
@@ -174,11 +192,12 @@ def _failure(
                 memo.ever_fits[key] = ever
         could_fit = ever
     return Failure(
-        "GangUnschedulable",
+        Code.GANG_INCOMPLETE if could_fit else Code.NEVER_FITS,
         f"gang: {placed}/{need} tasks placeable; {detail}",
         could_fit,
         placed,
         detail,
+        counts,
     )
 
 
@@ -225,7 +244,7 @@ def allocate(session: Session) -> None:
             if failure is None:
                 return
             session.failures[job.id] = failure
-            session.set_pending(job, PendingInfo(failure.reason, failure.message))
+            session.set_pending(job, failure.status())
             if failure.blocked_by_resources and session.blocked is None:
                 session.blocked = job
 
@@ -236,9 +255,7 @@ def allocate(session: Session) -> None:
         ):
             session.set_pending(
                 job,
-                PendingInfo(
-                    "WaitingInOrder", f"waiting for job {session.blocked.id} (first in order)"
-                ),
+                Status(Code.PRIORITY, f"waiting for job {session.blocked.id} (first in order)"),
             )
 
 
@@ -348,7 +365,7 @@ def _pipeline(
     message = "waiting for preempted jobs to release resources" + (
         f" (jobs {waiting_on})" if waiting_on else ""
     )
-    session.set_pending(job, PendingInfo("Preempting", message))
+    session.set_pending(job, Status(Code.PREEMPTING, message))
 
 
 def _free_into(room: dict[str, Resources], victim: JobInfo, sign: int) -> None:
@@ -424,14 +441,14 @@ def backfill(session: Session) -> None:
                     assert reservation is not None
                     session.set_pending(
                         job,
-                        PendingInfo(
-                            "WaitingForReservation",
+                        Status(
+                            Code.RESERVED_FOR_OTHER,
                             f"waiting for job {reservation.job.id} (reservation):"
                             " starting now would delay it",
                         ),
                     )
                     return
-            session.set_pending(job, PendingInfo(failure.reason, failure.message))
+            session.set_pending(job, failure.status())
 
         _guarded(session, job, work)
 
@@ -536,18 +553,20 @@ def _reserve(session: Session, job: JobInfo) -> None:
     if placement is not None:
         spare = {name: free - placement.get(name, Resources()) for name, free in room.items()}
     session.reservation = Reservation(job, start, spare, placement is not None)
+    failure = session.failures.get(job.id)
+    counts = dict(failure.node_reasons) if failure is not None else {}
     if start is None:
         message = (
             "waiting for reservation: start unknown, the resources it needs are held by jobs"
             " without a walltime"
         )
-        session.set_pending(job, PendingInfo("Reserved", message))
+        session.set_pending(job, Status(Code.RESERVED, message, counts))
     else:
         message = (
             f"waiting for reservation: expected to start in {start - session.now:.0f}s,"
             " when running jobs reach their walltime"
         )
-        session.set_pending(job, PendingInfo("Reserved", message, start))
+        session.set_pending(job, Status(Code.RESERVED, message, counts, start))
 
 
 def _has_end(session: Session, running: JobInfo, task: TaskInfo) -> bool:

@@ -9,16 +9,17 @@ from dataclasses import dataclass, field
 from scheduler.core.actions import ACTIONS
 from scheduler.core.model import SchedulerConfig, Snapshot
 from scheduler.core.plugins import default_plugins
-from scheduler.core.session import Bind, Evict, PendingInfo, Session
+from scheduler.core.session import Bind, Evict, Session
+from scheduler.core.status import Code, Status
 
-__all__ = ["Bind", "CycleResult", "Evict", "PendingInfo", "run_cycle"]
+__all__ = ["Bind", "CycleResult", "Code", "Evict", "Status", "run_cycle"]
 
 
 @dataclass
 class CycleResult:
     binds: list[Bind] = field(default_factory=list)
     evictions: list[Evict] = field(default_factory=list)
-    pending: dict[int, PendingInfo] = field(default_factory=dict)
+    pending: dict[int, Status] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     stats: Counter[str] = field(default_factory=Counter)
 
@@ -37,7 +38,7 @@ def run_cycle(snapshot: Snapshot, config: SchedulerConfig | None = None) -> Cycl
     for job in session.candidates:
         if job.id not in session.placed and job.id not in session.pending:
             # Only a job with no pending task (nothing to place) can get here.
-            session.set_pending(job, PendingInfo("NothingToPlace", "no pending task to place"))
+            session.set_pending(job, Status(Code.NOTHING_TO_PLACE, "no pending task to place"))
     timings["total"] = time.perf_counter() - started
     session.stats["binds"] = len(session.binds)
     session.stats["evictions"] = len(session.evictions)

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 from scheduler.core.model import JobInfo, SchedulerConfig, TaskInfo
 from scheduler.core.quantity import format_cpu, format_memory
 from scheduler.core.resources import DIMENSIONS, Resources
+from scheduler.core.status import Code, Status
 
 if TYPE_CHECKING:
-    from scheduler.core.session import NodeState, PendingInfo, QueueState, Session, _LabelGroup
+    from scheduler.core.session import NodeState, QueueState, Session, _LabelGroup
 
 
 class Plugin:
@@ -30,10 +31,10 @@ class Plugin:
     def queue_key(self, session: Session, queue: QueueState) -> tuple[Any, ...]:
         return ()
 
-    def job_valid(self, session: Session, job: JobInfo) -> PendingInfo | None:
+    def job_valid(self, session: Session, job: JobInfo) -> Status | None:
         return None
 
-    def overused(self, session: Session, queue: QueueState, job: JobInfo) -> PendingInfo | None:
+    def overused(self, session: Session, queue: QueueState, job: JobInfo) -> Status | None:
         return None
 
     def predicate(
@@ -157,29 +158,25 @@ class CapabilityPlugin(Plugin):
 
     name = "capability"
 
-    def job_valid(self, session: Session, job: JobInfo) -> PendingInfo | None:
-        from scheduler.core.session import PendingInfo
-
+    def job_valid(self, session: Session, job: JobInfo) -> Status | None:
         queue = session.queues.get(job.queue)
         if queue is None:
-            return PendingInfo("QueueMissing", f'queue "{job.queue}" does not exist')
+            return Status(Code.QUEUE_MISSING, f'queue "{job.queue}" does not exist')
         if not queue.info.open:
-            return PendingInfo("QueueClosed", f'queue "{job.queue}" is closed')
+            return Status(Code.QUEUE_CLOSED, f'queue "{job.queue}" is closed')
         cap = queue.info.capability
         if cap is not None:
             need = min_request(session, job)
             for dim in DIMENSIONS:
                 if getattr(cap, dim) is not None and getattr(need, dim) > getattr(cap, dim):
-                    return PendingInfo(
-                        "ExceedsQueueCapability",
+                    return Status(
+                        Code.NEVER_FITS,
                         f'needs {dim} {describe(need, dim)}, more than queue "{job.queue}"'
                         f" may ever hold ({describe(cap, dim)})",
                     )
         return None
 
-    def overused(self, session: Session, queue: QueueState, job: JobInfo) -> PendingInfo | None:
-        from scheduler.core.session import PendingInfo
-
+    def overused(self, session: Session, queue: QueueState, job: JobInfo) -> Status | None:
         cap = queue.info.capability
         if cap is None:
             return None
@@ -188,8 +185,8 @@ class CapabilityPlugin(Plugin):
             limit = getattr(cap, dim)
             used = getattr(queue.allocated, dim)
             if getattr(need, dim) and used + getattr(need, dim) > limit:
-                return PendingInfo(
-                    "QueueCapability",
+                return Status(
+                    Code.QUEUE_QUOTA,
                     f'queue "{queue.info.name}" at capability'
                     f" ({dim} {describe(queue.allocated, dim)}/{describe(cap, dim)})",
                 )

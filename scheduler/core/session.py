@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler.core.model import JobInfo, QueueInfo, SchedulerConfig, Snapshot, TaskInfo
 from scheduler.core.resources import DIMENSIONS, Resources
+from scheduler.core.status import Code, Status
 
 if TYPE_CHECKING:
     from scheduler.core.plugins import Plugin
@@ -83,13 +84,6 @@ class _LabelGroup:
         self.add(node)
 
 
-@dataclass
-class PendingInfo:
-    reason: str
-    message: str
-    estimated_start: float | None = None
-
-
 @dataclass(frozen=True)
 class Bind:
     job_id: int
@@ -111,11 +105,15 @@ class Evict:
 class Failure:
     """Why a job could not be placed, and whether freeing resources could ever help."""
 
-    reason: str
+    code: Code
     message: str
     blocked_by_resources: bool
     placeable: int = 0
     detail: str = ""  # the node count explanation alone
+    node_reasons: dict[str, int] = field(default_factory=dict)
+
+    def status(self) -> Status:
+        return Status(self.code, self.message, dict(self.node_reasons))
 
 
 @dataclass
@@ -142,7 +140,7 @@ class Session:
         self.candidates = [j for j in snapshot.jobs if j.is_candidate or _grows(j)]
         self.need = {j.id: _need(j) for j in self.candidates}
         self.running = [j for j in snapshot.jobs if j.state == "Running"]
-        self.pending: dict[int, PendingInfo] = {}
+        self.pending: dict[int, Status] = {}
         self.binds: list[Bind] = []
         self.evictions: list[Evict] = []
         self.placed: set[int] = set()
@@ -207,14 +205,14 @@ class Session:
             key += plugin.queue_key(self, queue)
         return key + (queue.info.name,)
 
-    def job_valid(self, job: JobInfo) -> PendingInfo | None:
+    def job_valid(self, job: JobInfo) -> Status | None:
         for plugin in self.plugins:
             problem = plugin.job_valid(self, job)
             if problem is not None:
                 return problem
         return None
 
-    def overused(self, queue: QueueState, job: JobInfo) -> PendingInfo | None:
+    def overused(self, queue: QueueState, job: JobInfo) -> Status | None:
         for plugin in self.plugins:
             problem = plugin.overused(self, queue, job)
             if problem is not None:
@@ -301,9 +299,9 @@ class Session:
             return node
         return None
 
-    def explain(self, job: JobInfo, task: TaskInfo) -> tuple[str, bool]:
-        """`0/12 nodes fit: 8 insufficient gpu, 4 node selector mismatch`, and whether the
-        task could fit on some node once resources are freed."""
+    def explain(self, job: JobInfo, task: TaskInfo) -> tuple[str, bool, dict[str, int]]:
+        """`0/12 nodes fit: 8 insufficient gpu, 4 node selector mismatch`, whether the task
+        could fit on some node once resources are freed, and the count per node reason."""
         counts: Counter[str] = Counter()
         could_fit = False
         for node in self.nodes:
@@ -318,7 +316,8 @@ class Session:
         parts = ", ".join(
             f"{n} {r}" for r, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))
         )
-        return f"0/{len(self.nodes)} nodes fit: {parts}" if parts else "no nodes", could_fit
+        detail = f"0/{len(self.nodes)} nodes fit: {parts}" if parts else "no nodes"
+        return detail, could_fit, dict(counts)
 
     def _node_reason(self, job: JobInfo, task: TaskInfo, node: NodeState) -> str | None:
         """Why the node can never take this task as it stands (None: only resources)."""
@@ -337,7 +336,7 @@ class Session:
     def pending_tasks(self, job: JobInfo) -> list[TaskInfo]:
         return [t for t in job.tasks if t.state == "Pending"]
 
-    def set_pending(self, job: JobInfo, info: PendingInfo) -> None:
+    def set_pending(self, job: JobInfo, info: Status) -> None:
         self.pending[job.id] = info
 
 

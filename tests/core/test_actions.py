@@ -129,7 +129,7 @@ def test_it_backfills_every_fitting_job_after_an_impossible_one():
     ]
     result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.easy())
     assert placed_jobs(result) == {5, 6}
-    assert result.pending[3].reason == "Reserved"
+    assert result.pending[3].code == "Reserved"
     assert result.pending[4].message == "0/2 nodes fit: 2 node selector mismatch"
 
 
@@ -152,7 +152,7 @@ def test_it_places_every_other_job_when_a_plugin_raises_for_one(base):
     jobs = [job(1, gpu=1, priority=100), job(2, gpu=1), job(3, gpu=1)]
     result = run_cycle(snapshot(nodes, jobs), config)
     assert placed_jobs(result) == {2, 3}
-    assert result.pending[1].reason == "SchedulerError"
+    assert result.pending[1].code == "SchedulerError"
     assert "plugin broke" in result.pending[1].message
 
 
@@ -164,14 +164,14 @@ def test_it_places_every_other_job_when_a_plugin_raises_for_one(base):
             + [node(f"h{i}", gpus=8, labels={"zone": "b"}) for i in range(4)],
             job(1, gpu=2, selector={"zone": "a"}),
             None,
-            "Unschedulable",
+            "NeverFits",
             "0/12 nodes fit: 8 insufficient gpu, 4 node selector mismatch",
         ),
         (
             [node("a", gpus=8)],
             job(1, gpu=1, queue="research"),
             [QueueInfo("research", capability=Resources(gpu=0, cpu=10**9, memory=10**15))],
-            "ExceedsQueueCapability",
+            "NeverFits",
             'needs gpu 1, more than queue "research" may ever hold (0)',
         ),
         (
@@ -185,14 +185,14 @@ def test_it_places_every_other_job_when_a_plugin_raises_for_one(base):
             [node("a", gpus=1), node("b", gpus=1), node("c", gpus=1), node("d")],
             job(1, gpu=1, replicas=4),
             None,
-            "GangUnschedulable",
+            "NeverFits",
             "gang: 3/4 tasks placeable; 0/4 nodes fit: 4 insufficient gpu",
         ),
     ],
 )
 def test_it_explains_why_a_job_waits(nodes, the_job, queues, reason, message):
     result = run_cycle(snapshot(nodes, [the_job], queues), SchedulerConfig.fcfs())
-    assert (result.pending[1].reason, result.pending[1].message) == (reason, message)
+    assert (result.pending[1].code, result.pending[1].message) == (reason, message)
 
 
 def test_it_reports_queue_capability_in_use():
@@ -217,10 +217,10 @@ def test_it_reserves_for_the_blocked_job_and_backfills_short_ones():
     ]
     result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.easy())
     assert placed_jobs(result) == {3}
-    assert result.pending[2].reason == "Reserved"
+    assert result.pending[2].code == "Reserved"
     assert result.pending[2].estimated_start == NOW + 900
-    assert result.pending[4].reason == "WaitingForReservation"
-    assert result.pending[5].reason == "WaitingForReservation"
+    assert result.pending[4].code == "ReservedForOther"
+    assert result.pending[5].code == "ReservedForOther"
 
 
 def test_it_does_not_let_later_jobs_pass_a_blocked_one_under_fcfs():
@@ -232,7 +232,7 @@ def test_it_does_not_let_later_jobs_pass_a_blocked_one_under_fcfs():
     ]
     result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.fcfs())
     assert result.binds == []
-    assert result.pending[3].reason == "WaitingInOrder"
+    assert result.pending[3].code == "Priority"
 
 
 def test_it_places_a_blocked_job_on_a_free_node_instead_of_reserving():
@@ -256,7 +256,7 @@ def test_it_preempts_the_cheapest_lower_priority_victim():
     assert [(e.job_id, e.reason, e.preemptor_job_id) for e in result.evictions] == [
         (1, "Preempted", 3)
     ]
-    assert result.pending[3].reason == "Preempting"
+    assert result.pending[3].code == "Preempting"
     assert result.binds == []  # it binds once the victim's tasks are confirmed stopped
 
 
@@ -286,7 +286,7 @@ def test_it_does_not_evict_again_while_victims_are_still_releasing():
     ]
     result = run_cycle(snapshot(nodes, jobs))
     assert result.evictions == []
-    assert result.pending[3].reason == "Preempting"
+    assert result.pending[3].code == "Preempting"
 
 
 def test_it_reclaims_from_a_queue_above_its_share():
@@ -333,8 +333,8 @@ def test_it_backfills_every_fitting_job_after_one_whose_plugin_raises():
     result = run_cycle(snapshot(nodes, jobs), config)
     assert placed_jobs(result) == {4, 5}
     assert {b.action for b in result.binds} == {"backfill"}
-    assert result.pending[3].reason == "SchedulerError"
-    assert result.pending[2].reason == "Reserved"
+    assert result.pending[3].code == "SchedulerError"
+    assert result.pending[2].code == "Reserved"
 
 
 def test_it_never_gives_the_reservation_to_a_job_no_node_can_take():
@@ -346,8 +346,8 @@ def test_it_never_gives_the_reservation_to_a_job_no_node_can_take():
         job(4, gpu=1, walltime=5000),
     ]
     result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.easy())
-    assert result.pending[2].reason == "Unschedulable"
-    assert result.pending[3].reason == "Reserved"
+    assert result.pending[2].code == "NeverFits"
+    assert result.pending[3].code == "Reserved"
     assert result.pending[3].estimated_start == NOW + 900
     assert result.pending[4].message == (
         "waiting for job 3 (reservation): starting now would delay it"
@@ -367,9 +367,9 @@ def test_it_keeps_the_reserved_nodes_when_the_start_is_unknown():
     ]
     result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.easy())
     assert [(b.job_id, b.node) for b in result.binds] == [(4, "b")]
-    assert result.pending[3].reason == "Reserved"
+    assert result.pending[3].code == "Reserved"
     assert result.pending[3].estimated_start is None
-    assert result.pending[5].reason == "WaitingForReservation"
+    assert result.pending[5].code == "ReservedForOther"
 
 
 def test_it_places_the_remaining_tasks_of_a_running_gang():

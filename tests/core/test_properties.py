@@ -129,8 +129,8 @@ def test_it_starts_gangs_whole_and_says_why_every_job_waits(
             assert j.id not in result.pending
         else:
             info = result.pending[j.id]
-            assert info.reason and info.message
-            assert info.reason not in ("SchedulerError", "NothingToPlace")
+            assert info.code and info.message
+            assert info.code not in ("SchedulerError", "NothingToPlace")
 
 
 @FAST
@@ -201,7 +201,7 @@ def test_it_decides_the_same_for_the_same_snapshot(snap: Snapshot, config: Sched
 @given(clusters())
 def test_it_never_lets_a_backfilled_job_delay_the_reservation(snap: Snapshot) -> None:
     result = run_cycle(snap, SchedulerConfig.easy())
-    reserved = [i for i, p in result.pending.items() if p.reason == "Reserved"]
+    reserved = [i for i, p in result.pending.items() if p.code == "Reserved"]
     backfilled = {b.job_id for b in result.binds if b.action == "backfill"}
     if not reserved or not backfilled:
         return
