@@ -31,6 +31,7 @@ from scheduler.arrayspec import format_indices, parse_array
 from scheduler.bulk import insert_select
 from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
 from scheduler.events import record
+from scheduler.jobstate import JobEvent, event_into, next_state, sources, target
 from scheduler.models import Event, Job, Queue, Task
 from scheduler.specs import array_max_elements
 from scheduler.states import (
@@ -183,7 +184,7 @@ def cancel_requested_elements(now: datetime | None = None) -> int:
         Job.objects.filter(
             array_parent__isnull=False,
             requested_action=JobRequest.CANCEL,
-            state__in=(JobState.PENDING, JobState.SUSPENDED),
+            state__in=sources(JobEvent.CANCEL, only=(JobState.PENDING, JobState.SUSPENDED)),
         )
         .exclude(tasks__state__in=TASK_ON_NODE)
         .order_by("id")
@@ -199,9 +200,9 @@ def cancel_requested_elements(now: datetime | None = None) -> int:
             # Re-checked in the UPDATE: only the scheduler loop (this process) places jobs.
             Job.objects.filter(
                 pk__in=chunk, requested_action=JobRequest.CANCEL,
-                state__in=(JobState.PENDING, JobState.SUSPENDED),
+                state__in=sources(JobEvent.CANCEL, only=(JobState.PENDING, JobState.SUSPENDED)),
             ).update(
-                state=JobState.CANCELLED, reason="Cancelled", message="cancelled by user",
+                state=target(JobEvent.CANCEL), reason="Cancelled", message="cancelled by user",
                 finished_at=now, requested_action=JobRequest.NONE, hold_reason="",
                 terminal_state="", pending_reasons=[], estimated_start_at=None,
             )  # fmt: skip
@@ -342,7 +343,7 @@ def refresh_parents(now: datetime | None = None) -> int:
 def _move(parent: Job, state: str, counts: dict[str, Any], now: datetime) -> None:
     old = parent.state
     states = Counter(counts["states"])
-    parent.state = state
+    parent.state = next_state(old, event_into(state))
     if state == JobState.RUNNING:
         parent.started_at = parent.started_at or now
         parent.reason, parent.message = "Started", "an element started"

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from scheduler import notify
 from scheduler.core.cycle import Bind, CycleResult, Evict
+from scheduler.jobstate import JobEvent, case_sql, sources, target
 from scheduler.lifecycle import PREEMPTED
 from scheduler.models import Allocation, Event, Job, Node, Task
 from scheduler.setbased import CHUNK, chunks, insert_new, update_rows
@@ -125,10 +126,7 @@ def bind_jobs(
         per_row=["message"],
         constants={"reason": "Scheduled", "pending_reasons": [], "estimated_start_at": None},
         # A resumed (preempted) job waits for its tasks to start like any placed job.
-        raw=[
-            f"state = CASE WHEN state = '{JobState.SUSPENDED}' THEN '{JobState.PENDING}'"
-            " ELSE state END"
-        ],
+        raw=[case_sql(JobEvent.BIND)],
     )
     for job_id in sorted(ok):
         state, flow_id = waiting[job_id]
@@ -161,7 +159,7 @@ def _lock_waiting_jobs(binds_by_job: dict[int, list[Bind]]) -> dict[int, tuple[s
     for ids in chunks(sorted(binds_by_job)):
         rows = (
             Job.objects.select_for_update()
-            .filter(pk__in=ids, state__in=(JobState.PENDING, JobState.SUSPENDED, JobState.RUNNING))
+            .filter(pk__in=ids, state__in=sources(JobEvent.BIND))
             .exclude(requested_action__in=(JobRequest.CANCEL, JobRequest.SUSPEND))
             .order_by("id")
             .values_list("id", "state", "reason", "flow_id")
@@ -206,9 +204,7 @@ def _evict_jobs(evictions: list[Evict], events: list[Event]) -> set[int]:
     by_job = {e.job_id: e for e in evictions}
     victims = list(
         Job.objects.select_for_update()
-        .filter(
-            pk__in=sorted(by_job), state__in=(JobState.PENDING, JobState.RUNNING), preemptible=True
-        )
+        .filter(pk__in=sorted(by_job), state__in=sources(JobEvent.PREEMPT), preemptible=True)
         .order_by("id")
         .values_list("id", "state", "flow_id")
     )
@@ -226,7 +222,7 @@ def _evict_jobs(evictions: list[Evict], events: list[Event]) -> set[int]:
         Job,
         {job_id: (message,) for job_id, message in messages.items()},
         per_row=["message"],
-        constants={"state": JobState.SUSPENDED, "reason": PREEMPTED},
+        constants={"state": target(JobEvent.PREEMPT), "reason": PREEMPTED},
     )
     for job_id, old, flow_id in victims:
         events.append(

@@ -1,0 +1,99 @@
+"""Node health: a node silent past the heartbeat timeout becomes NotReady and its tasks Lost,
+a draining node with nothing left on it becomes Drained, and a deleted node's tasks end Lost.
+A lost task's job then follows its retry policy (scheduler/lifecycle/sync.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q, QuerySet
+
+from scheduler import accounting, notify
+from scheduler.events import record
+from scheduler.lifecycle.transitions import now_or, release
+from scheduler.models import Node, Task
+from scheduler.states import TASK_ON_NODE, NodeState, TaskState
+
+
+def check_nodes(now: datetime | None = None) -> int:
+    """Nodes silent past the heartbeat timeout become NotReady and their tasks Lost;
+    draining nodes with nothing left on them become Drained."""
+    now = now_or(now)
+    cutoff = now - timedelta(seconds=settings.BERTH_HEARTBEAT_TIMEOUT)
+    silent = Node.objects.exclude(state=NodeState.NOT_READY).filter(
+        Q(last_heartbeat__lt=cutoff) | Q(last_heartbeat__isnull=True)
+    )
+    done = sum(_mark_not_ready(node, now) for node in silent)
+    draining = Node.objects.filter(admin_state=NodeState.DRAINING).exclude(
+        tasks__state__in=TASK_ON_NODE
+    )
+    return done + sum(_mark_drained(node) for node in draining)
+
+
+def _mark_not_ready(node: Node, now: datetime) -> bool:
+    with transaction.atomic():
+        claimed = (
+            Node.objects.filter(pk=node.pk)
+            .exclude(state=NodeState.NOT_READY)
+            .update(state=NodeState.NOT_READY)
+        )
+        if not claimed:
+            return False
+        why = f"node {node.name} not ready"
+        lost = _lose(Task.objects.filter(node=node), why, now, reason="NodeNotReady")
+        record(
+            "NodeNotReady",
+            "HeartbeatTimeout",
+            f"no heartbeat since {node.last_heartbeat}; {len(lost)} tasks lost",
+            node=node,
+        )
+        notify.changed(nodes=[node.pk])
+        return True
+
+
+def _mark_drained(node: Node) -> bool:
+    with transaction.atomic():
+        updated = Node.objects.filter(pk=node.pk, admin_state=NodeState.DRAINING).update(
+            admin_state=NodeState.DRAINED,
+            state=NodeState.NOT_READY if node.state == NodeState.NOT_READY else NodeState.DRAINED,
+        )
+        if not updated:
+            return False
+        record("NodeDrained", "Drained", "no task left on the node", node=node)
+        notify.changed(nodes=[node.pk])
+        return True
+
+
+def _lose(
+    tasks: QuerySet[Task], why: str, now: datetime, reason: str = "NodeDeleted"
+) -> list[Task]:
+    """End the tasks of `tasks` that are on a node as Lost, free their devices and account
+    for what they used (a silent node, a deleted one); `sync_jobs` then sends each job
+    through its retry policy."""
+    on_node = tasks.filter(state__in=TASK_ON_NODE).select_related("job")
+    lost = list(on_node.select_for_update(of=("self",)))
+    release(lost)
+    Task.objects.filter(pk__in=[t.pk for t in lost]).update(
+        state=TaskState.LOST, finished_at=now, message=why
+    )
+    accounting.record_task_ends(lost, now, state=TaskState.LOST)
+    for job in {t.job_id: t.job for t in lost}.values():
+        record("TaskLost", reason, why, job=job)
+    notify.changed(jobs={t.job_id for t in lost})
+    return lost
+
+
+def lose_tasks_of_node(node: Node, why: str, now: datetime | None = None) -> list[Task]:
+    """Called inside the transaction that deletes `node` (scheduler.operations.delete_node),
+    so no task stays Running or Terminating on a node that no longer exists."""
+    return _lose(Task.objects.filter(node=node), why, now_or(now))
+
+
+def lose_orphaned_tasks(now: datetime | None = None) -> int:
+    """Tasks still Assigned or Running whose node row is gone (deleted some other way, e.g.
+    from a shell: the foreign key is set to null) end Lost; returns how many."""
+    with transaction.atomic():
+        orphans = Task.objects.filter(node__isnull=True)
+        return len(_lose(orphans, "its node was removed", now_or(now)))

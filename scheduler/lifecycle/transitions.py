@@ -1,0 +1,135 @@
+"""Moving one job: every change of a job's state made row by row goes through `_set_state`,
+which asks the state machine (scheduler/jobstate.py) where the event leads and refuses the
+moves it does not allow; `terminate_job` stops a job's tasks and ends or restarts it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from scheduler import accounting, notify
+from scheduler.events import record
+from scheduler.jobstate import JobEvent, event_into, next_state
+from scheduler.models import Allocation, Job, Task
+from scheduler.states import JOB_FINAL, TASK_ON_NODE, JobRequest, JobState, TaskState
+
+# Reasons a job is Suspended; a preempted job resumes by itself, a user-suspended one waits.
+PREEMPTED = "Preempted"
+USER_SUSPENDED = "UserSuspended"
+
+
+def now_or(now: datetime | None) -> datetime:
+    return now if now is not None else timezone.now()
+
+
+def set_state(job: Job, event: JobEvent, reason: str, message: str, now: datetime) -> None:
+    """Apply `event` to `job` (saved by the caller) and write the event that says why;
+    IllegalTransition if the state machine does not allow it from the job's state."""
+    old = job.state
+    state = next_state(old, event)
+    job.state = state
+    job.reason = reason
+    job.message = message
+    if state == JobState.RUNNING and job.started_at is None:
+        job.started_at = now
+    if state in JOB_FINAL:
+        accounting.record_job_end(job, state)
+        job.finished_at = now
+        job.pending_reasons = []
+        job.estimated_start_at = None
+    record("JobStateChanged", reason, f"{old} -> {state}: {message}".rstrip(": "), job=job)
+
+
+def release(tasks: Iterable[Task]) -> None:
+    Allocation.objects.filter(task__in=[t.pk for t in tasks]).delete()
+
+
+def terminate_job(
+    job: Job, *, final_state: str, reason: str, message: str, now: datetime | None = None
+) -> None:
+    """Stop every task of `job`; it ends in `final_state` once the agents confirm.
+
+    Tasks not yet on a node are marked Killed at once; tasks on a node get a kill request
+    (the agent sends SIGTERM, then SIGKILL) and keep their resources until confirmed.
+    `final_state` Pending means: restart the job afterwards (a retry).
+    """
+    now = now_or(now)
+    event = event_into(final_state)
+    next_state(JobState.TERMINATING, event)  # refused before anything is written
+    with transaction.atomic():
+        on_node = list(job.tasks.filter(state__in=TASK_ON_NODE))
+        job.tasks.filter(state=TaskState.PENDING).update(
+            state=TaskState.KILLED, finished_at=now, message=message
+        )
+        if on_node:
+            Task.objects.filter(pk__in=[t.pk for t in on_node]).update(kill_requested=True)
+            set_state(job, JobEvent.STOP, reason, message, now)
+            job.terminal_state = final_state
+        elif event == JobEvent.RETRY:
+            restart(job, now)
+        else:
+            job.terminal_state = ""
+            set_state(job, event, reason, message, now)
+        job.requested_action = JobRequest.NONE
+        job.hold_reason = ""
+        job.save()
+        notify.changed(jobs=[job.pk], nodes=[t.node_id for t in on_node if t.node_id])
+        notify.orders(nodes=[t.node_id for t in on_node if t.node_id])
+
+
+def finish_terminating(job: Job, now: datetime) -> None:
+    """The agents confirmed a Terminating job's tasks stopped: it goes where it was sent."""
+    event = event_into(job.terminal_state or JobState.FAILED)
+    if event == JobEvent.RETRY:
+        restart(job, now)
+    else:
+        job.terminal_state = ""
+        set_state(job, event, job.reason, job.message, now)
+    job.save()
+
+
+def restart(job: Job, now: datetime) -> None:
+    """Put every task back to Pending under a new attempt; the job is a candidate again."""
+    for task in job.tasks.all():
+        fresh_attempt(task)
+    job.retries += 1
+    job.terminal_state = ""
+    job.started_at = None
+    set_state(
+        job,
+        JobEvent.RETRY,
+        "Retrying",
+        f"restart {job.retries} of {job.max_retry} after a task failure",
+        now,
+    )
+
+
+def stop_tasks(job: Job) -> bool:
+    """Ask the agents to stop the job's tasks; True if some still run somewhere."""
+    on_node = job.tasks.filter(state__in=TASK_ON_NODE)
+    on_node.update(kill_requested=True)
+    job.tasks.filter(state=TaskState.PENDING).update(kill_requested=False)
+    return on_node.exists()
+
+
+def reset_stopped_tasks(job: Job) -> None:
+    """After a suspension: the tasks start afresh (new attempt) when the job runs again."""
+    stopped = job.tasks.exclude(state=TaskState.PENDING).exclude(state__in=TASK_ON_NODE)
+    for task in stopped:
+        fresh_attempt(task)
+
+
+def fresh_attempt(task: Task) -> None:
+    """The task waits to run again as a new attempt (an agent still reporting the old attempt
+    is told to kill it)."""
+    task.attempt += 1
+    task.state = TaskState.PENDING
+    task.node = None
+    task.device_indices = []
+    task.exit_code = None
+    task.kill_requested = False
+    task.assigned_at = task.started_at = task.finished_at = None
+    task.save()
