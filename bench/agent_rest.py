@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.processes import free_port  # noqa: E402
+from bench.processes import free_port, start_daphne  # noqa: E402
 from scheduler.agent import client  # noqa: E402  (Django-free)
 from scheduler.agent.sim import SimCluster  # noqa: E402
 
@@ -43,16 +42,6 @@ def counting_post(self: client.Http, path: str, *args: Any, **kw: Any) -> dict[s
     with _lock:
         SENT["log/" if path.startswith("tasks/") else path] += 1
     return _post(self, path, *args, **kw)
-
-
-def wait_port(port: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise SystemExit(f"the server did not listen on port {port}")
 
 
 def server_requests(log: Path) -> Counter[str]:
@@ -89,15 +78,10 @@ def main() -> None:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env,
                        check=True)  # fmt: skip
     access = tmp / "access.log"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-         "--access-log", str(access), "berth.asgi:application"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(tmp / "server.log").open("wb"),
-    )  # fmt: skip
+    server = start_daphne(port, env, tmp / "server.log", access_log=access, timeout=60)
     client.Http.post = counting_post  # type: ignore[method-assign]
     stop = threading.Event()
     try:
-        wait_port(port)
         cluster = SimCluster(f"http://127.0.0.1:{port}", join, nodes=args.nodes, gpus=8,
                              cpu=64000, memory=512 * 2**30, prefix="rest")  # fmt: skip
         thread = threading.Thread(target=cluster.run, args=(stop,), daemon=True)

@@ -22,14 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.client import BENCH_SECRET_KEY  # noqa: E402
-from bench.processes import free_port  # noqa: E402
+from bench.processes import free_port, start_daphne  # noqa: E402
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
@@ -80,20 +79,9 @@ def main() -> None:
     job = submit_job(User.objects.get(username="bench"), spec)
 
     port = free_port()
-    log = open(data / "daphne.log", "wb")  # noqa: SIM115
-    server = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-         "berth.asgi:application"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    server = start_daphne(port, env, data / "daphne.log")
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(150):
-            try:
-                urllib.request.urlopen(f"{url}/accounts/login/", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.2)
         latencies = asyncio.run(measure(url, job.pk, args.updates, args.gap))
     finally:
         server.terminate()

@@ -6,12 +6,13 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import yaml
-from django.db.models import Count, Prefetch, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 
 from dashboard.dag import layout
 from scheduler.core.quantity import format_cpu
+from scheduler.lifecycle import PREEMPTED
 from scheduler.models import Allocation, Device, Event, Flow, Job, Node, Queue, Task, TaskLog
-from scheduler.states import TASK_ON_NODE, JobState, NodeState, StepState
+from scheduler.states import TASK_ON_NODE, JobRequest, JobState, NodeState, StepState
 
 LOG_TAIL_CHARS = 20000
 LEGEND = [s.value for s in StepState]
@@ -98,18 +99,8 @@ def cluster_summary() -> dict[str, Any]:
     total_cpu = sum(n.cpu for n in nodes)
     total_memory = sum(n.memory for n in nodes)
     used_cpu = sum(h["cpu"] for h in held.values())
-    all_queues = list(Queue.objects.order_by("name"))
-    weights = sum(q.weight for q in all_queues) or 1
-    queues = []
-    for q in all_queues:
-        h = held[q.name]
-        share = max(_pct(h["cpu"], total_cpu), _pct(h["memory"], total_memory),
-                    _pct(h["gpu"], gpus))  # fmt: skip
-        fair = round(100 * q.weight / weights)
-        queues.append({"queue": q, "gpu": h["gpu"], "cpu": format_cpu(h["cpu"]),
-                       "share": share, "fair": fair, "share_bar": min(share, 100),
-                       "fair_bar": min(fair, 100), "running": by_queue[q.name]["Running"],
-                       "pending": by_queue[q.name]["Pending"]})  # fmt: skip
+    totals = {"cpu": total_cpu, "memory": total_memory, "gpu": gpus}
+    queues = _queue_rows(held, by_queue, totals)
     return {"nodes": len(nodes), "ready": states.get(NodeState.READY, 0), "states": dict(states),
             "not_ready": states.get(NodeState.NOT_READY, 0),
             "cordoned": states.get(NodeState.CORDONED, 0),
@@ -119,6 +110,44 @@ def cluster_summary() -> dict[str, Any]:
             "cpu_pct": _pct(used_cpu, total_cpu), "pending": jobs["Pending"],
             "running": jobs["Running"], "suspended": jobs["Suspended"],
             "queues": queues}  # fmt: skip
+
+
+def _scheduled_queues(held: dict[str, Counter[str]]) -> set[str]:
+    """The queues the scheduler counts when it shares the cluster out (DRFPlugin.deserved):
+    those with a job it may place (pending and not held, or preempted; a closed queue's too)
+    or a task on a node."""
+    waiting = (
+        Job.objects.filter(
+            Q(state=JobState.PENDING, hold_reason="")
+            | Q(state=JobState.SUSPENDED, reason=PREEMPTED)
+        )
+        .exclude(requested_action=JobRequest.CANCEL)
+        .values_list("queue__name", flat=True)
+        .distinct()
+        .order_by()
+    )
+    return set(waiting) | set(held)
+
+
+def _queue_rows(
+    held: dict[str, Counter[str]], by_queue: dict[str, Counter[str]], totals: dict[str, int]
+) -> list[dict[str, Any]]:
+    """Each queue's dominant share against its fair share, the weight it has among the
+    queues the scheduler counts (itself included) as the scheduler reckons it."""
+    all_queues = list(Queue.objects.order_by("name"))
+    counted = _scheduled_queues(held)
+    counted_weight = sum(q.weight for q in all_queues if q.name in counted)
+    rows = []
+    for q in all_queues:
+        h = held[q.name]
+        share = max(_pct(h[dim], totals[dim]) for dim in ("cpu", "memory", "gpu"))
+        weights = counted_weight + (0 if q.name in counted else q.weight)
+        fair = round(100 * q.weight / weights) if weights else 0
+        rows.append({"queue": q, "gpu": h["gpu"], "cpu": format_cpu(h["cpu"]),
+                     "share": share, "fair": fair, "share_bar": min(share, 100),
+                     "fair_bar": min(fair, 100), "running": by_queue[q.name]["Running"],
+                     "pending": by_queue[q.name]["Pending"]})  # fmt: skip
+    return rows
 
 
 def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from types import MappingProxyType
 
-from scheduler.states import JobState
+from scheduler.states import JOB_FINAL, JobState
 
 
 class JobEvent(StrEnum):
@@ -37,7 +37,7 @@ class IllegalTransition(ValueError):
 
 
 INITIAL = JobState.PENDING
-FINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+FINAL = frozenset(JOB_FINAL)
 
 _P, _R, _T = JobState.PENDING, JobState.RUNNING, JobState.TERMINATING
 _S = JobState.SUSPENDED

@@ -18,6 +18,7 @@ from django.db import models
 from django.db.models import Q, QuerySet
 
 from scheduler.states import (
+    JOB_FINAL,
     FlowState,
     JobRequest,
     JobState,
@@ -178,10 +179,6 @@ class Node(models.Model):
         token = secrets.token_urlsafe(32)
         self.token_hash = hash_token(token)
         return token
-
-    @property
-    def schedulable(self) -> bool:
-        return self.state == NodeState.READY
 
     def derive_state(self, alive: bool) -> str:
         """The shown state: NotReady when the agent is silent, else the operator's choice."""
@@ -443,12 +440,8 @@ class Job(models.Model):
         return f"{self.name} ({self.pk})"
 
     @property
-    def suspend_requested(self) -> bool:
-        return self.requested_action == JobRequest.SUSPEND
-
-    @property
     def is_finished(self) -> bool:
-        return self.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+        return self.state in JOB_FINAL
 
     @property
     def is_array(self) -> bool:

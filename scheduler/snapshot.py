@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q, TextField
+from django.db.models import Q, QuerySet, TextField
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -60,96 +60,99 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
         node_ids={},
         device_ids={},
     )
-    node_name = _load_nodes(loaded)
-    queue_name = _load_queues(loaded)
+    names = _Names(nodes=_load_nodes(loaded), queues=_load_queues(loaded))
+    wanted = _wanted_jobs()
+    tasks_by_job = _task_rows(wanted)
+    names.devices_by_task = _devices_by_task(loaded)
+    for row in _job_rows(wanted):
+        _load_job(loaded, row, tasks_by_job.get(row[0], []), names)
+    return loaded
 
-    # Candidates: pending jobs not held, and jobs suspended by preemption (they resume by
-    # themselves). Holders: running and terminating jobs, and suspended jobs whose tasks
-    # are still stopping.
-    wanted = Job.objects.filter(
+
+@dataclass
+class _Names:
+    """Row ids -> what the core calls them: node and queue names, a task's device indices."""
+
+    nodes: dict[int, str]
+    queues: dict[int, str]
+    devices_by_task: dict[int, list[int]] = field(default_factory=dict)
+
+
+def _wanted_jobs() -> QuerySet[Job]:
+    """Candidates: pending jobs not held, and jobs suspended by preemption (they resume by
+    themselves). Holders: running and terminating jobs, and suspended jobs whose tasks are
+    still stopping."""
+    return Job.objects.filter(
         Q(state=JobState.PENDING, hold_reason="")
         | Q(state__in=(JobState.RUNNING, JobState.TERMINATING, JobState.SUSPENDED))
     ).exclude(requested_action=JobRequest.CANCEL)
+
+
+def _job_rows(wanted: QuerySet[Job]) -> QuerySet[Job, tuple[Any, ...]]:
     # The spec's task list comes as text and is parsed only for jobs with a task to place:
     # running jobs' selectors matter to nothing.
     spec_tasks = Cast(KeyTransform("tasks", "spec"), TextField())
-    jobs = (
+    return (
         wanted.annotate(spec_tasks=spec_tasks)
         .order_by("id")
-        .values_list(
-            "id",
-            "name",
-            "queue_id",
-            "owner_id",
-            "priority",
-            "preemptible",
-            "min_available",
-            "created_at",
-            "walltime",
-            "state",
-            "reason",
-            "requested_action",
-            "pending_reasons",
-            "estimated_start_at",
-            "flow_id",
-            "spec_tasks",
-        )
-    )
-    tasks_by_job: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
-    # The same job query as a subquery: one statement whatever the backlog's size. Tasks that
-    # ended (Succeeded, Killed, ...) matter to nothing here.
-    task_rows = (
+        .values_list("id", "name", "queue_id", "owner_id", "priority", "preemptible",
+                     "min_available", "created_at", "walltime", "state", "reason",
+                     "requested_action", "pending_reasons", "estimated_start_at", "flow_id",
+                     "spec_tasks")
+    )  # fmt: skip
+
+
+def _task_rows(wanted: QuerySet[Job]) -> dict[int, list[tuple[Any, ...]]]:
+    """The wanted jobs' tasks that are waiting or on a node, by job; the job query is a
+    subquery: one statement whatever the backlog's size. Ended tasks matter to nothing."""
+    rows = (
         Task.objects.filter(job__in=wanted.values("pk"))
         .filter(state__in=(TaskState.PENDING, *TASK_ON_NODE))
         .order_by("job_id", "group", "index")
-        .values_list(
-            "id",
-            "job_id",
-            "group",
-            "index",
-            "cpu",
-            "memory",
-            "gpu",
-            "state",
-            "node_id",
-            "kill_requested",
-            "started_at",
-            "assigned_at",
-        )
-    )
-    for row in task_rows:
+        .values_list("id", "job_id", "group", "index", "cpu", "memory", "gpu", "state",
+                     "node_id", "kill_requested", "started_at", "assigned_at")
+    )  # fmt: skip
+    tasks_by_job: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    for row in rows:
         tasks_by_job[row[1]].append(row)
+    return tasks_by_job
+
+
+def _devices_by_task(loaded: Loaded) -> dict[int, list[int]]:
     device_index = {pk: index for (_, index), pk in loaded.device_ids.items()}
     devices_by_task: dict[int, list[int]] = defaultdict(list)
     for task_id, device_id in Allocation.objects.values_list("task_id", "device_id"):
         if device_id in device_index:
             devices_by_task[task_id].append(device_index[device_id])
+    return devices_by_task
 
-    for row in jobs:
-        job_id = row[0]
-        tasks = tasks_by_job.get(job_id, [])
-        try:
-            selectors: dict[str, dict[str, str]] | None = (
-                _selectors(json.loads(row[15]) if row[15] is not None else None)
-                if any(t[7] == TaskState.PENDING for t in tasks)
-                else {}
-            )
-        except (TypeError, ValueError, AttributeError) as exc:
-            # One job whose stored spec makes no sense places nothing new; what it already
-            # holds still counts, and everyone else goes on.
-            loaded.invalid_jobs[job_id] = f"cannot be scheduled: its stored spec is invalid ({exc})"
-            selectors = None
-        try:
-            info = _job_info(row, tasks, selectors, queue_name, node_name, devices_by_task)
-        except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
-            loaded.invalid_jobs[job_id] = f"cannot be scheduled: {type(exc).__name__}: {exc}"
-            info = None
-        loaded.job_flows[job_id] = row[14]
-        reasons = row[12] if isinstance(row[12], list) else []
-        loaded.pending_reasons[job_id] = ([str(r) for r in reasons], row[13])
-        if info is not None:
-            loaded.snapshot.jobs.append(info)
-    return loaded
+
+def _load_job(
+    loaded: Loaded, row: tuple[Any, ...], tasks: list[tuple[Any, ...]], names: _Names
+) -> None:
+    """Add one job to the snapshot, or say in `loaded` why it cannot be scheduled: one job
+    whose stored spec makes no sense places nothing new; what it already holds still
+    counts, and everyone else goes on."""
+    job_id = row[0]
+    try:
+        selectors: dict[str, dict[str, str]] | None = (
+            _selectors(json.loads(row[15]) if row[15] is not None else None)
+            if any(t[7] == TaskState.PENDING for t in tasks)
+            else {}
+        )
+    except (TypeError, ValueError, AttributeError) as exc:
+        loaded.invalid_jobs[job_id] = f"cannot be scheduled: its stored spec is invalid ({exc})"
+        selectors = None
+    try:
+        info = _job_info(row, tasks, selectors, names)
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
+        loaded.invalid_jobs[job_id] = f"cannot be scheduled: {type(exc).__name__}: {exc}"
+        info = None
+    loaded.job_flows[job_id] = row[14]
+    reasons = row[12] if isinstance(row[12], list) else []
+    loaded.pending_reasons[job_id] = ([str(r) for r in reasons], row[13])
+    if info is not None:
+        loaded.snapshot.jobs.append(info)
 
 
 def _load_nodes(loaded: Loaded) -> dict[int, str]:
@@ -250,25 +253,10 @@ def _job_info(
     row: tuple[Any, ...],
     tasks: list[tuple[Any, ...]],
     selectors: dict[str, dict[str, str]] | None,
-    queue_name: dict[int, str],
-    node_name: dict[int, str],
-    devices_by_task: dict[int, list[int]],
+    names: _Names,
 ) -> JobInfo | None:
-    (
-        job_id,
-        name,
-        queue_id,
-        owner_id,
-        priority,
-        preemptible,
-        min_available,
-        created_at,
-        walltime,
-        state,
-        reason,
-        requested_action,
-        *_,
-    ) = row
+    (job_id, name, queue_id, owner_id, priority, preemptible, min_available, created_at,
+     walltime, state, reason, requested_action, *_) = row  # fmt: skip
     holding = any(t[7] in TASK_ON_NODE for t in tasks)
     core_state = _core_job_state(state, reason, holding)
     if selectors is None:  # invalid spec: keep only what the job already holds
@@ -278,37 +266,10 @@ def _job_info(
     if core_state is None:
         return None
     stopping = state in (JobState.TERMINATING, JobState.SUSPENDED)
-    task_infos = [
-        TaskInfo(
-            id=task_id,
-            group=group,
-            index=index,
-            resources=Resources(cpu=cpu, memory=memory, gpu=gpu),
-            node_selector=(selectors or {}).get(group, {}),
-            state=_core_task_state(task_state, kill_requested, stopping),
-            node=node_name.get(node_id) if node_id else None,
-            devices=tuple(devices_by_task.get(task_id, ())),
-            started_at=_ts(started_at or assigned_at),
-        )
-        for (
-            task_id,
-            _,
-            group,
-            index,
-            cpu,
-            memory,
-            gpu,
-            task_state,
-            node_id,
-            kill_requested,
-            started_at,
-            assigned_at,
-        ) in tasks
-    ]
     return JobInfo(
         id=job_id,
         name=name,
-        queue=queue_name[queue_id],
+        queue=names.queues[queue_id],
         owner=str(owner_id),
         priority=priority,
         preemptible=preemptible,
@@ -316,8 +277,26 @@ def _job_info(
         created_at=created_at.timestamp(),
         walltime=float(walltime) if walltime else None,
         state=core_state,
-        tasks=task_infos,
+        tasks=[_task_info(t, selectors or {}, names, stopping) for t in tasks],
         suspend_requested=requested_action == JobRequest.SUSPEND,
+    )
+
+
+def _task_info(
+    row: tuple[Any, ...], selectors: dict[str, dict[str, str]], names: _Names, stopping: bool
+) -> TaskInfo:
+    (task_id, _, group, index, cpu, memory, gpu, state, node_id, kill_requested, started_at,
+     assigned_at) = row  # fmt: skip
+    return TaskInfo(
+        id=task_id,
+        group=group,
+        index=index,
+        resources=Resources(cpu=cpu, memory=memory, gpu=gpu),
+        node_selector=selectors.get(group, {}),
+        state=_core_task_state(state, kill_requested, stopping),
+        node=names.nodes.get(node_id) if node_id else None,
+        devices=tuple(names.devices_by_task.get(task_id, ())),
+        started_at=_ts(started_at or assigned_at),
     )
 
 

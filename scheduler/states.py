@@ -30,7 +30,6 @@ class TaskState(models.TextChoices):
 
 
 TASK_ON_NODE = (TaskState.ASSIGNED, TaskState.RUNNING)
-TASK_FINAL = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED, TaskState.LOST)
 
 
 class NodeState(models.TextChoices):
@@ -60,8 +59,6 @@ class StepState(models.TextChoices):
     CANCELLED = "Cancelled"
     SKIPPED = "Skipped"
 
-
-STEP_FINAL = (StepState.SUCCEEDED, StepState.FAILED, StepState.CANCELLED, StepState.SKIPPED)
 
 
 class JobRequest(models.TextChoices):

@@ -28,12 +28,9 @@ from scheduler.lifecycle.transitions import (
     terminate_job,
 )
 from scheduler.models import Event, Job, Task
-from scheduler.states import JOB_FINAL, TASK_ON_NODE, JobState, TaskState
+from scheduler.states import JOB_ACTIVE, TASK_ON_NODE, JobState, TaskState
 
 log = logging.getLogger("berth.lifecycle")
-
-ACTIVE = tuple(s for s in JobState if s not in JOB_FINAL)
-
 
 @dataclass(frozen=True, slots=True)
 class TaskView:
@@ -81,7 +78,7 @@ def _read_started_jobs() -> tuple[dict[int, JobView], dict[int, list[TaskView]]]
     """Active jobs with a task that left Pending, and their tasks, in one query."""
     started_jobs = Task.objects.exclude(state=TaskState.PENDING).values("job_id")
     rows = (
-        Task.objects.filter(job__state__in=ACTIVE, job_id__in=started_jobs)
+        Task.objects.filter(job__state__in=JOB_ACTIVE, job_id__in=started_jobs)
         .order_by("job_id", "group", "index")
         .values_list("job_id", "job__state", "job__min_available", "state", "group", "index",
                      "exit_code", "message", "started_at")

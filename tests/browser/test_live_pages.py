@@ -11,9 +11,6 @@ import asyncio
 import json
 import os
 import re
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +21,7 @@ from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.db import connection
 
-from bench.processes import free_port
+from bench.processes import free_port, start_daphne
 from scheduler.loop import run_cycle_once
 from scheduler.models import Flow, JobTemplate, Queue
 from scheduler.submit import create_flow
@@ -54,28 +51,13 @@ def server(transactional_db: None, tmp_path: Path) -> Iterator[str]:
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("BERTH_TEST_DB_NAME", None)
-    log = open(tmp_path / "daphne.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-         "berth.asgi:application"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    proc = start_daphne(port, env, tmp_path / "daphne.log")
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/accounts/login/", timeout=1)
-            break
-        except Exception:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError((tmp_path / "daphne.log").read_text()) from None
-            time.sleep(0.2)
     try:
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-        log.close()
 
 
 def _post(url: str, body: dict[str, Any], auth: str) -> dict[str, Any]:

@@ -39,7 +39,7 @@ def test_it_shows_queue_use_against_weighted_share(owner, signed_in):
     node = make_node("gpu-01", gpus=2)
     place(make_job(owner, gpu=2), node, devices=2)
     html = signed_in(owner).get("/").content.decode()
-    assert "default uses 100% against a fair share of 25%" in html
+    assert "default uses 100% against a fair share of 100%" in html  # research is idle
     assert "research uses 0% against a fair share of 75%" in html
     assert "<b>2<small>/2</small></b><span>GPUs in use" in html
 
