@@ -144,6 +144,7 @@ class JobAdmin(admin.ModelAdmin[Job]):
     readonly_fields = ["state", "terminal_state", "reason", "message", "pending_reasons",
                        "estimated_start_at", "requested_action", "requested_at", "hold_reason",
                        "retries", "flow", "step", "item_index", "template", "labels", "spec",
+                       "array_parent", "array_index", "array_size", "array_counts",
                        "created_at", "started_at", "finished_at"]  # fmt: skip
     inlines = [TaskInline]
     actions = ["cancel", "suspend", "resume"]

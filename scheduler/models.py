@@ -439,6 +439,20 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.pk})"
 
+    def clean(self) -> None:
+        """What a spec may ask (scheduler/specs.py), for the fields the admin edits too."""
+        from scheduler.specs import job_field_problems, job_int_bounds
+
+        errors = job_field_problems({key: getattr(self, key) for key in job_int_bounds()})
+        if self.pk and not self.is_array and "min_available" not in errors:
+            replicas = self.tasks.count()
+            if replicas and self.min_available > replicas:
+                errors["min_available"] = [
+                    f"must be at most the total replicas ({replicas}), got {self.min_available}"
+                ]
+        if errors:
+            raise ValidationError(errors)
+
     @property
     def is_finished(self) -> bool:
         return self.state in JOB_FINAL

@@ -445,6 +445,26 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
     return flow
 
 
+def job_int_bounds() -> dict[str, tuple[int, int]]:
+    """The range of each whole-number field of a job: step overrides and Job.clean() (the
+    admin) check these, as normalize_job_spec does."""
+    return {
+        "priority": (-limit("PRIORITY"), limit("PRIORITY")),
+        "max_retry": (0, 100),
+        "min_available": (1, MAX_INT),
+        **{key: (minimum, limit("SECONDS")) for key, minimum in SECONDS_FIELDS.items()},
+    }
+
+
+def job_field_problems(values: dict[str, Any]) -> dict[str, list[str]]:
+    """What is wrong with a job's whole-number fields, in the words a spec would get."""
+    errors = _Errors()
+    for key, (low, high) in job_int_bounds().items():
+        if key in values:
+            _int(errors, values, key, key, default=None, minimum=low, maximum=high)
+    return errors.errors
+
+
 def _overrides(errors: _Errors, value: object, path: str) -> dict[str, Any]:
     """A step's overrides, each checked as the same field of a job spec would be."""
     if value is None:
@@ -454,13 +474,7 @@ def _overrides(errors: _Errors, value: object, path: str) -> dict[str, Any]:
         return {}
     _unknown(errors, value, OVERRIDE_JOB | OVERRIDE_TASK, path)
     out: dict[str, Any] = {}
-    ints: dict[str, tuple[int, int]] = {
-        "priority": (-limit("PRIORITY"), limit("PRIORITY")),
-        "max_retry": (0, 100),
-        "min_available": (1, MAX_INT),
-        "replicas": (1, limit("TASKS_PER_JOB")),
-        **{key: (minimum, limit("SECONDS")) for key, minimum in SECONDS_FIELDS.items()},
-    }
+    ints = {**job_int_bounds(), "replicas": (1, limit("TASKS_PER_JOB"))}
     for key in sorted(set(value) & (OVERRIDE_JOB | OVERRIDE_TASK)):
         where = _path(path, key)
         if key in ints:

@@ -117,3 +117,66 @@ def test_rest_node_labels_follow_the_model_rules(api, staff):
     response = api(staff).patch("/api/v1/nodes/n1/", {"labels": many}, format="json")
     assert response.status_code == 400 and "labels" in response.json()
     assert Node.objects.get().labels == {}
+
+
+# --- the same bad value through every door -------------------------------------------------
+
+
+def job_form(job, **fields):
+    form = {"name": job.name, "owner": str(job.owner_id), "queue": str(job.queue_id),
+            "priority": str(job.priority), "preemptible": "on",
+            "min_available": str(job.min_available), "max_retry": "0", "walltime": "",
+            "ttl_seconds_after_finished": "", "active_deadline_seconds": "", "array_limit": "",
+            "tasks-TOTAL_FORMS": "0", "tasks-INITIAL_FORMS": "0"}  # fmt: skip
+    form.update(fields)
+    return form
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("priority", 2_000_000, "must be at most 1000000, got 2000000"),
+        ("priority", -2_000_000, "must be at least -1000000, got -2000000"),
+        ("max_retry", 101, "must be at most 100, got 101"),
+        ("walltime", 0, "must be at least 1, got 0"),
+        ("min_available", 3, "must be at most the total replicas (2), got 3"),
+    ],
+)
+def test_rest_and_the_admin_refuse_the_same_job_values(console, api, owner, field, value, problem):
+    spec = {"name": "j", "tasks": [{"name": "main", "replicas": 2, "command": "true"}]}
+    response = api(owner).post("/api/v1/jobs/", {**spec, field: value}, format="json")
+    assert response.status_code == 400 and problem in str(response.json()[field])
+
+    job = make_job(owner, "j", replicas=2)
+    url = reverse("admin:scheduler_job_change", args=[job.pk])
+    response = console.post(url, job_form(job, **{field: str(value)}))
+    assert response.status_code == 200 and problem in response.content.decode()
+    job.refresh_from_db()
+    assert getattr(job, field) != value
+
+
+def test_the_admin_saves_a_job_within_the_rules(console, owner):
+    job = make_job(owner, "j", replicas=2)
+    url = reverse("admin:scheduler_job_change", args=[job.pk])
+    response = console.post(url, job_form(job, priority="500", max_retry="3"))
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert (job.priority, job.max_retry) == (500, 3)
+
+
+def test_an_agent_registering_refuses_the_labels_rest_and_the_admin_refuse(api, staff):
+    """run_agent --labels, run_simagent and up register through the agent protocol."""
+    from django.test import override_settings
+
+    long = {"zone": "a" * 300}
+    body = {"name": "n1", "cpu": "8", "memory": "1Gi", "labels": long}
+    with override_settings(BERTH_JOIN_TOKEN="join"):
+        response = api(None).post("/api/v1/agent/register/", body, format="json",
+                                  HTTP_AUTHORIZATION="Bearer join",
+                                  HTTP_BERTH_AGENT_PROTOCOL="2")  # fmt: skip
+    assert response.status_code == 400
+    assert response.json()["labels.zone"] == ["at most 256 bytes, got 300"]
+    assert not Node.objects.exists()
+    make_node("n1")
+    response = api(staff).patch("/api/v1/nodes/n1/", {"labels": long}, format="json")
+    assert response.json()["labels.zone"] == ["at most 256 bytes, got 300"]

@@ -36,7 +36,7 @@ from scheduler.arrays import array_env
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.events import record
 from scheduler.models import Allocation, Device, Node, Task, TaskLog, hash_token
-from scheduler.specs import NAME_RE, NAME_RULE
+from scheduler.specs import NAME_RE, NAME_RULE, label_problems
 from scheduler.states import TASK_ON_NODE, TaskState
 
 log = logging.getLogger("berth.agent")
@@ -166,10 +166,7 @@ def register(data: object, node_token: str | None = None) -> dict[str, Any]:
     cpu = _need(errors, data, "cpu", _cpu)
     memory = _need(errors, data, "memory", parse_memory)
     labels = data.get("labels") or {}
-    if not isinstance(labels, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
-    ):
-        errors.setdefault("labels", []).append("must be a mapping of strings to strings")
+    errors.update(label_problems(labels))  # the rules REST and the admin apply (Node.clean)
     devices = _devices(errors, data.get("devices"))
     if errors:
         raise ProtocolError(errors)
