@@ -13,7 +13,7 @@ Two streams per agent:
 A task ends on the server only once its output is held: a final report says how many bytes
 of output the attempt produced, and until the server holds them the task stays Running and
 the answer lists it in `awaiting_output` (the agent ships the rest and reports again).
-Job states are derived from task states by the scheduler loop (scheduler/lifecycle.py).
+Job states are derived from task states by the scheduler loop (scheduler/lifecycle/sync.py).
 """
 
 from __future__ import annotations
