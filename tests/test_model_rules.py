@@ -49,6 +49,18 @@ def test_the_admin_refuses_a_capability_of_the_wrong_shape(console, capability, 
     assert not Queue.objects.filter(name="research").exists()
 
 
+@pytest.mark.parametrize(
+    ("capability", "path"),
+    [({"gpu": -1}, "capability.gpu"), ({"memory": "lots"}, "capability.memory"),
+     ({"disk": 1}, "capability.disk"), (["gpu"], "capability")],
+)  # fmt: skip
+def test_rest_refuses_the_capabilities_the_admin_refuses(api, staff, capability, path):
+    body = {"name": "research", "capability": capability}
+    response = api(staff).post("/api/v1/queues/", body, format="json")
+    assert response.status_code == 400 and path in response.json()
+    assert not Queue.objects.filter(name="research").exists()
+
+
 def test_the_admin_refuses_a_bad_weight_and_rest_says_the_same(console, api, staff):
     response = console.post(reverse("admin:scheduler_queue_add"), queue_form(weight="1e9"))
     assert "must be greater than 0 and at most 1e+06" in response.content.decode()
