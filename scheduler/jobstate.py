@@ -45,19 +45,20 @@ _OK, _FAILED, _CANCELLED = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELL
 
 # event -> {state the job is in: state it moves to}. A Terminating job moves on once the
 # agents confirmed its tasks stopped, by the event its `terminal_state` names (EVENT_INTO).
+_TABLE: dict[JobEvent, dict[JobState, JobState]] = {
+    JobEvent.BIND: {_P: _P, _S: _P, _R: _R},  # a preempted job placed again waits to start
+    JobEvent.START: {_P: _R},
+    JobEvent.SUCCEED: {_P: _OK, _R: _OK},  # Pending: it ran and ended between two cycles
+    JobEvent.PREEMPT: {_P: _S, _R: _S},
+    JobEvent.SUSPEND: {_P: _S, _R: _S},
+    JobEvent.RESUME: {_S: _P},
+    JobEvent.STOP: {_P: _T, _R: _T, _S: _T},
+    JobEvent.RETRY: {_P: _P, _R: _P, _T: _P},
+    JobEvent.FAIL: {_P: _FAILED, _R: _FAILED, _S: _FAILED, _T: _FAILED},
+    JobEvent.CANCEL: {_P: _CANCELLED, _R: _CANCELLED, _S: _CANCELLED, _T: _CANCELLED},
+}
 TRANSITIONS: Mapping[JobEvent, Mapping[JobState, JobState]] = MappingProxyType(
-    {
-        JobEvent.BIND: {_P: _P, _S: _P, _R: _R},  # a preempted job placed again waits to start
-        JobEvent.START: {_P: _R},
-        JobEvent.SUCCEED: {_P: _OK, _R: _OK},  # Pending: it ran and ended between two cycles
-        JobEvent.PREEMPT: {_P: _S, _R: _S},
-        JobEvent.SUSPEND: {_P: _S, _R: _S},
-        JobEvent.RESUME: {_S: _P},
-        JobEvent.STOP: {_P: _T, _R: _T, _S: _T},
-        JobEvent.RETRY: {_P: _P, _R: _P, _T: _P},
-        JobEvent.FAIL: {_P: _FAILED, _R: _FAILED, _S: _FAILED, _T: _FAILED},
-        JobEvent.CANCEL: {_P: _CANCELLED, _R: _CANCELLED, _S: _CANCELLED, _T: _CANCELLED},
-    }
+    {event: MappingProxyType(moves) for event, moves in _TABLE.items()}
 )
 
 # The event that brings a job into a state, for callers that name where it goes rather than
