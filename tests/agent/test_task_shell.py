@@ -31,8 +31,8 @@ def test_it_is_a_login_shell_that_keeps_the_jobs_environment(tmp_path):
     are exported again after it, so they win."""
     agent = RecordingAgent(tmp_path)
     command = 'shopt -q login_shell && echo login; echo "$PATH|$GREETING|${BERTH_LOGIN_ENV-unset}"'
-    run_one(agent, command, PATH="/opt/tools/bin:/usr/bin:/bin", GREETING="it's \"quoted\" $x")
-    assert agent.output(1) == "login\n/opt/tools/bin:/usr/bin:/bin|it's \"quoted\" $x|unset\n"
+    run_one(agent, command, PATH="/opt/tools/bin:/usr/bin:/bin", GREETING='it\'s "quoted" $x')
+    assert agent.output(1) == 'login\n/opt/tools/bin:/usr/bin:/bin|it\'s "quoted" $x|unset\n'
 
 
 def test_it_starts_in_the_tasks_work_dir(tmp_path):

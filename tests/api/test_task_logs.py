@@ -3,6 +3,8 @@ streamed as text/plain, per attempt, the owner's (and staff's) only."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections
@@ -108,7 +110,7 @@ def test_output_an_agent_re_sent_from_an_earlier_offset_is_not_repeated(api, own
 async def test_under_asgi_it_streams_the_same_bytes_asynchronously(owner, retried):
     client = AsyncClient()
     await client.aforce_login(owner)
-    response = await client.get(url(retried, attempt=0))
+    response: Any = await client.get(url(retried, attempt=0))
     assert response.status_code == 200 and response.is_async
     pieces = [piece async for piece in response.streaming_content]
     # The test client keeps connections open after a request; the reads' thread has one.
