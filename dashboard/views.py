@@ -17,6 +17,7 @@ from django.views.decorators.http import require_POST
 from dashboard import queries
 from dashboard.arrays import element_page
 from scheduler import operations
+from scheduler.api.logs import parse_attempt
 from scheduler.api.parsers import BadInput, load_yaml
 from scheduler.models import Flow, Job, JobTemplate, Node, Queue, Task
 from scheduler.specs import SpecError
@@ -93,9 +94,10 @@ def job(request: HttpRequest, job_id: int) -> HttpResponse:
 
 def _attempt_of(task: Task, raw: str) -> int:
     """The attempt asked for (`raw`), or 404 when the task has no such attempt."""
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or int(raw) > task.attempt:
+    attempt = parse_attempt(raw, task)
+    if attempt is None:
         raise Http404("no such attempt")
-    return int(raw)
+    return attempt
 
 
 def _pick_attempt(tasks: list[Task], params: Any) -> None:

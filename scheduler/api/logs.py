@@ -27,7 +27,7 @@ from rest_framework.views import APIView
 from scheduler.models import Job, Task, TaskLog
 
 CHUNKS_PER_READ = 16  # agents' chunks are at most BERTH_LOG_CHUNK_BYTES (64 KiB) each
-QUERY_PARAMETERS = {"attempt"}
+QUERY_PARAMETERS = {"attempt", "format"}  # format: DRF picks the error renderer
 
 
 class PlainTextRenderer(BaseRenderer):
@@ -87,12 +87,18 @@ def chosen_attempt(request: Request, task: Task) -> int:
     if unknown:
         raise ValidationError({name: ["unknown parameter; expected attempt"] for name in unknown})
     raw = request.query_params.get("attempt", "")
-    if raw == "":
-        return task.attempt
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or int(raw) > task.attempt:
+    attempt = parse_attempt(raw, task) if raw else task.attempt
+    if attempt is None:
         raise ValidationError(
             {"attempt": [f"must be a whole number from 0 to {task.attempt} (this task's latest)"]}
         )
+    return attempt
+
+
+def parse_attempt(raw: str, task: Task) -> int | None:
+    """`raw` as one of the task's attempts (0 to its latest), or None."""
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or int(raw) > task.attempt:
+        return None
     return int(raw)
 
 
