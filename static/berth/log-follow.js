@@ -23,6 +23,21 @@
     document.querySelectorAll("pre.log[aria-live]").forEach(follow);
   }
 
+  // A retry began (the pushed tasks table names a newer attempt): a pane that follows the
+  // latest attempt moves on to the new one.
+  function catchUp() {
+    document.querySelectorAll(".task-log[data-live]").forEach(function (pane) {
+      const row = document.getElementById("task-" + pane.dataset.task);
+      const latest = row ? Number(row.dataset.attempt) : NaN;
+      if (latest > Number(pane.dataset.attempt) && !pane.dataset.loading) {
+        pane.dataset.loading = "1";
+        htmx.ajax("GET", pane.dataset.url + "?attempt=" + latest,
+                  { target: pane, swap: "outerHTML" });
+      }
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", followAll);
+  document.addEventListener("htmx:wsAfterMessage", catchUp);
   document.addEventListener("htmx:afterSettle", followAll); // a pane the picker swapped in
 })();

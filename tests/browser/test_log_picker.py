@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from django.contrib.auth.models import User
 
+from dashboard.live import publish
 from scheduler.models import Node, Task, TaskLog
 from scheduler.states import TaskState
 from tests.browser.test_live_pages import CHROMIUM_ARGS, FakeAgent, _in_thread, _sign_in
@@ -56,4 +57,15 @@ async def _scenario(url: str, agent: FakeAgent, job_id: int, task_id: int) -> No
         await asyncio.to_thread(_in_thread, agent.log, task_id, "epoch 2\n")
         await expect(live).to_have_text("second try\nwhile you looked away\nepoch 2\n")
         await expect(earlier).to_have_count(0)
+
+        # A retry: the pushed tasks table names attempt 2, and the pane moves on to it.
+        await asyncio.to_thread(_in_thread, _retry, job_id, task_id)
+        await expect(picker).to_have_value("2")
+        await expect(live).to_have_text("third try\n")
         await browser.close()
+
+
+def _retry(job_id: int, task_id: int) -> None:
+    Task.objects.filter(pk=task_id).update(attempt=2)
+    TaskLog.objects.create(task_id=task_id, attempt=2, offset=0, data="third try\n")
+    publish(jobs=[job_id])  # what the scheduler's commit does
