@@ -39,9 +39,14 @@ class PlainTextRenderer(BaseRenderer):
 
     def render(self, data: Any, accepted_media_type: str | None = None,
                renderer_context: Any = None) -> bytes:  # fmt: skip
-        if isinstance(data, dict) and "detail" in data:
-            return f"{data['detail']}\n".encode()
-        return str(data).encode()
+        if not isinstance(data, dict):
+            return f"{data}\n".encode()
+        lines = [
+            f"{key}: {message}" if key != "detail" else str(message)
+            for key, messages in data.items()
+            for message in (messages if isinstance(messages, list) else [messages])
+        ]
+        return "".join(f"{line}\n" for line in lines).encode()
 
 
 def read_chunks(task_id: int, attempt: int, after: int) -> list[tuple[int, str]]:

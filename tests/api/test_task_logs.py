@@ -87,6 +87,15 @@ def test_a_bad_or_unknown_parameter_is_400_naming_it(api, owner, retried, query,
     assert field in response.json()
 
 
+def test_errors_come_as_text_to_a_client_that_asks_for_text(api, owner, retried, outsider):
+    bad = api(owner).get(url(retried, attempt=9), HTTP_ACCEPT="text/plain")
+    assert bad.status_code == 400 and bad["Content-Type"].startswith("text/plain")
+    expected = "attempt: must be a whole number from 0 to 1 (this task's latest)\n"
+    assert bad.content.decode() == expected
+    missing = api(outsider).get(url(retried), HTTP_ACCEPT="text/plain")
+    assert missing.status_code == 404 and missing.content.decode().endswith("\n")
+
+
 def test_a_log_far_larger_than_the_pages_tail_comes_whole(api, owner):
     task = make_job(owner).tasks.get()
     lines = "".join(f"line {i:06d} ✓\n" for i in range(40_000))  # ~560 kB, 10 chunks
