@@ -24,7 +24,10 @@ import atexit, runpy, sys
 atexit.register(lambda: print("django imported:", "django" in sys.modules, file=sys.stderr))
 runpy.run_module("scheduler.agent", run_name="__main__", alter_sys=True)
 """
-AGENT_UNIT_TESTS = ["tests/agent/test_runtime.py", "tests/agent/test_task_shell.py"]
+# The agent's own tests: its processes, launch, back-pressure and GPU samples (the protocol's
+# server side, in the other files of tests/agent/, needs Django).
+AGENT_UNIT_TESTS = ["tests/agent/test_runtime.py", "tests/agent/test_task_shell.py",
+                    "tests/agent/test_backpressure.py", "tests/agent/test_gpu_samples.py"]
 
 
 def node_env(**extra: str) -> dict[str, str]:
