@@ -26,8 +26,12 @@ runpy.run_module("scheduler.agent", run_name="__main__", alter_sys=True)
 """
 # The agent's own tests: its processes, launch, back-pressure and GPU samples (the protocol's
 # server side, in the other files of tests/agent/, needs Django).
-AGENT_UNIT_TESTS = ["tests/agent/test_runtime.py", "tests/agent/test_task_shell.py",
-                    "tests/agent/test_backpressure.py", "tests/agent/test_gpu_samples.py"]
+AGENT_UNIT_TESTS = [
+    "tests/agent/test_runtime.py",
+    "tests/agent/test_task_shell.py",
+    "tests/agent/test_backpressure.py",
+    "tests/agent/test_gpu_samples.py",
+]
 
 
 def node_env(**extra: str) -> dict[str, str]:

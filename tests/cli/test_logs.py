@@ -26,6 +26,7 @@ def store(task: Task, attempt: int, text: str) -> None:
 @pytest.fixture
 def berth(live_server: Any, transactional_db: None, tmp_path: Any) -> Any:
     Queue.objects.get_or_create(name="default")  # transactional tests flush the migration's
+
     def run(user: Any, *args: str) -> Result:
         key = Token.objects.get_or_create(user=user)[0].key
         env = {"BERTH_URL": live_server.url, "BERTH_TOKEN": key, "XDG_CONFIG_HOME": str(tmp_path)}
