@@ -437,13 +437,13 @@ def _apply_one(task: Task, report: Report, now: Any, node: Node,
                awaiting: list[dict[str, Any]]) -> bool:  # fmt: skip
     """Move one task as its report says; True if its job may have changed."""
     if report.state == "Running":
-        return _mark_running(task, report, now, node)
+        return _mark_running(task, now, node, report.started_at)
     held = _held_bytes(task, report.attempt, report.output_bytes)
     if held < report.output_bytes:
         # The end is known, the output not all here yet: it stays Running until it is.
         awaiting.append({"id": task.pk, "attempt": task.attempt, "have": held,
                          "want": report.output_bytes})  # fmt: skip
-        return _mark_running(task, report, now, node)
+        return _mark_running(task, now, node, report.started_at)
     never_ran = report.state == "Killed" and report.exit_code is None
     if not never_ran and (task.started_at is None or report.started_at is not None):
         task.started_at = process_time(report.started_at, now, task.assigned_at, "start")
@@ -452,11 +452,13 @@ def _apply_one(task: Task, report: Report, now: Any, node: Node,
     return True
 
 
-def _mark_running(task: Task, report: Report, now: Any, node: Node) -> bool:
+def _mark_running(task: Task, now: Any, node: Node, started_at: float | None = None) -> bool:
+    """Assigned -> Running, started when the agent says the process started (`started_at`,
+    Unix seconds, bounded by scheduler/agent/times.py), else `now`."""
     if task.state != TaskState.ASSIGNED:
         return False
     task.state = TaskState.RUNNING
-    task.started_at = process_time(report.started_at, now, task.assigned_at, "start")
+    task.started_at = process_time(started_at, now, task.assigned_at, "start")
     task.save(update_fields=["state", "started_at"])
     record("TaskStarted", "Started", f"{task.group}-{task.index} on {node.name}",
            job=task.job, node=node)  # fmt: skip
