@@ -157,19 +157,41 @@ def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
     for task in tasks:
         task.device_list = ",".join(str(i) for i in task.gpu_indices())  # type: ignore[attr-defined]
         if with_logs:  # the output pane is rendered once; pushes append to it
-            task.log_text = "".join(  # type: ignore[attr-defined]
-                task.logs.filter(attempt=task.attempt)
-                .order_by("offset")
-                .values_list("data", flat=True)
-            )[-LOG_TAIL_CHARS:]
+            show_log(task, task.attempt)
     reasons = list(job.pending_reasons or [])
     if job.hold_reason:
         reasons.insert(0, job.hold_reason)
     context = {"job": job, "tasks": tasks, "reasons": reasons,
                "events": list(Event.objects.filter(job=job).order_by("-id")[:50])}  # fmt: skip
     if with_logs:  # the first render only: pushes never carry the spec
+        context["tail_chars"] = LOG_TAIL_CHARS
         context["spec_yaml"] = yaml.safe_dump(job.spec, sort_keys=False, allow_unicode=True)
     return context
+
+
+def log_tail(task_id: int, attempt: int, chars: int = LOG_TAIL_CHARS) -> tuple[str, bool]:
+    """The last `chars` characters of an attempt's output, and whether earlier output was left
+    out (read from the end, a few chunks at a time, however long the log is)."""
+    parts: list[str] = []
+    total = 0
+    rows = TaskLog.objects.filter(task_id=task_id, attempt=attempt).order_by("-offset")
+    for data in rows.values_list("data", flat=True).iterator(chunk_size=8):
+        if total > chars:
+            break
+        parts.append(data)
+        total += len(data)
+    text = "".join(reversed(parts))
+    return text[-chars:], total > chars
+
+
+def show_log(task: Task, attempt: int) -> Task:
+    """Set what the job page's output pane of `task` shows: `attempt`'s tail; the latest
+    attempt's pane follows live (pushes append to it)."""
+    task.shown_attempt = attempt  # type: ignore[attr-defined]
+    task.log_live = attempt == task.attempt  # type: ignore[attr-defined]
+    task.log_text, task.log_cut = log_tail(task.pk, attempt)  # type: ignore[attr-defined]
+    task.attempts = range(task.attempt, -1, -1)  # type: ignore[attr-defined]
+    return task
 
 
 def flow_log_tail(flow: Flow, chunks: int = 40) -> str:

@@ -10,6 +10,7 @@ urlpatterns = [
     path("jobs/", views.jobs, name="jobs"),
     path("jobs/<int:job_id>/", views.job, name="job"),
     path("jobs/<int:job_id>/elements/", views.job_elements, name="job-elements"),
+    path("jobs/<int:job_id>/tasks/<int:task_id>/log/", views.job_task_log, name="task-log"),
     path("jobs/<int:job_id>/<str:action>/", views.job_action, name="job-action"),
     path("flows/", views.flows, name="flows"),
     path("flows/<int:flow_id>/", views.flow, name="flow"),

@@ -17,8 +17,9 @@ from django.views.decorators.http import require_POST
 from dashboard import queries
 from dashboard.arrays import element_page
 from scheduler import operations
+from scheduler.api.logs import parse_attempt
 from scheduler.api.parsers import BadInput, load_yaml
-from scheduler.models import Flow, Job, JobTemplate, Node, Queue
+from scheduler.models import Flow, Job, JobTemplate, Node, Queue, Task
 from scheduler.specs import SpecError
 from scheduler.states import JobState
 from scheduler.submit import create_flow, submit_job
@@ -83,11 +84,38 @@ def jobs(request: HttpRequest) -> HttpResponse:
 def job(request: HttpRequest, job_id: int) -> HttpResponse:
     the_job = _job_for_user(request, job_id)
     context = queries.job_detail(the_job)
+    _pick_attempt(context["tasks"], request.GET)  # the attempt picker without JavaScript
     if the_job.is_array:
         context.update(element_page(the_job, request.GET))
     # Its GPUs' utilisation is charted (static/berth/gpu-chart.js polls the API).
     context["uses_gpus"] = any(t.gpu for t in context["tasks"])
     return render(request, "dashboard/job.html", context)
+
+
+def _attempt_of(task: Task, raw: str) -> int:
+    """The attempt asked for (`raw`), or 404 when the task has no such attempt."""
+    attempt = parse_attempt(raw, task)
+    if attempt is None:
+        raise Http404("no such attempt")
+    return attempt
+
+
+def _pick_attempt(tasks: list[Task], params: Any) -> None:
+    task_id, raw = params.get("task", ""), params.get("attempt", "")
+    for task in tasks:
+        if raw and str(task.pk) == task_id:
+            queries.show_log(task, _attempt_of(task, raw))
+
+
+@login_required
+def job_task_log(request: HttpRequest, job_id: int, task_id: int) -> HttpResponse:
+    """One task's output pane showing the attempt picked (the picker's htmx fragment)."""
+    the_job = _job_for_user(request, job_id)
+    task = get_object_or_404(Task, pk=task_id, job=the_job)
+    raw = request.GET.get("attempt", "") or str(task.attempt)
+    queries.show_log(task, _attempt_of(task, raw))
+    context = {"job": the_job, "t": task, "tail_chars": queries.LOG_TAIL_CHARS}
+    return render(request, "dashboard/job.html#task-log", context)
 
 
 @login_required

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,31 @@ class Client:
             if response.status_code >= 400:
                 raise api_error(response)
             return response
+        raise AssertionError("unreachable")
+
+    def stream(self, path: str, **params: Any) -> Iterator[bytes]:
+        """A GET whose body is read piece by piece (a whole log); waits and retries like
+        `request` until the body starts."""
+        clean = {k: v for k, v in params.items() if v is not None}
+        backoff = Backoff(base=0.5, cap=30.0)
+        for attempt in range(self.retries + 1):
+            wait = backoff.delay()
+            try:
+                with self.http.stream("GET", f"{API}/{path}", params=clean) as response:
+                    if response.status_code in RETRY_STATUSES and attempt < self.retries:
+                        wait = backoff.delay(parse_retry_after(response.headers.get("Retry-After")))
+                    elif response.status_code >= 400:
+                        response.read()
+                        raise api_error(response)
+                    else:
+                        yield from response.iter_bytes()
+                        return
+            except httpx.ConnectError as exc:
+                if attempt == self.retries:
+                    raise CliError(f"cannot reach {self.settings.url}: {exc}") from None
+            except httpx.HTTPError as exc:
+                raise CliError(f"GET {path}: {exc}") from None
+            time.sleep(wait)
         raise AssertionError("unreachable")
 
     def get(self, path: str, **params: Any) -> Any:

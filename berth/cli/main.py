@@ -6,6 +6,7 @@ Errors print the server's field messages and exit 1.
 
 from __future__ import annotations
 
+import codecs
 import getpass
 import shlex
 import socket
@@ -261,23 +262,62 @@ def show(job_id: int, as_json: bool) -> None:
 @cli.command()
 @click.argument("job_id", type=int)
 @click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
+@click.option("--task", "task_name", default=None, metavar="TASK",
+              help="only this task: GROUP-INDEX as `berth show` lists it (or INDEX)")
 @click.option("--attempt", type=int, default=None, help="an earlier attempt's output")
-def logs(job_id: int, follow: bool, attempt: int | None) -> None:
-    """A job's output, task by task (with -f: live, until the job ends)."""
+def logs(job_id: int, follow: bool, task_name: str | None, attempt: int | None) -> None:
+    """A job's whole output, task by task (with -f: live, until the job ends)."""
     api = client()
+    tasks = _chosen_tasks(api.get(f"jobs/{job_id}/").get("tasks", []), task_name)
+    if follow:
+        _follow(api, job_id, [t["id"] for t in tasks] if task_name else None, attempt)
+        return
+    for task in tasks:
+        prefix = f"[{task['group']}-{task['index']}] " if len(tasks) > 1 else ""
+        chunks = api.stream(f"jobs/{job_id}/tasks/{task['id']}/log/", attempt=attempt)
+        _echo_lines(chunks, prefix)
+
+
+def _chosen_tasks(tasks: list[dict[str, Any]], name: str | None) -> list[dict[str, Any]]:
+    """All of a job's tasks, or the one `name` picks (GROUP-INDEX, or INDEX)."""
+    if name is None:
+        return tasks
+    chosen = [t for t in tasks if name in (f"{t['group']}-{t['index']}", str(t["index"]))]
+    if len(chosen) != 1:
+        names = ", ".join(f"{t['group']}-{t['index']}" for t in tasks) or "none"
+        what = "is ambiguous" if chosen else "is not a task of this job"
+        raise CliError(f"--task {name} {what} (its tasks: {names})")
+    return chosen
+
+
+def _echo_lines(chunks: Any, prefix: str) -> None:
+    """Print streamed bytes as they come, `prefix` before each line."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    at_line_start = True
+    for chunk in chunks:
+        text = decoder.decode(chunk)
+        if prefix and text:
+            lines = text.splitlines(keepends=True)
+            text = "".join((prefix if i or at_line_start else "") + line
+                           for i, line in enumerate(lines))  # fmt: skip
+            at_line_start = text.endswith("\n")
+        click.echo(text, nl=False)
+    click.echo(decoder.decode(b"", final=True), nl=False)
+    sys.stdout.flush()
+
+
+def _follow(api: Client, job_id: int, task_ids: list[int] | None, attempt: int | None) -> None:
+    """Print new output as it comes (the JSON log pages), until the job ends."""
     offsets: dict[int, int] = {}
     several = False
     while True:
+        ended = api.get(f"jobs/{job_id}/")["state"] in JOB_FINAL
         data = api.get(f"jobs/{job_id}/logs/", attempt=attempt)
-        several = several or len(data["tasks"]) > 1
-        for task in data["tasks"]:
+        tasks = [t for t in data["tasks"] if task_ids is None or t["id"] in task_ids]
+        several = several or len(tasks) > 1
+        for task in tasks:
             _print_new(api, job_id, task, offsets, several, attempt)
-        if not follow:
-            return
-        if api.get(f"jobs/{job_id}/")["state"] in JOB_FINAL:
-            # One last read: output that arrived between the two requests.
-            for task in api.get(f"jobs/{job_id}/logs/", attempt=attempt)["tasks"]:
-                _print_new(api, job_id, task, offsets, several, attempt)
+        if ended:  # this read came after the job ended: nothing more will come
             return
         time.sleep(POLL_SECONDS)
 

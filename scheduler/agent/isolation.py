@@ -11,7 +11,11 @@ applies them to job steps:
    and then what the start message carries (the job's env, BERTH_* variables,
    CUDA_VISIBLE_DEVICES). Nothing of the agent's own environment (DATABASE_URL,
    BERTH_SECRET_KEY, BERTH_JOIN_TOKEN, ...) reaches a task.
-3. Directories: the agent's state dir is 0700 and owned by the agent; the work base is 0711
+3. The command runs as `bash -lc command` when bash exists on the node (a login shell: the
+   system's and the account's profile run first, so `module`, conda and the like work, and
+   bash syntax such as `[[ ]]` and arrays), else as `/bin/sh -c command`. The start message's
+   variables are exported again after the login files, so they still win (PATH included).
+4. Directories: the agent's state dir is 0700 and owned by the agent; the work base is 0711
    (tasks may pass through it but not list it); each task's work dir is 0700 and owned by the
    task's account.
 """
@@ -21,6 +25,9 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import re
+import shlex
+import shutil
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,6 +39,9 @@ DEFAULT_TASK_USER = "nobody"
 TASK_PATH = "/usr/local/bin:/usr/bin:/bin"
 TASK_LANG = "C.UTF-8"
 LOGIN_DEFS = Path("/etc/login.defs")
+FALLBACK_SHELL = "/bin/sh"
+LOGIN_ENV = "BERTH_LOGIN_ENV"  # the start message's variables, re-exported after the profile
+SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -142,6 +152,29 @@ def build_env(start_env: Mapping[str, object], account: Account) -> dict[str, st
     }
     env.update({str(key): str(value) for key, value in start_env.items()})
     return env
+
+
+def login_bash() -> str | None:
+    """bash's path on this node (looked up on the tasks' PATH), or None."""
+    return shutil.which("bash", path=TASK_PATH)
+
+
+def shell_command(command: str, start_env: Mapping[str, object],
+                  bash: str | None) -> tuple[list[str], dict[str, str]]:  # fmt: skip
+    """The shell, its flag and its script that run `command`, and the variables to add to the
+    task's environment. With bash it is a login shell, whose profile may reset variables
+    (Debian's /etc/profile sets PATH): the script first exports the start message's variables
+    again, from an environment variable, never from the command line that every process on
+    the node can read."""
+    if bash is None:
+        return [FALLBACK_SHELL, "-c", command], {}
+    restore = "".join(
+        f"export {key}={shlex.quote(str(value))}\n"
+        for key, value in start_env.items()
+        if SHELL_NAME.fullmatch(str(key)) and key != LOGIN_ENV
+    )
+    script = f'eval "${LOGIN_ENV}"; unset {LOGIN_ENV}\n{command}'
+    return [bash, "-lc", script], {LOGIN_ENV: restore}
 
 
 def spawn_kwargs(account: Account, switching: bool) -> dict[str, Any]:

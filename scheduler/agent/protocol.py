@@ -32,6 +32,7 @@ from django.utils import timezone
 from scheduler import gpu_history, notify
 from scheduler.accounting import record_task_ends
 from scheduler.agent.client import PROTOCOL
+from scheduler.agent.times import parse_unix_time, process_time
 from scheduler.arrays import array_env
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.events import record
@@ -253,6 +254,8 @@ class Report:
     message: str
     output_bytes: int = 0  # of this attempt, in a final report
     stopping: bool = False  # the agent is already stopping it (no new kill order)
+    started_at: float | None = None  # the process's start and end, by the agent's clock
+    ended_at: float | None = None
 
 
 def _is_int(value: object) -> bool:
@@ -291,6 +294,8 @@ def _parse_task(item: object, path: str, errors: dict[str, list[str]]) -> Report
         str(item.get("message", ""))[:1000],
         output if _is_int(output) else 0,
         stopping is True,
+        parse_unix_time(item, "started_at", path, errors),
+        parse_unix_time(item, "ended_at", path, errors),
     )  # fmt: skip
 
 
@@ -429,25 +434,28 @@ def _apply_one(task: Task, report: Report, now: Any, node: Node,
                awaiting: list[dict[str, Any]]) -> bool:  # fmt: skip
     """Move one task as its report says; True if its job may have changed."""
     if report.state == "Running":
-        return _mark_running(task, now, node)
+        return _mark_running(task, now, node, report.started_at)
     held = _held_bytes(task, report.attempt, report.output_bytes)
     if held < report.output_bytes:
         # The end is known, the output not all here yet: it stays Running until it is.
         awaiting.append({"id": task.pk, "attempt": task.attempt, "have": held,
                          "want": report.output_bytes})  # fmt: skip
-        return _mark_running(task, now, node)
+        return _mark_running(task, now, node, report.started_at)
     never_ran = report.state == "Killed" and report.exit_code is None
-    if task.started_at is None and not never_ran:
-        task.started_at = now  # it ran and ended between two reports
-    _finish(task, FINAL_REPORTS[report.state], report.exit_code, report.message, now, node)
+    if not never_ran and (task.started_at is None or report.started_at is not None):
+        task.started_at = process_time(report.started_at, now, task.assigned_at, "start")
+    ended = process_time(report.ended_at, now, task.started_at or task.assigned_at, "end")
+    _finish(task, FINAL_REPORTS[report.state], report.exit_code, report.message, ended, node)
     return True
 
 
-def _mark_running(task: Task, now: Any, node: Node) -> bool:
+def _mark_running(task: Task, now: Any, node: Node, started_at: float | None = None) -> bool:
+    """Assigned -> Running, started when the agent says the process started (`started_at`,
+    Unix seconds, bounded by scheduler/agent/times.py), else `now`."""
     if task.state != TaskState.ASSIGNED:
         return False
     task.state = TaskState.RUNNING
-    task.started_at = now
+    task.started_at = process_time(started_at, now, task.assigned_at, "start")
     task.save(update_fields=["state", "started_at"])
     record("TaskStarted", "Started", f"{task.group}-{task.index} on {node.name}",
            job=task.job, node=node)  # fmt: skip

@@ -1,14 +1,15 @@
 """The node agent: runs tasks as real processes and speaks the agent protocol over HTTP.
 
-It never touches the database (it runs on other machines). Each task runs as
-`/bin/sh -c command` in its own process group, with an environment built from scratch and, when
-the agent is root, as an unprivileged account (scheduler/agent/isolation.py). Its output goes
-to a file that the agent ships to the server by byte offset, and a small wrapper writes the
-exit code to a file. Both files live in the agent's 0700 state dir: the agent opens them and
-hands the task only file descriptors, so a task running as another account can write its output
-and exit code but never read the agent's state. Because both live on disk and the agent keeps a
-0600 state file (its node token and its tasks), an agent that restarts re-adopts the processes
-that still run, keeps shipping their output and still learns their exit codes.
+It never touches the database (it runs on other machines). Each task runs as `bash -lc command`
+(`/bin/sh -c command` on a node without bash) in its own process group, in its work dir, with
+an environment built from scratch and, when the agent is root, as an unprivileged account
+(scheduler/agent/isolation.py). Its output goes to a file that the agent ships to the server by
+byte offset, and a small wrapper writes the exit code to a file. Both files live in the agent's
+0700 state dir: the agent opens them and hands the task only file descriptors, so a task
+running as another account can write its output and exit code but never read the agent's state.
+Because both live on disk and the agent keeps a 0600 state file (its node token and its tasks),
+an agent that restarts re-adopts the processes that still run, keeps shipping their output and
+still learns their exit codes.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from scheduler.agent.isolation import (
     DEFAULT_TASK_USER,
     TaskAccounts,
     build_env,
+    login_bash,
     private_dir,
+    shell_command,
     spawn_kwargs,
     task_workdir,
     unreachable_ancestor,
@@ -42,14 +45,15 @@ from scheduler.agent.isolation import (
 __all__ = ["Agent", "RunningTask", "ServerError", "Unavailable", "parse_labels"]
 log = logging.getLogger("berth.agent")
 VERSION = f"berth-agent/{PROTOCOL}"
-# $1 is the command. The wrapper's stdin is the exit-code file, opened for writing by the agent
+# $1 is the shell's script, $2 the shell and $3 its flag (isolation.shell_command). The
+# wrapper's stdin is the exit-code file, opened for writing by the agent
 # (a task running as another account could not open it in the agent's state dir): the wrapper
 # moves it to fd 3, gives the command /dev/null as stdin and no fd 3, and writes the command's
 # exit code to it. The wrapper outlives a SIGTERM (a handler, unlike an ignored signal, is not
 # inherited: the command still gets SIGTERM) so that the command has its grace period and its
 # exit code is recorded.
 WRAPPER = (
-    'trap ":" TERM; exec 3>&0 </dev/null; /bin/sh -c "$1" 3>&-; code=$?;'
+    'trap ":" TERM; exec 3>&0 </dev/null; "$2" "$3" "$1" 3>&-; code=$?;'
     ' echo "$code" >&3; exit "$code"'
 )
 LOG_CHUNK = 60 * 1024  # at most; the server may ask for smaller chunks when it registers us
@@ -137,6 +141,8 @@ class RunningTask:
     dropped: bool = False  # the server keeps no more of this attempt's output
     started: str = ""  # the process's start time (/proc), to tell it from a reused pid
     devices: list[int] = field(default_factory=list)  # GPU indices the server gave it
+    started_at: float = 0.0  # wall-clock (Unix) time the process started; 0: it never did
+    ended_at: float = 0.0  # wall-clock time the process was seen to end
     proc: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -182,6 +188,7 @@ class Agent:
         self.state_file = self.state_dir / "state.json"
         self.task_user = task_user
         self.accounts: TaskAccounts | None = None  # set by prepare()
+        self.bash: str | None = None  # bash's path ("" if none), found at the first start
         self.kill_on_exit = kill_on_exit
         self.timeout = timeout
         self.token = ""
@@ -354,6 +361,8 @@ class Agent:
                     "message": t.message,
                     "output_bytes": t.shipped if t.dropped else _size(t.output),
                     "stopping": t.killed,
+                    "started_at": t.started_at or None,  # the process's own times
+                    "ended_at": t.ended_at or None,
                 }
                 for t in self.tasks.values()
             ]
@@ -502,6 +511,7 @@ class Agent:
             accounts = self.prepare()
             account = accounts.for_owner(order.get("owner"))
             env = build_env(order.get("env") or {}, account)
+            shell, flag, script = self._shell(str(order["command"]), order.get("env") or {}, env)
             private_dir(directory)
             task_workdir(workdir, account, accounts.switching)
             with (
@@ -509,7 +519,7 @@ class Agent:
                 open(directory / "exit_code", "wb") as exit_file,
             ):
                 proc = subprocess.Popen(
-                    ["/bin/sh", "-c", WRAPPER, "berth-task", str(order["command"])],
+                    ["/bin/sh", "-c", WRAPPER, "berth-task", script, shell, flag],
                     cwd=workdir,
                     env=env,
                     stdin=exit_file,  # the wrapper's, see WRAPPER; the command gets /dev/null
@@ -529,9 +539,19 @@ class Agent:
         self.tasks[task_id] = RunningTask(
             task_id, attempt, proc.pid, str(directory), workdir=str(workdir), proc=proc,
             started=_start_time(proc.pid), devices=_indices(order.get("devices")),
+            started_at=time.time(),
         )  # fmt: skip
         log.info("started task %s (attempt %s) as pid %s, user %s",
                  task_id, attempt, proc.pid, account.name)  # fmt: skip
+
+    def _shell(self, command: str, start_env: dict[str, Any],
+               env: dict[str, str]) -> tuple[str, str, str]:  # fmt: skip
+        """The shell, flag and script that run `command` (adding what it needs to `env`)."""
+        if self.bash is None:
+            self.bash = login_bash() or ""
+        argv, extra = shell_command(command, start_env, self.bash or None)
+        env.update(extra)
+        return argv[0], argv[1], argv[2]
 
     def kill(self, task: RunningTask, grace: float) -> None:
         if task.state != "Running" or task.killed:
@@ -561,6 +581,7 @@ class Agent:
                     task.kill_at = None
                 continue
             task.exit_code = code
+            task.ended_at = time.time() if task.proc is not None else _ended_at(task)
             self.dirty = True  # an end goes to the server at once
             if task.killed:
                 task.state = "Killed"
@@ -689,6 +710,15 @@ def _indices(raw: object) -> list[int]:
     if not isinstance(raw, list):
         return []
     return [i for i in raw if isinstance(i, int) and not isinstance(i, bool)]
+
+
+def _ended_at(task: RunningTask) -> float:
+    """When an adopted task ended: its wrapper wrote the exit file then (now if it did not)."""
+    try:
+        info = task.exit_file.stat()
+    except OSError:
+        return time.time()
+    return info.st_mtime if info.st_size else time.time()
 
 
 def _alive(pid: int) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from scheduler.api import account, gpu_history, schema, views
+from scheduler.api import account, gpu_history, logs, schema, views
 
 router = DefaultRouter()
 router.register("queues", views.QueueViewSet, basename="queue")
@@ -19,6 +19,8 @@ urlpatterns = [
          name="node-gpu-history"),
     path("jobs/<int:job_id>/gpu-history/", gpu_history.JobGpuHistoryView.as_view(),
          name="job-gpu-history"),
+    path("jobs/<int:job_id>/tasks/<int:task_id>/log/", logs.TaskLogView.as_view(),
+         name="task-log"),
     *router.urls,
 ]  # fmt: skip
 __all__ = ["schema", "urlpatterns"]  # schema registers its OpenAPI extensions on import

@@ -1,118 +1,35 @@
-"""manage.py run_agent: this machine's agent."""
+"""manage.py run_agent: this machine's agent, a thin alias of `python -m scheduler.agent`
+(scheduler/agent/command.py), which runs on a node without Django."""
 
 from __future__ import annotations
 
-import logging
-import os
-from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduler.agent.isolation import DEFAULT_TASK_USER
-from scheduler.agent.runtime import Agent, parse_labels
-from scheduler.management.stopping import stop_on_signals
-
-log = logging.getLogger("berth.agent")
-MAX_TOKEN_FILE = 4096
+from scheduler.agent import command
 
 
 def join_token_from(path: str | None) -> str:
-    """The cluster join token, from --join-token-file or BERTH_JOIN_TOKEN. Never from the
-    command line: every process on the machine can read /proc/*/cmdline."""
-    if path:
-        try:
-            with open(path, "rb") as handle:
-                token = handle.read(MAX_TOKEN_FILE).decode(errors="replace").strip()
-        except OSError as exc:
-            raise CommandError(f"--join-token-file: cannot read {path}: {exc.strerror}") from None
-        if not token:
-            raise CommandError(f"--join-token-file: {path} is empty")
-        if os.stat(path).st_mode & 0o077:
-            log.warning("%s is readable by other users: chmod 600 it", path)
-        return token
-    token = os.environ.get("BERTH_JOIN_TOKEN", "").strip()
-    if not token:
-        raise CommandError(
-            "no join token: set BERTH_JOIN_TOKEN or pass --join-token-file PATH (the token"
-            " itself is never accepted on the command line, where every process can read it)"
-        )
-    return token
+    """The join token (scheduler.agent.command.join_token_from), or CommandError."""
+    try:
+        return command.join_token_from(path)
+    except command.UsageError as exc:
+        raise CommandError(str(exc)) from None
 
 
 class Command(BaseCommand):
-    help = (
-        "Run the node agent: register this machine with the server (cpu, memory, GPUs found"
-        " through NVML, or --fake-gpus), then heartbeat, run the tasks the server assigns as"
-        " real processes and ship their output. It talks to the server over HTTP only. The"
-        " join token comes from BERTH_JOIN_TOKEN or --join-token-file; it registers new node"
-        " names only, and a restarted agent re-registers with its own node token (kept 0600 in"
-        " --state-dir). As root, tasks run as the submitting user's Unix account of the same"
-        " name, else as --task-user, with an environment built from scratch. SIGTERM stops the"
-        " agent; its tasks go on unless --kill-on-exit, and a restarted agent re-adopts them."
-    )
+    help = command.DESCRIPTION
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         # No abbreviations: the removed --join-token must not silently mean --join-token-file.
         return super().create_parser(prog_name, subcommand, allow_abbrev=False, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--server", required=True, help="the server's URL")
-        parser.add_argument(
-            "--join-token-file",
-            default=None,
-            metavar="PATH",
-            help="read the cluster's join token from PATH (default: $BERTH_JOIN_TOKEN)",
-        )
-        parser.add_argument("--name", default=None, help="node name (default: the hostname)")
-        parser.add_argument("--labels", default="", help="node labels, k=v,k=v")
-        parser.add_argument(
-            "--fake-gpus", type=int, default=0, help="N fake GPUs if NVML finds none"
-        )
-        parser.add_argument(
-            "--work-dir",
-            default="berth-agent",
-            help="where task work dirs are made (0711; each task's own dir is 0700)",
-        )
-        parser.add_argument(
-            "--state-dir",
-            default=None,
-            help="the agent's private state: node token, task output (0700; default:"
-            " WORK_DIR/state)",
-        )
-        parser.add_argument(
-            "--task-user",
-            default=os.environ.get("BERTH_TASK_USER", "").strip() or DEFAULT_TASK_USER,
-            help="as root: the account for tasks whose owner has no Unix account here"
-            " (default: $BERTH_TASK_USER or nobody; never root)",
-        )
-        parser.add_argument("--kill-on-exit", action="store_true", help="kill tasks on exit")
+        command.add_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if not options["server"].startswith(("http://", "https://")):
-            raise CommandError(f"--server: expected an http(s):// URL, got {options['server']!r}")
-        if options["fake_gpus"] < 0:
-            raise CommandError("--fake-gpus: must be 0 or more")
         try:
-            parse_labels(options["labels"])
-        except ValueError as exc:
-            raise CommandError(f"--labels: {exc}") from None
-        join_token = join_token_from(options["join_token_file"])
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-        agent = Agent(
-            server=options["server"],
-            join_token=join_token,
-            name=options["name"],
-            labels=options["labels"],
-            fake_gpus=options["fake_gpus"],
-            work_dir=Path(options["work_dir"]),
-            state_dir=options["state_dir"],
-            kill_on_exit=options["kill_on_exit"],
-            task_user=options["task_user"],
-        )
-        try:
-            agent.prepare()
-        except (ValueError, OSError) as exc:
-            raise CommandError(f"--task-user/--work-dir/--state-dir: {exc}") from None
-        stop = stop_on_signals()
-        agent.run(stop)
+            command.run(options)
+        except command.UsageError as exc:
+            raise CommandError(str(exc)) from None

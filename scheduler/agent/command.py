@@ -1,0 +1,144 @@
+"""The agent's command line, shared by `python -m scheduler.agent` and `manage.py run_agent`.
+
+Django-free: a node needs only this package (the standard library, and nvidia-ml-py for real
+GPUs). `manage.py run_agent` adds these same flags to its parser and calls `run`, turning a
+`UsageError` into Django's CommandError.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from scheduler.agent.isolation import DEFAULT_TASK_USER
+from scheduler.agent.runtime import Agent, parse_labels
+from scheduler.management.stopping import stop_on_signals
+
+log = logging.getLogger("berth.agent")
+MAX_TOKEN_FILE = 4096
+DESCRIPTION = (
+    "Run the node agent: register this machine with the server (cpu, memory, GPUs found"
+    " through NVML, or --fake-gpus), then heartbeat, run the tasks the server assigns as"
+    " real processes and ship their output. It talks to the server over HTTP only. The"
+    " join token comes from BERTH_JOIN_TOKEN or --join-token-file; it registers new node"
+    " names only, and a restarted agent re-registers with its own node token (kept 0600 in"
+    " --state-dir). As root, tasks run as the submitting user's Unix account of the same"
+    " name, else as --task-user, with an environment built from scratch. SIGTERM stops the"
+    " agent; its tasks go on unless --kill-on-exit, and a restarted agent re-adopts them."
+)
+
+
+class UsageError(Exception):
+    """A flag or the join token is unusable: the message names it."""
+
+
+def join_token_from(path: str | None) -> str:
+    """The cluster join token, from --join-token-file or BERTH_JOIN_TOKEN. Never from the
+    command line: every process on the machine can read /proc/*/cmdline."""
+    if path:
+        try:
+            with open(path, "rb") as handle:
+                token = handle.read(MAX_TOKEN_FILE).decode(errors="replace").strip()
+        except OSError as exc:
+            raise UsageError(f"--join-token-file: cannot read {path}: {exc.strerror}") from None
+        if not token:
+            raise UsageError(f"--join-token-file: {path} is empty")
+        if os.stat(path).st_mode & 0o077:
+            log.warning("%s is readable by other users: chmod 600 it", path)
+        return token
+    token = os.environ.get("BERTH_JOIN_TOKEN", "").strip()
+    if not token:
+        raise UsageError(
+            "no join token: set BERTH_JOIN_TOKEN or pass --join-token-file PATH (the token"
+            " itself is never accepted on the command line, where every process can read it)"
+        )
+    return token
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The agent's flags (docs/agents.md), on either parser."""
+    parser.add_argument("--server", required=True, help="the server's URL")
+    parser.add_argument(
+        "--join-token-file",
+        default=None,
+        metavar="PATH",
+        help="read the cluster's join token from PATH (default: $BERTH_JOIN_TOKEN)",
+    )
+    parser.add_argument("--name", default=None, help="node name (default: the hostname)")
+    parser.add_argument("--labels", default="", help="node labels, k=v,k=v")
+    parser.add_argument("--fake-gpus", type=int, default=0, help="N fake GPUs if NVML finds none")
+    parser.add_argument(
+        "--work-dir",
+        default="berth-agent",
+        help="where task work dirs are made (0711; each task's own dir is 0700)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        default=None,
+        help="the agent's private state: node token, task output (0700; default: WORK_DIR/state)",
+    )
+    parser.add_argument(
+        "--task-user",
+        default=os.environ.get("BERTH_TASK_USER", "").strip() or DEFAULT_TASK_USER,
+        help="as root: the account for tasks whose owner has no Unix account here"
+        " (default: $BERTH_TASK_USER or nobody; never root)",
+    )
+    parser.add_argument("--kill-on-exit", action="store_true", help="kill tasks on exit")
+
+
+def make_agent(options: Mapping[str, Any]) -> Agent:
+    """An agent from parsed flags, its directories made; UsageError names a bad flag."""
+    if not options["server"].startswith(("http://", "https://")):
+        raise UsageError(f"--server: expected an http(s):// URL, got {options['server']!r}")
+    if options["fake_gpus"] < 0:
+        raise UsageError("--fake-gpus: must be 0 or more")
+    try:
+        parse_labels(options["labels"])
+    except ValueError as exc:
+        raise UsageError(f"--labels: {exc}") from None
+    join_token = join_token_from(options["join_token_file"])
+    agent = Agent(
+        server=options["server"],
+        join_token=join_token,
+        name=options["name"],
+        labels=options["labels"],
+        fake_gpus=options["fake_gpus"],
+        work_dir=Path(options["work_dir"]),
+        state_dir=options["state_dir"],
+        kill_on_exit=options["kill_on_exit"],
+        task_user=options["task_user"],
+    )
+    try:
+        agent.prepare()
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--task-user/--work-dir/--state-dir: {exc}") from None
+    return agent
+
+
+def run(options: Mapping[str, Any]) -> None:
+    """Run the agent until SIGTERM or SIGINT."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    agent = make_agent(options)
+    agent.run(stop_on_signals())
+
+
+def parser(prog: str = "python -m scheduler.agent") -> argparse.ArgumentParser:
+    # No abbreviations: the removed --join-token must not silently mean --join-token-file.
+    result = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, allow_abbrev=False)
+    add_arguments(result)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m scheduler.agent`: exit 0 when stopped, 2 on a bad flag or token."""
+    args = parser()
+    options = vars(args.parse_args(argv))
+    try:
+        run(options)
+    except UsageError as exc:
+        args.error(str(exc))  # prints the usage and exits 2
+    return 0
