@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Count
 
 from scheduler import notify
 from scheduler.arrays import submit_array
+from scheduler.core.fit import Ask, Offer, never_fits
 from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
+from scheduler.core.resources import Resources
 from scheduler.events import record
-from scheduler.models import Flow, FlowStep, Job, JobTemplate, Queue, Task
+from scheduler.models import Flow, FlowStep, Job, JobTemplate, Node, Queue, Task
 from scheduler.specs import (
     SpecError,
     normalize_flow_spec,
@@ -50,6 +53,8 @@ def submit_job(
         lowered_from, spec["priority"] = spec["priority"], queue.priority_cap_for(policy_user)
     elif refusal:
         raise SpecError({"priority": [refusal]})
+    if flow is None:  # a flow's steps were checked when the flow was submitted
+        refuse_never_fits(spec)
     labels = dict(spec["labels"])
     if flow is not None:
         labels["berth/flow"] = str(flow.pk)
@@ -131,6 +136,7 @@ def create_flow(owner: Any, data: object) -> Flow:
     if errors:
         raise SpecError(errors)
     errors = _step_priority_refusals(owner, spec["steps"], templates)
+    errors.update(_steps_never_fitting(spec["steps"], templates))
     if errors:
         raise SpecError(errors)
     with transaction.atomic():
@@ -157,6 +163,60 @@ def create_flow(owner: Any, data: object) -> Flow:
         record("FlowCreated", "Created", f"{len(spec['steps'])} steps", flow=flow)
         notify.changed(flows=[flow.pk])
     return flow
+
+
+def registered_offers() -> list[Offer]:
+    """Every registered node's allocatable (whatever its state: a node down for a moment
+    still counts), in one query."""
+    rows = Node.objects.order_by("name").annotate(gpus=Count("devices"))
+    return [
+        Offer(name, Resources(cpu, memory, gpus), labels if isinstance(labels, dict) else {})
+        for name, cpu, memory, gpus, labels in rows.values_list(
+            "name", "cpu", "memory", "gpus", "labels"
+        )
+    ]
+
+
+def never_fit_errors(spec: dict[str, Any], offers: list[Offer]) -> dict[str, str]:
+    """A normalized job spec's never-fits problems on `offers` (scheduler/core/fit.py)."""
+    asks = [
+        Ask(
+            path=f"tasks.{i}",
+            group=task["name"],
+            resources=Resources.parse(task["resources"]),
+            replicas=task["replicas"],
+            node_selector=task["node_selector"],
+        )
+        for i, task in enumerate(spec["tasks"])
+    ]
+    return never_fits(asks, spec["min_available"], offers)
+
+
+def refuse_never_fits(spec: dict[str, Any]) -> None:
+    """400 when no registered node could ever run the job (none registered: accept)."""
+    problems = never_fit_errors(spec, registered_offers())
+    if problems:
+        raise SpecError({path: [message] for path, message in problems.items()})
+
+
+def _steps_never_fitting(
+    steps: list[dict[str, Any]], templates: dict[str, JobTemplate]
+) -> dict[str, list[str]]:
+    """Each step whose job (template, overrides, first item) could never run here."""
+    offers = registered_offers()
+    errors: dict[str, list[str]] = {}
+    if not offers:
+        return errors
+    for i, step in enumerate(steps):
+        item = step["items"][0] if step["items"] else None
+        try:
+            spec = step_job_spec(templates[step["template"]].spec, step["overrides"], item,
+                                 name="check")  # fmt: skip
+        except SpecError:
+            continue  # reported by _step_job_errors
+        for path, message in never_fit_errors(spec, offers).items():
+            errors[f"steps.{i}.{path}"] = [message]
+    return errors
 
 
 def _step_priority_refusals(
