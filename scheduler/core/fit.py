@@ -129,5 +129,7 @@ def _describe(resources: Resources) -> str:
 
 
 def _largest(offers: Sequence[Offer]) -> str:
-    biggest = max(offers, key=lambda o: (o.allocatable.gpu, o.allocatable.cpu, o.allocatable.memory))
+    biggest = max(
+        offers, key=lambda o: (o.allocatable.gpu, o.allocatable.cpu, o.allocatable.memory)
+    )
     return f"{biggest.name} with {_describe(biggest.allocatable) or 'nothing'}"

@@ -112,9 +112,7 @@ def test_a_flow_step_that_never_fits_is_refused(api, owner, staff, cluster):
     }
 
 
-def test_a_template_whose_job_never_fits_is_refused_when_a_flow_uses_it(
-    api, owner, staff, cluster
-):
+def test_a_template_whose_job_never_fits_is_refused_when_a_flow_uses_it(api, owner, staff, cluster):
     JobTemplate.objects.create(name="huge", spec=spec(node_selector={"zone": "mars"}), owner=staff)
     flow = {"name": "f", "steps": [{"name": "only", "template": "huge"}]}
     errors = refusal(api, owner, flow, "/api/v1/flows/")

@@ -1,0 +1,298 @@
+"""Where every pending job stands: its position in its queue and when it should start.
+
+Run after a cycle, on the snapshot and the cycle's decisions (jobs bound now hold their
+resources from now for their walltime, evicted ones give theirs back now). Like
+`squeue --start` over a conservative-backfill plan:
+
+- Positions: candidates ranked per queue by the core's job order (`Session.job_key`).
+- Estimates: jobs in the order allocate considers them (queues by `Session.queue_key`, the
+  queue to serve next chosen again after each job, as if that job had started) are placed one
+  by one on a per-node resource-time profile (scheduler/core/timeline.py), each at the
+  earliest time its whole gang fits for its walltime, around the jobs planned before it. A
+  job with no walltime holds what it takes for ever. The estimate is unknown (None) when no
+  such time exists (what it needs is held by jobs without walltime), when the core says it
+  cannot start for a reason waiting does not fix (never fits, queue closed or at its quota),
+  or beyond the first `depth` jobs (the work is bounded). Under strict order without
+  backfill, no job is planned before the one ahead of it.
+- The job holding the core's backfill reservation starts exactly when the core says; with an
+  unknown start it keeps, from now on, the nodes it would take once everything ends, as the
+  core keeps them for it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+from scheduler.core.actions import enqueue
+from scheduler.core.cycle import Bind, CycleResult
+from scheduler.core.model import JobInfo, SchedulerConfig, Snapshot, TaskInfo
+from scheduler.core.plugins import default_plugins, job_request
+from scheduler.core.session import NodeState, Session
+from scheduler.core.status import Code, Status
+from scheduler.core.timeline import INF, Free, Timeline, as_free
+
+DEFAULT_DEPTH = 500
+# The core's verdicts that no passing of time resolves by itself: no estimate.
+NO_ESTIMATE = frozenset(
+    {
+        Code.NEVER_FITS,
+        Code.QUEUE_QUOTA,
+        Code.QUEUE_CLOSED,
+        Code.QUEUE_MISSING,
+        Code.SCHEDULER_ERROR,
+        Code.NOTHING_TO_PLACE,
+    }
+)
+
+
+@dataclass
+class Plan:
+    positions: dict[int, int] = field(default_factory=dict)  # job id -> 1 = next in its queue
+    starts: dict[int, float | None] = field(default_factory=dict)  # job id -> epoch s or None
+    planned: int = 0  # jobs the plan looked at (at most `depth`)
+
+
+def plan_starts(
+    snapshot: Snapshot,
+    result: CycleResult,
+    config: SchedulerConfig | None = None,
+    depth: int = DEFAULT_DEPTH,
+) -> Plan:
+    """Positions and start estimates of every job still waiting after `result`."""
+    config = config or SchedulerConfig()
+    session = Session(after_cycle(snapshot, result), config, default_plugins(config))
+    enqueue(session)
+    plan = Plan(positions=queue_positions(session))
+    planner = _Planner(session, result.pending, config)
+    for job in _plan_order(session):
+        if plan.planned >= depth:
+            break
+        plan.starts[job.id] = planner.place(job)
+        plan.planned += 1
+    for job_id in plan.positions:
+        plan.starts.setdefault(job_id, None)
+    return plan
+
+
+def after_cycle(snapshot: Snapshot, result: CycleResult) -> Snapshot:
+    """The snapshot as the cycle leaves it: bound tasks run from now, victims release."""
+    binds = {b.task_id: b for b in result.binds}
+    bound_jobs = {b.job_id for b in result.binds}
+    evicted = {e.job_id for e in result.evictions}
+    jobs = []
+    for job in snapshot.jobs:
+        if job.id in bound_jobs:
+            tasks = [_bound(t, binds.get(t.id), snapshot.now) for t in job.tasks]
+            job = replace(job, state="Running", tasks=tasks)
+        elif job.id in evicted:
+            tasks = [
+                replace(t, state="Releasing") if t.state in ("Assigned", "Running") else t
+                for t in job.tasks
+            ]
+            job = replace(job, tasks=tasks)
+        jobs.append(job)
+    return Snapshot(now=snapshot.now, nodes=snapshot.nodes, queues=snapshot.queues, jobs=jobs)
+
+
+def _bound(task: TaskInfo, bind: Bind | None, now: float) -> TaskInfo:
+    if bind is None:
+        return task
+    return replace(task, state="Assigned", node=bind.node, devices=bind.devices, started_at=now)
+
+
+def waiting(session: Session) -> list[JobInfo]:
+    """Jobs still waiting to start, in the core's job order."""
+    return sorted((j for j in session.candidates if j.state != "Running"), key=session.job_key)
+
+
+def queue_positions(session: Session) -> dict[int, int]:
+    seen: dict[str, int] = defaultdict(int)
+    positions = {}
+    for job in waiting(session):
+        seen[job.queue] += 1
+        positions[job.id] = seen[job.queue]
+    return positions
+
+
+def _plan_order(session: Session) -> Iterator[JobInfo]:
+    """Admitted waiting jobs, queue by queue as allocate serves them; each job planned
+    counts towards its queue's share, as it will once it starts."""
+    cursors = {}
+    heap = []
+    for name, queue in session.queues.items():
+        jobs = [j for j in queue.jobs if j.state != "Running"]
+        if jobs:
+            cursors[name] = iter(jobs)
+            heap.append((session.queue_key(queue), name))
+    heapq.heapify(heap)
+    while heap:
+        _, name = heapq.heappop(heap)
+        job = next(cursors[name], None)
+        if job is None:
+            continue
+        yield job
+        queue = session.queues[name]
+        queue.allocated = queue.allocated + job_request(job, _gang(session, job))
+        heapq.heappush(heap, (session.queue_key(queue), name))
+
+
+def _gang(session: Session, job: JobInfo) -> list[TaskInfo]:
+    """The tasks that must start together for the job to start."""
+    return session.pending_tasks(job)[: max(1, session.needed(job))]
+
+
+class _Planner:
+    """The resource-time profile of every Ready node, and the jobs placed on it so far."""
+
+    def __init__(self, session: Session, pending: dict[int, Status], config: SchedulerConfig):
+        self.session = session
+        self.pending = pending
+        self.nodes = [n for n in session.nodes if n.ready]
+        self.lines = {
+            n.name: Timeline(session.now, as_free(n.free()), _releases(session, n))
+            for n in self.nodes
+        }
+        # Strict order without backfill: nothing starts before the job ahead of it.
+        self.in_order = config.strict_order and "backfill" not in config.actions
+        self.floor = session.now
+        self._eligible: dict[tuple[object, ...], list[NodeState]] = {}
+
+    def place(self, job: JobInfo) -> float | None:
+        """Plan the job at its earliest start and return it (None: unknown)."""
+        status = self.pending.get(job.id)
+        gang = _gang(self.session, job)
+        if (status is not None and status.code in NO_ESTIMATE) or not gang:
+            return None
+        after = self.floor
+        if status is not None and status.code == Code.RESERVED:
+            if status.estimated_start is None:
+                self._keep_for(job, gang)
+                return self._unknown()
+            after = max(after, status.estimated_start)
+        duration = job.walltime or INF
+        found = self._earliest(job, gang, duration, after) if after < INF else None
+        if found is None:
+            return self._unknown()
+        start, placement = found
+        for name, amount in placement:
+            self.lines[name].hold(start, start + duration, amount)
+        if self.in_order:
+            self.floor = start
+        return start
+
+    def _unknown(self) -> None:
+        if self.in_order:
+            self.floor = INF
+        return None
+
+    def _earliest(
+        self, job: JobInfo, gang: list[TaskInfo], duration: float, after: float
+    ) -> tuple[float, list[tuple[str, Free]]] | None:
+        if len(gang) == 1:
+            return self._earliest_one(job, gang[0], duration, after)
+        times = {after}
+        for task in gang:
+            for node in self.eligible(job, task):
+                times.update(t for t in self.lines[node.name].times if t > after)
+        for moment in sorted(times):
+            placement = self._first_fit(job, gang, moment, duration)
+            if placement is not None:
+                return moment, placement
+        return None
+
+    def _earliest_one(
+        self, job: JobInfo, task: TaskInfo, duration: float, after: float
+    ) -> tuple[float, list[tuple[str, Free]]] | None:
+        need = as_free(task.resources)
+        best: float | None = None
+        where = ""
+        for node in self.eligible(job, task):
+            found = self.lines[node.name].earliest(
+                need, duration, after, INF if best is None else best
+            )
+            if found is not None and (best is None or found < best):
+                best, where = found, node.name
+                if best <= after:
+                    break
+        return None if best is None else (best, [(where, need)])
+
+    def _first_fit(
+        self, job: JobInfo, gang: list[TaskInfo], moment: float, duration: float
+    ) -> list[tuple[str, Free]] | None:
+        """The gang placed first fit in node order on what stays free over the window."""
+        room: dict[str, list[int]] = {}
+        placement = []
+        for task in gang:
+            need = as_free(task.resources)
+            for node in self.eligible(job, task):
+                free = room.get(node.name)
+                if free is None:
+                    free = room[node.name] = list(
+                        self.lines[node.name].window(moment, moment + duration)
+                    )
+                if free[0] >= need[0] and free[1] >= need[1] and free[2] >= need[2]:
+                    free[0], free[1], free[2] = (
+                        free[0] - need[0],
+                        free[1] - need[1],
+                        free[2] - need[2],
+                    )
+                    placement.append((node.name, need))
+                    break
+            else:
+                return None
+        return placement
+
+    def _keep_for(self, job: JobInfo, gang: list[TaskInfo]) -> None:
+        """The reserved job with an unknown start: hold, from now on, where it would go
+        once everything has ended (the core protects those nodes for it)."""
+        room = {n.name: list(as_free(n.capacity())) for n in self.nodes}
+        placement = []
+        for task in gang:
+            need = as_free(task.resources)
+            for node in self.eligible(job, task):
+                free = room[node.name]
+                if free[0] >= need[0] and free[1] >= need[1] and free[2] >= need[2]:
+                    free[0], free[1], free[2] = (
+                        free[0] - need[0],
+                        free[1] - need[1],
+                        free[2] - need[2],
+                    )
+                    placement.append((node.name, need))
+                    break
+            else:
+                return
+        for name, amount in placement:
+            self.lines[name].hold(self.session.now, INF, amount)
+
+    def eligible(self, job: JobInfo, task: TaskInfo) -> list[NodeState]:
+        """Ready nodes that could ever take the task, in node order (cached per shape: the
+        core's predicates depend on the task and the node only)."""
+        key = (task.resources, tuple(sorted(task.node_selector.items())))
+        nodes = self._eligible.get(key)
+        if nodes is None:
+            nodes = [
+                n
+                for n in self.nodes
+                if self.session.predicate(job, task, n) is None
+                and task.resources.fits_in(n.capacity())
+            ]
+            self._eligible[key] = nodes
+        return nodes
+
+
+def _releases(session: Session, node: NodeState) -> list[tuple[float, Free]]:
+    """When each task on the node gives back what it holds: now if it is stopping, at its
+    walltime if it has one, never (INF) otherwise."""
+    out = []
+    for running, task in node.tasks:
+        amount = (task.resources.cpu, task.resources.memory, len(task.devices))
+        if task.state == "Releasing" or running.suspend_requested:
+            out.append((session.now, amount))
+        elif running.walltime is not None and task.started_at is not None:
+            out.append((max(session.now, task.started_at + running.walltime), amount))
+        else:
+            out.append((INF, amount))
+    return out
