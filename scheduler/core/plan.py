@@ -170,12 +170,14 @@ class _Planner:
         if status is not None and status.code == Code.RESERVED:
             if status.estimated_start is None:
                 self._keep_for(job, gang)
-                return self._unknown()
+                self._unknown()
+                return None
             after = max(after, status.estimated_start)
         duration = job.walltime or INF
         found = self._earliest(job, gang, duration, after) if after < INF else None
         if found is None:
-            return self._unknown()
+            self._unknown()
+            return None
         start, placement = found
         for name, amount in placement:
             self.lines[name].hold(start, start + duration, amount)
@@ -185,8 +187,7 @@ class _Planner:
 
     def _unknown(self) -> None:
         if self.in_order:
-            self.floor = INF
-        return None
+            self.floor = INF  # strict order: nothing after an unknown start is known
 
     def _earliest(
         self, job: JobInfo, gang: list[TaskInfo], duration: float, after: float

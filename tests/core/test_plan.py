@@ -29,7 +29,7 @@ def busy_cluster() -> list[JobInfo]:
 def simulate(jobs: list[JobInfo], config: SchedulerConfig | None = None) -> dict[int, float]:
     """Run cycles at every moment something ends or is expected to start; tasks end exactly
     at their walltime. Returns when each job was bound."""
-    now, bound_at = NOW, {}
+    now, bound_at = NOW, dict[int, float]()
     for _ in range(50):
         alive = [j for j in jobs if not _ended(j, now)]
         snap = snapshot(NODES, alive, now=now)
