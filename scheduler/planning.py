@@ -18,13 +18,17 @@ from django.db import transaction
 from scheduler import notify
 from scheduler.core.cycle import CycleResult
 from scheduler.core.model import SchedulerConfig
-from scheduler.core.plan import Plan, plan_starts
+from scheduler.core.plan import Plan, fingerprint, plan_starts
 from scheduler.models import Job
 from scheduler.setbased import chunks, update_rows
 from scheduler.snapshot import Loaded
 
 # An estimate that moved less than this is not news (it drifts with every cycle's "now").
 ESTIMATE_TOLERANCE_SECONDS = 30.0
+# A plan is made again at least this often even when nothing changed (time passes).
+REPLAN_SECONDS = 30.0
+# The last plan and what it was made from: (fingerprint, made at, depth, plan).
+_last: tuple[int, float, int, Plan] | None = None
 
 
 def plan_depth() -> int:
@@ -32,8 +36,21 @@ def plan_depth() -> int:
 
 
 def annotate(loaded: Loaded, result: CycleResult, config: SchedulerConfig | None) -> Plan:
-    """Plan the waiting jobs and set each one's estimate on its pending status."""
-    plan = plan_starts(loaded.snapshot, result, config, depth=plan_depth())
+    """Plan the waiting jobs and set each one's estimate on its pending status. When
+    nothing the plan depends on changed since the last cycle, the last plan is reused."""
+    global _last
+    depth, now = plan_depth(), loaded.snapshot.now
+    key = fingerprint(loaded.snapshot, result, config)
+    if (
+        _last is not None
+        and _last[0] == key
+        and _last[2] == depth
+        and now - _last[1] < REPLAN_SECONDS
+    ):
+        plan = _last[3]
+    else:
+        plan = plan_starts(loaded.snapshot, result, config, depth=depth)
+        _last = (key, now, depth, plan)
     for job_id, start in plan.starts.items():
         status = result.pending.get(job_id)
         if status is not None:

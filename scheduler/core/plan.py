@@ -22,6 +22,7 @@ resources from now for their walltime, evicted ones give theirs back now). Like
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -35,6 +36,9 @@ from scheduler.core.status import Code, Status
 from scheduler.core.timeline import INF, Free, Timeline, as_free
 
 DEFAULT_DEPTH = 500
+# A gang not placed after this many tries at moments where enough is free at that instant
+# (but not for its whole walltime) is left unknown: the work per job stays bounded.
+MAX_GANG_CHECKS = 64
 # The core's verdicts that no passing of time resolves by itself: no estimate.
 NO_ESTIMATE = frozenset(
     {
@@ -75,6 +79,27 @@ def plan_starts(
     for job_id in plan.positions:
         plan.starts.setdefault(job_id, None)
     return plan
+
+
+def fingerprint(snapshot: Snapshot, result: CycleResult, config: SchedulerConfig | None) -> int:
+    """Everything a plan depends on except the passing of time: two cycles with the same
+    fingerprint (and close enough in time) have the same plan, so it need not be made again."""
+    return hash(
+        (
+            config,
+            tuple((n.name, n.state, n.allocatable, tuple(n.labels.items()), len(n.devices))
+                  for n in snapshot.nodes),
+            tuple((q.name, q.weight, q.priority, q.capability, q.open) for q in snapshot.queues),
+            tuple(
+                (j.id, j.state, j.priority, j.walltime, j.suspend_requested, j.queue,
+                 tuple((t.id, t.state, t.node, t.started_at) for t in j.tasks))
+                for j in snapshot.jobs
+            ),
+            tuple(result.binds),
+            tuple(result.evictions),
+            tuple((j, s.code, s.estimated_start) for j, s in result.pending.items()),
+        )
+    )  # fmt: skip
 
 
 def after_cycle(snapshot: Snapshot, result: CycleResult) -> Snapshot:
@@ -194,15 +219,63 @@ class _Planner:
     ) -> tuple[float, list[tuple[str, Free]]] | None:
         if len(gang) == 1:
             return self._earliest_one(job, gang[0], duration, after)
-        times = {after}
+        return self._earliest_gang(job, gang, duration, after)
+
+    def _earliest_gang(
+        self, job: JobInfo, gang: list[TaskInfo], duration: float, after: float
+    ) -> tuple[float, list[tuple[str, Free]]] | None:
+        """Sweep the nodes' breakpoints in time order, keeping per task shape how many tasks
+        the nodes could hold at that instant; only where that count is enough for the gang is
+        the gang placed for real over its whole window (at most MAX_GANG_CHECKS times)."""
+        wanted: dict[Free, int] = {}
+        eligible: dict[Free, set[str]] = {}
         for task in gang:
-            for node in self.eligible(job, task):
-                times.update(t for t in self.lines[node.name].times if t > after)
-        for moment in sorted(times):
-            placement = self._first_fit(job, gang, moment, duration)
+            shape = as_free(task.resources)
+            wanted[shape] = wanted.get(shape, 0) + 1
+            eligible.setdefault(shape, {n.name for n in self.eligible(job, task)})
+        counts = {shape: dict.fromkeys(nodes, 0) for shape, nodes in eligible.items()}
+        totals = dict.fromkeys(wanted, 0)
+        short = len(wanted)  # shapes the nodes cannot hold enough of at this instant
+        checks = 0
+        events = self._events(set().union(*eligible.values()), after)
+        for i, (moment, name, free) in enumerate(events):
+            for shape, nodes in counts.items():
+                old = nodes.get(name)
+                if old is None:
+                    continue
+                count = _how_many(free, shape)
+                if count != old:
+                    was_short = totals[shape] < wanted[shape]
+                    totals[shape] += count - old
+                    nodes[name] = count
+                    short += (totals[shape] < wanted[shape]) - was_short
+            if short or (i + 1 < len(events) and events[i + 1][0] == moment):
+                continue  # not enough at this instant, or more changes at this moment
+            placement = self._first_fit(job, gang, moment, duration, counts)
             if placement is not None:
                 return moment, placement
+            checks += 1
+            if checks >= MAX_GANG_CHECKS:
+                return None
         return None
+
+    def _events(self, names: set[str], after: float) -> list[tuple[float, str, Free]]:
+        """Every change of free resources on these nodes from `after` on, in time order."""
+        events: list[tuple[float, str, Free]] = []
+        for name in names:
+            times, free = self.lines[name].times, self.lines[name].free
+            first = max(0, bisect_right(times, after) - 1)
+            events.append((after, name, free[first]))
+            events.extend(
+                zip(
+                    times[first + 1 :],
+                    [name] * (len(times) - first - 1),
+                    free[first + 1 :],
+                    strict=True,
+                )
+            )
+        events.sort(key=lambda e: e[0])
+        return events
 
     def _earliest_one(
         self, job: JobInfo, task: TaskInfo, duration: float, after: float
@@ -221,14 +294,23 @@ class _Planner:
         return None if best is None else (best, [(where, need)])
 
     def _first_fit(
-        self, job: JobInfo, gang: list[TaskInfo], moment: float, duration: float
+        self,
+        job: JobInfo,
+        gang: list[TaskInfo],
+        moment: float,
+        duration: float,
+        now_free: dict[Free, dict[str, int]],
     ) -> list[tuple[str, Free]] | None:
-        """The gang placed first fit in node order on what stays free over the window."""
+        """The gang placed first fit in node order on what stays free over the window;
+        nodes with no room for a task at `moment` itself (`now_free`) are not looked at."""
         room: dict[str, list[int]] = {}
         placement = []
         for task in gang:
             need = as_free(task.resources)
+            counts = now_free[need]
             for node in self.eligible(job, task):
+                if not counts[node.name]:
+                    continue
                 free = room.get(node.name)
                 if free is None:
                     free = room[node.name] = list(
@@ -282,6 +364,19 @@ class _Planner:
             ]
             self._eligible[key] = nodes
         return nodes
+
+
+def _how_many(free: Free, shape: Free) -> int:
+    """How many tasks of `shape` fit in `free`."""
+    cpu, memory, gpu = shape
+    most = 1 << 30
+    if gpu:
+        most = free[2] // gpu
+    if cpu:
+        most = min(most, free[0] // cpu)
+    if memory:
+        most = min(most, free[1] // memory)
+    return max(0, most)
 
 
 def _releases(session: Session, node: NodeState) -> list[tuple[float, Free]]:
