@@ -9,11 +9,20 @@ from django.db.models import Count
 
 from scheduler import notify
 from scheduler.arrays import submit_array
-from scheduler.core.fit import Ask, Offer, never_fits
+from scheduler.core.fit import Ask, Offer, never_fits, over_capability
 from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
 from scheduler.core.resources import Resources
 from scheduler.events import record
-from scheduler.models import Flow, FlowStep, Job, JobTemplate, Node, Queue, Task
+from scheduler.models import (
+    Flow,
+    FlowStep,
+    Job,
+    JobTemplate,
+    Node,
+    Queue,
+    Task,
+    capability_problems,
+)
 from scheduler.specs import (
     SpecError,
     normalize_flow_spec,
@@ -54,7 +63,7 @@ def submit_job(
     elif refusal:
         raise SpecError({"priority": [refusal]})
     if flow is None:  # a flow's steps were checked when the flow was submitted
-        refuse_never_fits(spec)
+        refuse_never_fits(spec, queue)
     labels = dict(spec["labels"])
     if flow is not None:
         labels["berth/flow"] = str(flow.pk)
@@ -177,8 +186,11 @@ def registered_offers() -> list[Offer]:
     ]
 
 
-def never_fit_errors(spec: dict[str, Any], offers: list[Offer]) -> dict[str, str]:
-    """A normalized job spec's never-fits problems on `offers` (scheduler/core/fit.py)."""
+def never_fit_errors(
+    spec: dict[str, Any], offers: list[Offer], queue: Queue | None = None
+) -> dict[str, str]:
+    """A normalized job spec's never-fits problems on `offers` and in `queue`
+    (scheduler/core/fit.py)."""
     asks = [
         Ask(
             path=f"tasks.{i}",
@@ -189,12 +201,19 @@ def never_fit_errors(spec: dict[str, Any], offers: list[Offer]) -> dict[str, str
         )
         for i, task in enumerate(spec["tasks"])
     ]
-    return never_fits(asks, spec["min_available"], offers)
+    problems = never_fits(asks, spec["min_available"], offers)
+    if queue is not None and isinstance(queue.capability, dict):
+        if not capability_problems(queue.capability):
+            problems.update(
+                over_capability(asks, spec["min_available"], queue.capability, queue.name)
+            )
+    return problems
 
 
-def refuse_never_fits(spec: dict[str, Any]) -> None:
-    """400 when no registered node could ever run the job (none registered: accept)."""
-    problems = never_fit_errors(spec, registered_offers())
+def refuse_never_fits(spec: dict[str, Any], queue: Queue | None = None) -> None:
+    """400 when no registered node could ever run the job (none registered: accept), or its
+    gang needs more than its queue may ever hold."""
+    problems = never_fit_errors(spec, registered_offers(), queue)
     if problems:
         raise SpecError({path: [message] for path, message in problems.items()})
 
@@ -204,9 +223,8 @@ def _steps_never_fitting(
 ) -> dict[str, list[str]]:
     """Each step whose job (template, overrides, first item) could never run here."""
     offers = registered_offers()
+    queues = {q.name: q for q in Queue.objects.exclude(capability=None)}
     errors: dict[str, list[str]] = {}
-    if not offers:
-        return errors
     for i, step in enumerate(steps):
         item = step["items"][0] if step["items"] else None
         try:
@@ -214,7 +232,7 @@ def _steps_never_fitting(
                                  name="check")  # fmt: skip
         except SpecError:
             continue  # reported by _step_job_errors
-        for path, message in never_fit_errors(spec, offers).items():
+        for path, message in never_fit_errors(spec, offers, queues.get(spec["queue"])).items():
             errors[f"steps.{i}.{path}"] = [message]
     return errors
 

@@ -54,6 +54,26 @@ def never_fits(asks: Sequence[Ask], min_available: int, offers: Sequence[Offer])
     return _gang_problems(asks, min_available, offers)
 
 
+def over_capability(
+    asks: Sequence[Ask], min_available: int, capability: dict[str, int | None], queue: str
+) -> dict[str, str]:
+    """Why the job's gang needs more than its queue may ever hold (`capability`: resource ->
+    limit, None or missing for unlimited), as the core's capability check says it."""
+    gang = list(_tasks_in_core_order(asks))[:min_available]
+    need = sum((a.resources for a in gang), Resources())
+    for dim in DIMENSIONS:
+        limit = capability.get(dim)
+        if limit is not None and getattr(need, dim) > limit:
+            return {
+                "queue": (
+                    f"{len(gang)} task{'s' if len(gang) > 1 else ''} starting together need"
+                    f' {dim} {need.describe(dim)}, more than queue "{queue}" may ever hold'
+                    f" ({Resources(**{dim: limit}).describe(dim)})"
+                )
+            }
+    return {}
+
+
 def _task_problems(ask: Ask, offers: Sequence[Offer]) -> dict[str, str]:
     matching = [o for o in offers if o.matches(ask.node_selector)]
     if not matching:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.models import Job, JobTemplate
+from scheduler.models import Job, JobTemplate, Queue
 from tests.factories import GI, make_node
 
 pytestmark = pytest.mark.django_db
@@ -117,3 +117,19 @@ def test_a_template_whose_job_never_fits_is_refused_when_a_flow_uses_it(api, own
     flow = {"name": "f", "steps": [{"name": "only", "template": "huge"}]}
     errors = refusal(api, owner, flow, "/api/v1/flows/")
     assert "no node has a zone label" in errors["steps.0.tasks.0.node_selector"][0]
+
+
+def test_a_gang_larger_than_its_queue_may_ever_hold_is_refused(api, owner, cluster):
+    Queue.objects.create(name="small", capability={"gpu": 4})
+    errors = refusal(api, owner, {**spec(gpu=4, replicas=2), "queue": "small"})
+    assert errors["queue"] == [
+        '2 tasks starting together need gpu 8, more than queue "small" may ever hold (4)'
+    ]
+    body = {**spec(gpu=4, replicas=2), "queue": "small", "min_available": 1}
+    assert api(owner).post("/api/v1/jobs/", body, format="json").status_code == 201
+
+
+def test_the_queue_capability_holds_before_any_node_registers(api, owner):
+    Queue.objects.create(name="small", capability={"memory": 8 * GI, "gpu": None})
+    errors = refusal(api, owner, {**spec(memory="16Gi"), "queue": "small"})
+    assert 'more than queue "small" may ever hold (8Gi)' in errors["queue"][0]
