@@ -26,6 +26,7 @@ from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from math import nextafter
 
 from scheduler.core.actions import enqueue
 from scheduler.core.cycle import Bind, CycleResult
@@ -182,6 +183,7 @@ class _Planner:
         }
         # Strict order without backfill: nothing starts before the job ahead of it.
         self.in_order = config.strict_order and "backfill" not in config.actions
+        self.binpack = config.node_order == "binpack"
         self.floor = session.now
         self._eligible: dict[tuple[object, ...], list[NodeState]] = {}
 
@@ -280,18 +282,22 @@ class _Planner:
     def _earliest_one(
         self, job: JobInfo, task: TaskInfo, duration: float, after: float
     ) -> tuple[float, list[tuple[str, Free]]] | None:
+        """The earliest node; among nodes free at the same time, binpack's choice (the one
+        with the fewest GPUs free then), as the core would pick."""
         need = as_free(task.resources)
-        best: float | None = None
+        best: tuple[float, int] | None = None
         where = ""
         for node in self.eligible(job, task):
-            found = self.lines[node.name].earliest(
-                need, duration, after, INF if best is None else best
+            line = self.lines[node.name]
+            found = line.earliest(
+                need, duration, after, INF if best is None else nextafter(best[0], INF)
             )
-            if found is not None and (best is None or found < best):
-                best, where = found, node.name
-                if best <= after:
-                    break
-        return None if best is None else (best, [(where, need)])
+            if found is None:
+                continue
+            key = (found, line.window(found, found)[2] if self.binpack else 0)
+            if best is None or key < best:
+                best, where = key, node.name
+        return None if best is None else (best[0], [(where, need)])
 
     def _first_fit(
         self,
