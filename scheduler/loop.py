@@ -17,14 +17,14 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from scheduler import arrays, gpu_history, lifecycle, notify, store
+from scheduler import arrays, gpu_history, lifecycle, notify, planning, store
 from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulerConfig
 
 log = logging.getLogger("berth.scheduler")
 
 # The phases of a cycle, in order; `total` is the whole cycle.
-PHASES = ("load", "core", "commit", "flows", "lifecycle", "publish")
+PHASES = ("load", "core", "plan", "commit", "flows", "lifecycle", "publish")
 
 
 @dataclass
@@ -177,6 +177,8 @@ def _cycle(report: CycleReport, config: SchedulerConfig | None) -> None:
         result = _phase(report, "core", lambda: run_cycle(loaded.snapshot, config))
         if result is not None:
             report.core_timings = dict(result.timings)
+            # Every waiting job's start estimate, set on its pending status for the commit.
+            plan = _phase(report, "plan", lambda: planning.annotate(loaded, result, config))
             applied = _phase(report, "commit", lambda: store.apply_decisions(loaded, result))
             if applied is not None:
                 report.counts["placed"] = applied.by_action.get("allocate", 0)
@@ -188,6 +190,11 @@ def _cycle(report: CycleReport, config: SchedulerConfig | None) -> None:
             for evict in result.evictions:
                 report.counts["reclaimed" if evict.reason == "Reclaimed" else "preempted"] += 1
             report.counts["pending"] = len(result.pending)
+            if plan is not None:
+                report.counts["planned"] = plan.planned
+                report.counts["plan_changed"] = (
+                    _phase(report, "plan", lambda: planning.persist(loaded, plan)) or 0
+                )
     _phase(report, "flows", _flows_reconcile)
     # Tasks whose node row was deleted.
     _phase(report, "lifecycle", lifecycle.lose_orphaned_tasks, "orphans")

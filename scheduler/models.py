@@ -348,6 +348,9 @@ class Job(models.Model):
     # Why a pending job waits, as the scheduler last saw it, and when it expects to start.
     pending_reasons = models.JSONField(default=list, blank=True)
     estimated_start_at = models.DateTimeField(null=True, blank=True)
+    # 1 = next in its queue, in the scheduler's order (scheduler/planning.py); null when the
+    # job does not wait in a queue (held, placed, running, finished).
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
     requested_action = models.CharField(
         max_length=16, choices=JobRequest.choices, default=JobRequest.NONE, blank=True
     )
@@ -410,6 +413,12 @@ class Job(models.Model):
             # TTL cleanup scans finished jobs by finish time.
             models.Index(fields=["state", "finished_at"], name="job_state_finished"),
             models.Index(fields=["flow", "step"], name="job_flow_step"),
+            # The plan resets the positions of jobs that left their queue (few rows).
+            models.Index(
+                fields=["queue_position"],
+                condition=Q(queue_position__isnull=False),
+                name="job_queued",
+            ),
             # Array element counts per state (the arrays pass, the API's parent rows).
             models.Index(fields=["array_parent", "state"], name="job_array_state"),
             # The limit pass releases an array's held elements in index order.

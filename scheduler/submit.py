@@ -5,12 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Count
 
 from scheduler import notify
 from scheduler.arrays import submit_array
+from scheduler.core.fit import Ask, Offer, never_fits, over_capability
 from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
+from scheduler.core.resources import Resources
 from scheduler.events import record
-from scheduler.models import Flow, FlowStep, Job, JobTemplate, Queue, Task
+from scheduler.models import (
+    Flow,
+    FlowStep,
+    Job,
+    JobTemplate,
+    Node,
+    Queue,
+    Task,
+    capability_problems,
+)
 from scheduler.specs import (
     SpecError,
     normalize_flow_spec,
@@ -50,6 +62,8 @@ def submit_job(
         lowered_from, spec["priority"] = spec["priority"], queue.priority_cap_for(policy_user)
     elif refusal:
         raise SpecError({"priority": [refusal]})
+    if flow is None:  # a flow's steps were checked when the flow was submitted
+        refuse_never_fits(spec, queue)
     labels = dict(spec["labels"])
     if flow is not None:
         labels["berth/flow"] = str(flow.pk)
@@ -131,6 +145,7 @@ def create_flow(owner: Any, data: object) -> Flow:
     if errors:
         raise SpecError(errors)
     errors = _step_priority_refusals(owner, spec["steps"], templates)
+    errors.update(_steps_never_fitting(spec["steps"], templates))
     if errors:
         raise SpecError(errors)
     with transaction.atomic():
@@ -157,6 +172,69 @@ def create_flow(owner: Any, data: object) -> Flow:
         record("FlowCreated", "Created", f"{len(spec['steps'])} steps", flow=flow)
         notify.changed(flows=[flow.pk])
     return flow
+
+
+def registered_offers() -> list[Offer]:
+    """Every registered node's allocatable (whatever its state: a node down for a moment
+    still counts), in one query."""
+    rows = Node.objects.order_by("name").annotate(gpus=Count("devices"))
+    return [
+        Offer(name, Resources(cpu, memory, gpus), labels if isinstance(labels, dict) else {})
+        for name, cpu, memory, gpus, labels in rows.values_list(
+            "name", "cpu", "memory", "gpus", "labels"
+        )
+    ]
+
+
+def never_fit_errors(
+    spec: dict[str, Any], offers: list[Offer], queue: Queue | None = None
+) -> dict[str, str]:
+    """A normalized job spec's never-fits problems on `offers` and in `queue`
+    (scheduler/core/fit.py)."""
+    asks = [
+        Ask(
+            path=f"tasks.{i}",
+            group=task["name"],
+            resources=Resources.parse(task["resources"]),
+            replicas=task["replicas"],
+            node_selector=task["node_selector"],
+        )
+        for i, task in enumerate(spec["tasks"])
+    ]
+    problems = never_fits(asks, spec["min_available"], offers)
+    if queue is not None and isinstance(queue.capability, dict):
+        if not capability_problems(queue.capability):
+            problems.update(
+                over_capability(asks, spec["min_available"], queue.capability, queue.name)
+            )
+    return problems
+
+
+def refuse_never_fits(spec: dict[str, Any], queue: Queue | None = None) -> None:
+    """400 when no registered node could ever run the job (none registered: accept), or its
+    gang needs more than its queue may ever hold."""
+    problems = never_fit_errors(spec, registered_offers(), queue)
+    if problems:
+        raise SpecError({path: [message] for path, message in problems.items()})
+
+
+def _steps_never_fitting(
+    steps: list[dict[str, Any]], templates: dict[str, JobTemplate]
+) -> dict[str, list[str]]:
+    """Each step whose job (template, overrides, first item) could never run here."""
+    offers = registered_offers()
+    queues = {q.name: q for q in Queue.objects.exclude(capability=None)}
+    errors: dict[str, list[str]] = {}
+    for i, step in enumerate(steps):
+        item = step["items"][0] if step["items"] else None
+        try:
+            spec = step_job_spec(templates[step["template"]].spec, step["overrides"], item,
+                                 name="check")  # fmt: skip
+        except SpecError:
+            continue  # reported by _step_job_errors
+        for path, message in never_fit_errors(spec, offers, queues.get(spec["queue"])).items():
+            errors[f"steps.{i}.{path}"] = [message]
+    return errors
 
 
 def _step_priority_refusals(

@@ -28,7 +28,7 @@ from berth.cli.client import (
     load_settings,
     save_settings,
 )
-from berth.cli.output import emit_json, job_reason, table
+from berth.cli.output import emit_json, job_position, job_reason, job_start, table
 from berth.cli.specs import (
     apply_job_options,
     directives,
@@ -231,7 +231,8 @@ def jobs(all_users: bool, state: str | None, user: str | None, queue: str | None
         return
     table(rows, [("ID", lambda j: j["id"]), ("NAME", lambda j: j["name"]),
                  ("USER", lambda j: j.get("owner")), ("QUEUE", lambda j: j.get("queue")),
-                 ("STATE", lambda j: j["state"]), ("REASON", job_reason)], "no jobs")  # fmt: skip
+                 ("STATE", lambda j: j["state"]), ("POS", job_position), ("START", job_start),
+                 ("REASON", job_reason)], "no jobs")  # fmt: skip
 
 
 def _me(api: Client) -> str:
@@ -250,6 +251,9 @@ def show(job_id: int, as_json: bool) -> None:
     for key in ("id", "name", "owner", "queue", "priority", "state", "reason", "message",
                 "walltime", "created_at", "started_at", "finished_at"):  # fmt: skip
         click.echo(f"{key:>12}: {job.get(key) if job.get(key) not in (None, '') else '-'}")
+    if job.get("state") in ("Pending", "Suspended"):
+        click.echo(f"{'position':>12}: {job_position(job) or '-'}")
+        click.echo(f"{'start':>12}: {job_start(job)}")
     for reason in job.get("pending_reasons") or []:
         click.echo(f"{'waiting':>12}: {reason}")
     table(job.get("tasks", []), [("TASK", lambda t: f"{t['group']}-{t['index']}"),

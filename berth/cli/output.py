@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 import click
@@ -43,3 +44,24 @@ def job_reason(job: dict[str, Any]) -> str:
         start = job.get("estimated_start_at")
         return f"{text} (start ~{start})" if start else text
     return job.get("message") or job.get("reason") or ""
+
+
+def job_position(job: dict[str, Any]) -> Any:
+    """Its place in its queue (1 = next), like squeue's priority order; "-" when not waiting."""
+    return job.get("queue_position")
+
+
+def job_start(job: dict[str, Any]) -> str | None:
+    """When a waiting job should start, in local time (like `squeue --start`); "unknown" when
+    the server has no estimate, "-" for a job that does not wait."""
+    if job.get("state") not in ("Pending", "Suspended"):
+        return None
+    value = job.get("estimated_start_at")
+    if not value:
+        return "unknown"
+    try:
+        when = datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone()
+    except ValueError:
+        return str(value)
+    now = datetime.now().astimezone()
+    return when.strftime("%H:%M:%S" if when.date() == now.date() else "%Y-%m-%d %H:%M")

@@ -23,6 +23,7 @@ from scheduler.core.quantity import (
 )
 from scheduler.models import Event, Flow, Job, JobTemplate, Node, Queue, Task
 from scheduler.specs import label_problems
+from scheduler.states import JobState
 
 PARSERS = {"cpu": parse_cpu, "memory": parse_memory, "gpu": parse_gpu}
 FORMATS: dict[str, Callable[[int], Any]] = {"cpu": format_cpu, "memory": format_memory, "gpu": int}
@@ -186,6 +187,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     )
     tasks = TaskSerializer(many=True, read_only=True)
     pending_reasons = serializers.SerializerMethodField()
+    queue_position = serializers.SerializerMethodField()
     array = serializers.SerializerMethodField()
 
     class Meta:
@@ -194,7 +196,8 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "id", "name", "owner", "queue", "priority", "preemptible", "min_available",
             "walltime", "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry",
             "retries", "labels", "spec", "state", "reason", "message", "pending_reasons",
-            "estimated_start_at", "requested_action", "flow", "template", "step", "item_index",
+            "estimated_start_at", "queue_position", "requested_action", "flow", "template", "step",
+            "item_index",
             "array", "array_parent", "array_index",
             "tasks", "created_at", "started_at", "finished_at",
         ]  # fmt: skip
@@ -217,6 +220,13 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         if self.context.get("array_indices"):
             data["indices"] = indices_by_state(job)
         return data
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True, min_value=1))
+    def get_queue_position(self, job: Job) -> int | None:
+        """1 = next in its queue in the scheduler's order; null unless the job waits there."""
+        if job.state not in (JobState.PENDING, JobState.SUSPENDED) or job.hold_reason:
+            return None
+        return job.queue_position
 
     def get_pending_reasons(self, job: Job) -> list[str]:
         reasons = list(job.pending_reasons or [])

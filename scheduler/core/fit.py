@@ -1,0 +1,155 @@
+"""Could a job ever run on this cluster? Pure checks shared by submit and the core.
+
+A job "never fits" when no registered node could hold one of its tasks even empty (a request
+larger than every node's allocatable, a node selector no node matches), or when the gang's
+first `min_available` tasks cannot be placed together on the whole empty cluster, first fit
+in node-name order as the core's own gang check does (scheduler/core/actions.py). Submit
+refuses such a job with a 400 naming the field, the request and the largest offer, as sbatch
+refuses a configuration that is not available.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from scheduler.core.resources import DIMENSIONS, Resources
+
+MAX_LISTED = 3  # node selector values listed in a refusal
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A registered node as submit sees it: what it could give one job, empty."""
+
+    name: str
+    allocatable: Resources
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def matches(self, selector: dict[str, str]) -> bool:
+        return all(self.labels.get(k) == v for k, v in selector.items())
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One task group of a spec: `path` names it in refusals (e.g. "tasks.0")."""
+
+    path: str
+    group: str
+    resources: Resources
+    replicas: int = 1
+    node_selector: dict[str, str] = field(default_factory=dict)
+
+
+def never_fits(asks: Sequence[Ask], min_available: int, offers: Sequence[Offer]) -> dict[str, str]:
+    """Why the job could never run on `offers`: field path -> message. Empty when it could,
+    and always empty with no node registered (a fresh cluster accepts anything)."""
+    if not offers:
+        return {}
+    problems: dict[str, str] = {}
+    for ask in asks:
+        problems.update(_task_problems(ask, offers))
+    if problems:
+        return problems
+    return _gang_problems(asks, min_available, offers)
+
+
+def over_capability(
+    asks: Sequence[Ask], min_available: int, capability: dict[str, int | None], queue: str
+) -> dict[str, str]:
+    """Why the job's gang needs more than its queue may ever hold (`capability`: resource ->
+    limit, None or missing for unlimited), as the core's capability check says it."""
+    gang = list(_tasks_in_core_order(asks))[:min_available]
+    need = sum((a.resources for a in gang), Resources())
+    for dim in DIMENSIONS:
+        limit = capability.get(dim)
+        if limit is not None and getattr(need, dim) > limit:
+            return {
+                "queue": (
+                    f"{len(gang)} task{'s' if len(gang) > 1 else ''} starting together need"
+                    f' {dim} {need.describe(dim)}, more than queue "{queue}" may ever hold'
+                    f" ({Resources(**{dim: limit}).describe(dim)})"
+                )
+            }
+    return {}
+
+
+def _task_problems(ask: Ask, offers: Sequence[Offer]) -> dict[str, str]:
+    matching = [o for o in offers if o.matches(ask.node_selector)]
+    if not matching:
+        return {f"{ask.path}.node_selector": _selector_message(ask.node_selector, offers)}
+    problems = {}
+    for dim in DIMENSIONS:
+        wanted = getattr(ask.resources, dim)
+        largest = max(getattr(o.allocatable, dim) for o in matching)
+        if wanted > largest:
+            problems[f"{ask.path}.resources.{dim}"] = (
+                f"{ask.resources.describe(dim)} per task requested, the largest"
+                f"{' matching' if ask.node_selector else ''} node has"
+                f" {Resources(**{dim: largest}).describe(dim)}"
+            )
+    if problems:
+        return problems
+    if not any(ask.resources.fits_in(o.allocatable) for o in matching):
+        return {
+            f"{ask.path}.resources": (
+                f"{_describe(ask.resources)} per task requested, no single node has all of it"
+                f" (largest: {_largest(matching)})"
+            )
+        }
+    return {}
+
+
+def _selector_message(selector: dict[str, str], offers: Sequence[Offer]) -> str:
+    wanted = ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
+    for key, value in sorted(selector.items()):
+        if any(o.labels.get(key) == value for o in offers):
+            continue
+        values = sorted({o.labels[key] for o in offers if key in o.labels})
+        shown = ", ".join(values[:MAX_LISTED]) + (", ..." if len(values) > MAX_LISTED else "")
+        offered = f"nodes have {key}={shown}" if values else f"no node has a {key} label"
+        return f"no registered node matches {wanted} ({offered})"
+    return f"no registered node matches {wanted} (no node has all of these labels)"
+
+
+def _gang_problems(
+    asks: Sequence[Ask], min_available: int, offers: Sequence[Offer]
+) -> dict[str, str]:
+    """Place the first `min_available` tasks (groups in name order, as the core orders
+    them) first fit on the empty cluster; a miss means the gang never starts."""
+    gang = list(_tasks_in_core_order(asks))[:min_available]
+    room = {o.name: o.allocatable for o in offers}
+    for placed, ask in enumerate(gang):
+        for offer in offers:
+            free = room[offer.name]
+            if offer.matches(ask.node_selector) and ask.resources.fits_in(free):
+                room[offer.name] = free - ask.resources
+                break
+        else:
+            total = sum((o.allocatable for o in offers), Resources())
+            need = sum((a.resources for a in gang), Resources())
+            return {
+                "min_available": (
+                    f"{len(gang)} tasks must start together ({_describe(need)} in all), but"
+                    f" only {placed} fit on the whole cluster even when empty"
+                    f" ({len(offers)} nodes, {_describe(total)} in all)"
+                )
+            }
+    return {}
+
+
+def _tasks_in_core_order(asks: Iterable[Ask]) -> Iterable[Ask]:
+    for ask in sorted(asks, key=lambda a: a.group):
+        for _ in range(ask.replicas):
+            yield ask
+
+
+def _describe(resources: Resources) -> str:
+    return ", ".join(f"{d} {resources.describe(d)}" for d in DIMENSIONS if getattr(resources, d))
+
+
+def _largest(offers: Sequence[Offer]) -> str:
+    biggest = max(
+        offers, key=lambda o: (o.allocatable.gpu, o.allocatable.cpu, o.allocatable.memory)
+    )
+    return f"{biggest.name} with {_describe(biggest.allocatable) or 'nothing'}"

@@ -1,0 +1,400 @@
+"""Where every pending job stands: its position in its queue and when it should start.
+
+Run after a cycle, on the snapshot and the cycle's decisions (jobs bound now hold their
+resources from now for their walltime, evicted ones give theirs back now). Like
+`squeue --start` over a conservative-backfill plan:
+
+- Positions: candidates ranked per queue by the core's job order (`Session.job_key`).
+- Estimates: jobs in the order allocate considers them (queues by `Session.queue_key`, the
+  queue to serve next chosen again after each job, as if that job had started) are placed one
+  by one on a per-node resource-time profile (scheduler/core/timeline.py), each at the
+  earliest time its whole gang fits for its walltime, around the jobs planned before it. A
+  job with no walltime holds what it takes for ever. The estimate is unknown (None) when no
+  such time exists (what it needs is held by jobs without walltime), when the core says it
+  cannot start for a reason waiting does not fix (never fits, queue closed or at its quota),
+  or beyond the first `depth` jobs (the work is bounded). Under strict order without
+  backfill, no job is planned before the one ahead of it.
+- The job holding the core's backfill reservation starts exactly when the core says; with an
+  unknown start it keeps, from now on, the nodes it would take once everything ends, as the
+  core keeps them for it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from math import nextafter
+
+from scheduler.core.actions import enqueue
+from scheduler.core.cycle import Bind, CycleResult
+from scheduler.core.model import JobInfo, SchedulerConfig, Snapshot, TaskInfo
+from scheduler.core.plugins import default_plugins, job_request
+from scheduler.core.session import NodeState, Session
+from scheduler.core.status import Code, Status
+from scheduler.core.timeline import INF, Free, Timeline, as_free
+
+DEFAULT_DEPTH = 500
+# A gang not placed after this many tries at moments where enough is free at that instant
+# (but not for its whole walltime) is left unknown: the work per job stays bounded.
+MAX_GANG_CHECKS = 64
+# The core's verdicts that no passing of time resolves by itself: no estimate.
+NO_ESTIMATE = frozenset(
+    {
+        Code.NEVER_FITS,
+        Code.QUEUE_QUOTA,
+        Code.QUEUE_CLOSED,
+        Code.QUEUE_MISSING,
+        Code.SCHEDULER_ERROR,
+        Code.NOTHING_TO_PLACE,
+    }
+)
+
+
+@dataclass
+class Plan:
+    positions: dict[int, int] = field(default_factory=dict)  # job id -> 1 = next in its queue
+    starts: dict[int, float | None] = field(default_factory=dict)  # job id -> epoch s or None
+    planned: int = 0  # jobs the plan looked at (at most `depth`)
+
+
+def plan_starts(
+    snapshot: Snapshot,
+    result: CycleResult,
+    config: SchedulerConfig | None = None,
+    depth: int = DEFAULT_DEPTH,
+) -> Plan:
+    """Positions and start estimates of every job still waiting after `result`."""
+    config = config or SchedulerConfig()
+    session = Session(after_cycle(snapshot, result), config, default_plugins(config))
+    enqueue(session)
+    plan = Plan(positions=queue_positions(session))
+    planner = _Planner(session, result.pending, config)
+    for job in _plan_order(session):
+        if plan.planned >= depth:
+            break
+        plan.starts[job.id] = planner.place(job)
+        plan.planned += 1
+    for job_id in plan.positions:
+        plan.starts.setdefault(job_id, None)
+    return plan
+
+
+def fingerprint(snapshot: Snapshot, result: CycleResult, config: SchedulerConfig | None) -> int:
+    """Everything a plan depends on except the passing of time: two cycles with the same
+    fingerprint (and close enough in time) have the same plan, so it need not be made again."""
+    return hash(
+        (
+            config,
+            tuple((n.name, n.state, n.allocatable, tuple(n.labels.items()), len(n.devices))
+                  for n in snapshot.nodes),
+            tuple((q.name, q.weight, q.priority, q.capability, q.open) for q in snapshot.queues),
+            tuple(
+                (j.id, j.state, j.priority, j.walltime, j.suspend_requested, j.queue,
+                 tuple((t.id, t.state, t.node, t.started_at) for t in j.tasks))
+                for j in snapshot.jobs
+            ),
+            tuple(result.binds),
+            tuple(result.evictions),
+            tuple((j, s.code, s.estimated_start) for j, s in result.pending.items()),
+        )
+    )  # fmt: skip
+
+
+def after_cycle(snapshot: Snapshot, result: CycleResult) -> Snapshot:
+    """The snapshot as the cycle leaves it: bound tasks run from now, victims release."""
+    binds = {b.task_id: b for b in result.binds}
+    bound_jobs = {b.job_id for b in result.binds}
+    evicted = {e.job_id for e in result.evictions}
+    jobs = []
+    for job in snapshot.jobs:
+        if job.id in bound_jobs:
+            tasks = [_bound(t, binds.get(t.id), snapshot.now) for t in job.tasks]
+            job = replace(job, state="Running", tasks=tasks)
+        elif job.id in evicted:
+            tasks = [
+                replace(t, state="Releasing") if t.state in ("Assigned", "Running") else t
+                for t in job.tasks
+            ]
+            job = replace(job, tasks=tasks)
+        jobs.append(job)
+    return Snapshot(now=snapshot.now, nodes=snapshot.nodes, queues=snapshot.queues, jobs=jobs)
+
+
+def _bound(task: TaskInfo, bind: Bind | None, now: float) -> TaskInfo:
+    if bind is None:
+        return task
+    return replace(task, state="Assigned", node=bind.node, devices=bind.devices, started_at=now)
+
+
+def waiting(session: Session) -> list[JobInfo]:
+    """Jobs still waiting to start, in the core's job order."""
+    return sorted((j for j in session.candidates if j.state != "Running"), key=session.job_key)
+
+
+def queue_positions(session: Session) -> dict[int, int]:
+    seen: dict[str, int] = defaultdict(int)
+    positions = {}
+    for job in waiting(session):
+        seen[job.queue] += 1
+        positions[job.id] = seen[job.queue]
+    return positions
+
+
+def _plan_order(session: Session) -> Iterator[JobInfo]:
+    """Admitted waiting jobs, queue by queue as allocate serves them; each job planned
+    counts towards its queue's share, as it will once it starts."""
+    cursors = {}
+    heap = []
+    for name, queue in session.queues.items():
+        jobs = [j for j in queue.jobs if j.state != "Running"]
+        if jobs:
+            cursors[name] = iter(jobs)
+            heap.append((session.queue_key(queue), name))
+    heapq.heapify(heap)
+    while heap:
+        _, name = heapq.heappop(heap)
+        job = next(cursors[name], None)
+        if job is None:
+            continue
+        yield job
+        queue = session.queues[name]
+        queue.allocated = queue.allocated + job_request(job, _gang(session, job))
+        heapq.heappush(heap, (session.queue_key(queue), name))
+
+
+def _gang(session: Session, job: JobInfo) -> list[TaskInfo]:
+    """The tasks that must start together for the job to start."""
+    return session.pending_tasks(job)[: max(1, session.needed(job))]
+
+
+class _Planner:
+    """The resource-time profile of every Ready node, and the jobs placed on it so far."""
+
+    def __init__(self, session: Session, pending: dict[int, Status], config: SchedulerConfig):
+        self.session = session
+        self.pending = pending
+        self.nodes = [n for n in session.nodes if n.ready]
+        self.lines = {
+            n.name: Timeline(session.now, as_free(n.free()), _releases(session, n))
+            for n in self.nodes
+        }
+        # Strict order without backfill: nothing starts before the job ahead of it.
+        self.in_order = config.strict_order and "backfill" not in config.actions
+        self.binpack = config.node_order == "binpack"
+        self.floor = session.now
+        self._eligible: dict[tuple[object, ...], list[NodeState]] = {}
+
+    def place(self, job: JobInfo) -> float | None:
+        """Plan the job at its earliest start and return it (None: unknown)."""
+        status = self.pending.get(job.id)
+        gang = _gang(self.session, job)
+        if (status is not None and status.code in NO_ESTIMATE) or not gang:
+            return None
+        after = self.floor
+        if status is not None and status.code == Code.RESERVED:
+            if status.estimated_start is None:
+                self._keep_for(job, gang)
+                self._unknown()
+                return None
+            after = max(after, status.estimated_start)
+        duration = job.walltime or INF
+        found = self._earliest(job, gang, duration, after) if after < INF else None
+        if found is None:
+            self._unknown()
+            return None
+        start, placement = found
+        for name, amount in placement:
+            self.lines[name].hold(start, start + duration, amount)
+        if self.in_order:
+            self.floor = start
+        return start
+
+    def _unknown(self) -> None:
+        if self.in_order:
+            self.floor = INF  # strict order: nothing after an unknown start is known
+
+    def _earliest(
+        self, job: JobInfo, gang: list[TaskInfo], duration: float, after: float
+    ) -> tuple[float, list[tuple[str, Free]]] | None:
+        if len(gang) == 1:
+            return self._earliest_one(job, gang[0], duration, after)
+        return self._earliest_gang(job, gang, duration, after)
+
+    def _earliest_gang(
+        self, job: JobInfo, gang: list[TaskInfo], duration: float, after: float
+    ) -> tuple[float, list[tuple[str, Free]]] | None:
+        """Sweep the nodes' breakpoints in time order, keeping per task shape how many tasks
+        the nodes could hold at that instant; only where that count is enough for the gang is
+        the gang placed for real over its whole window (at most MAX_GANG_CHECKS times)."""
+        wanted: dict[Free, int] = {}
+        eligible: dict[Free, set[str]] = {}
+        for task in gang:
+            shape = as_free(task.resources)
+            wanted[shape] = wanted.get(shape, 0) + 1
+            eligible.setdefault(shape, {n.name for n in self.eligible(job, task)})
+        counts = {shape: dict.fromkeys(nodes, 0) for shape, nodes in eligible.items()}
+        totals = dict.fromkeys(wanted, 0)
+        short = len(wanted)  # shapes the nodes cannot hold enough of at this instant
+        checks = 0
+        events = self._events(set().union(*eligible.values()), after)
+        for i, (moment, name, free) in enumerate(events):
+            for shape, nodes in counts.items():
+                old = nodes.get(name)
+                if old is None:
+                    continue
+                count = _how_many(free, shape)
+                if count != old:
+                    was_short = totals[shape] < wanted[shape]
+                    totals[shape] += count - old
+                    nodes[name] = count
+                    short += (totals[shape] < wanted[shape]) - was_short
+            if short or (i + 1 < len(events) and events[i + 1][0] == moment):
+                continue  # not enough at this instant, or more changes at this moment
+            placement = self._first_fit(job, gang, moment, duration, counts)
+            if placement is not None:
+                return moment, placement
+            checks += 1
+            if checks >= MAX_GANG_CHECKS:
+                return None
+        return None
+
+    def _events(self, names: set[str], after: float) -> list[tuple[float, str, Free]]:
+        """Every change of free resources on these nodes from `after` on, in time order."""
+        events: list[tuple[float, str, Free]] = []
+        for name in names:
+            times, free = self.lines[name].times, self.lines[name].free
+            first = max(0, bisect_right(times, after) - 1)
+            events.append((after, name, free[first]))
+            events.extend(
+                zip(
+                    times[first + 1 :],
+                    [name] * (len(times) - first - 1),
+                    free[first + 1 :],
+                    strict=True,
+                )
+            )
+        events.sort(key=lambda e: e[0])
+        return events
+
+    def _earliest_one(
+        self, job: JobInfo, task: TaskInfo, duration: float, after: float
+    ) -> tuple[float, list[tuple[str, Free]]] | None:
+        """The earliest node; among nodes free at the same time, binpack's choice (the one
+        with the fewest GPUs free then), as the core would pick."""
+        need = as_free(task.resources)
+        best: tuple[float, int] | None = None
+        where = ""
+        for node in self.eligible(job, task):
+            line = self.lines[node.name]
+            found = line.earliest(
+                need, duration, after, INF if best is None else nextafter(best[0], INF)
+            )
+            if found is None:
+                continue
+            key = (found, line.window(found, found)[2] if self.binpack else 0)
+            if best is None or key < best:
+                best, where = key, node.name
+        return None if best is None else (best[0], [(where, need)])
+
+    def _first_fit(
+        self,
+        job: JobInfo,
+        gang: list[TaskInfo],
+        moment: float,
+        duration: float,
+        now_free: dict[Free, dict[str, int]],
+    ) -> list[tuple[str, Free]] | None:
+        """The gang placed first fit in node order on what stays free over the window;
+        nodes with no room for a task at `moment` itself (`now_free`) are not looked at."""
+        room: dict[str, list[int]] = {}
+        placement = []
+        for task in gang:
+            need = as_free(task.resources)
+            counts = now_free[need]
+            for node in self.eligible(job, task):
+                if not counts[node.name]:
+                    continue
+                free = room.get(node.name)
+                if free is None:
+                    free = room[node.name] = list(
+                        self.lines[node.name].window(moment, moment + duration)
+                    )
+                if free[0] >= need[0] and free[1] >= need[1] and free[2] >= need[2]:
+                    free[0], free[1], free[2] = (
+                        free[0] - need[0],
+                        free[1] - need[1],
+                        free[2] - need[2],
+                    )
+                    placement.append((node.name, need))
+                    break
+            else:
+                return None
+        return placement
+
+    def _keep_for(self, job: JobInfo, gang: list[TaskInfo]) -> None:
+        """The reserved job with an unknown start: hold, from now on, where it would go
+        once everything has ended (the core protects those nodes for it)."""
+        room = {n.name: list(as_free(n.capacity())) for n in self.nodes}
+        placement = []
+        for task in gang:
+            need = as_free(task.resources)
+            for node in self.eligible(job, task):
+                free = room[node.name]
+                if free[0] >= need[0] and free[1] >= need[1] and free[2] >= need[2]:
+                    free[0], free[1], free[2] = (
+                        free[0] - need[0],
+                        free[1] - need[1],
+                        free[2] - need[2],
+                    )
+                    placement.append((node.name, need))
+                    break
+            else:
+                return
+        for name, amount in placement:
+            self.lines[name].hold(self.session.now, INF, amount)
+
+    def eligible(self, job: JobInfo, task: TaskInfo) -> list[NodeState]:
+        """Ready nodes that could ever take the task, in node order (cached per shape: the
+        core's predicates depend on the task and the node only)."""
+        key = (task.resources, tuple(sorted(task.node_selector.items())))
+        nodes = self._eligible.get(key)
+        if nodes is None:
+            nodes = [
+                n
+                for n in self.nodes
+                if self.session.predicate(job, task, n) is None
+                and task.resources.fits_in(n.capacity())
+            ]
+            self._eligible[key] = nodes
+        return nodes
+
+
+def _how_many(free: Free, shape: Free) -> int:
+    """How many tasks of `shape` fit in `free`."""
+    cpu, memory, gpu = shape
+    most = 1 << 30
+    if gpu:
+        most = free[2] // gpu
+    if cpu:
+        most = min(most, free[0] // cpu)
+    if memory:
+        most = min(most, free[1] // memory)
+    return max(0, most)
+
+
+def _releases(session: Session, node: NodeState) -> list[tuple[float, Free]]:
+    """When each task on the node gives back what it holds: now if it is stopping, at its
+    walltime if it has one, never (INF) otherwise."""
+    out = []
+    for running, task in node.tasks:
+        amount = (task.resources.cpu, task.resources.memory, len(task.devices))
+        if task.state == "Releasing" or running.suspend_requested:
+            out.append((session.now, amount))
+        elif running.walltime is not None and task.started_at is not None:
+            out.append((max(session.now, task.started_at + running.walltime), amount))
+        else:
+            out.append((INF, amount))
+    return out

@@ -1,0 +1,93 @@
+"""The scheduler loop's plan phase: queue positions and start estimates for waiting jobs.
+
+`annotate` runs right after the core, on the same snapshot: it plans every waiting job
+(scheduler/core/plan.py, at most `BERTH_PLAN_DEPTH` of them) and puts each estimate on the
+job's pending status, so the commit writes it with the reason, only where it changed.
+`persist` runs after the commit: it writes the positions that changed (and clears those of
+jobs that left their queue) in a few set-based statements, and tells pages about every job
+whose position or estimate changed.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db import transaction
+
+from scheduler import notify
+from scheduler.core.cycle import CycleResult
+from scheduler.core.model import SchedulerConfig
+from scheduler.core.plan import Plan, fingerprint, plan_starts
+from scheduler.models import Job
+from scheduler.setbased import chunks, update_rows
+from scheduler.snapshot import Loaded
+
+# An estimate that moved less than this is not news (it drifts with every cycle's "now").
+ESTIMATE_TOLERANCE_SECONDS = 30.0
+# A plan is made again at least this often even when nothing changed (time passes).
+REPLAN_SECONDS = 30.0
+# The last plan and what it was made from: (fingerprint, made at, depth, plan).
+_last: tuple[int, float, int, Plan] | None = None
+
+
+def plan_depth() -> int:
+    return int(getattr(settings, "BERTH_PLAN_DEPTH", 500))
+
+
+def annotate(loaded: Loaded, result: CycleResult, config: SchedulerConfig | None) -> Plan:
+    """Plan the waiting jobs and set each one's estimate on its pending status. When
+    nothing the plan depends on changed since the last cycle, the last plan is reused."""
+    global _last
+    depth, now = plan_depth(), loaded.snapshot.now
+    key = fingerprint(loaded.snapshot, result, config)
+    if (
+        _last is not None
+        and _last[0] == key
+        and _last[2] == depth
+        and now - _last[1] < REPLAN_SECONDS
+    ):
+        plan = _last[3]
+    else:
+        plan = plan_starts(loaded.snapshot, result, config, depth=depth)
+        _last = (key, now, depth, plan)
+    for job_id, start in plan.starts.items():
+        status = result.pending.get(job_id)
+        if status is not None:
+            status.estimated_start = start
+    return plan
+
+
+def persist(loaded: Loaded, plan: Plan) -> int:
+    """Write the positions that changed; notify pages of changed positions and estimates.
+    Returns how many jobs changed."""
+    old = dict(Job.objects.filter(queue_position__isnull=False).values_list("id", "queue_position"))
+    moved = {j: p for j, p in plan.positions.items() if old.get(j) != p}
+    left = [j for j in old if j not in plan.positions]
+    if moved or left:
+        with transaction.atomic():
+            update_rows(Job, {j: (p,) for j, p in moved.items()}, per_row=["queue_position"])
+            for ids in chunks(sorted(left)):
+                Job.objects.filter(pk__in=ids).update(queue_position=None)
+    changed = set(moved) | set(left) | _estimates_changed(loaded, plan)
+    notify.changed(jobs=changed)
+    return len(changed)
+
+
+def _estimates_changed(loaded: Loaded, plan: Plan) -> set[int]:
+    changed = set()
+    for job_id, start in plan.starts.items():
+        _, old = loaded.pending_reasons.get(job_id, ([], None))
+        if not _same(start, old):
+            changed.add(job_id)
+    return changed
+
+
+def _same(start: float | None, old: datetime | None) -> bool:
+    if start is None or old is None:
+        return start is None and old is None
+    try:
+        new = datetime.fromtimestamp(start, tz=UTC)
+        return abs((new - old).total_seconds()) < ESTIMATE_TOLERANCE_SECONDS
+    except (OverflowError, OSError, ValueError):
+        return False
