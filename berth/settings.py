@@ -339,6 +339,7 @@ BERTH_ARRAY_MAX_ELEMENTS = env_int("BERTH_ARRAY_MAX_ELEMENTS", 100_000, minimum=
 BERTH_ARRAY_MAX_TASKS = env_int("BERTH_ARRAY_MAX_TASKS", 200_000, minimum=1)
 # Start estimates are planned for at most this many waiting jobs per cycle (docs/limits.md).
 BERTH_PLAN_DEPTH = env_int("BERTH_PLAN_DEPTH", 500, minimum=0)
+BERTH_PLAN_INTERVAL = env_int("BERTH_PLAN_INTERVAL", 10, minimum=0)
 # GPU utilisation history (docs/metrics.md): samples older than this are deleted by the
 # scheduler loop, and at most one sample per node is kept per BERTH_GPU_SAMPLE_SECONDS (so a
 # device holds at most HISTORY / SAMPLE samples, however often its agent renews its lease).

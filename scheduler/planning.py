@@ -18,7 +18,7 @@ from django.db import transaction
 from scheduler import notify
 from scheduler.core.cycle import CycleResult
 from scheduler.core.model import SchedulerConfig
-from scheduler.core.plan import Plan, fingerprint, plan_starts
+from scheduler.core.plan import Plan, fingerprint, plan_positions, plan_starts
 from scheduler.models import Job
 from scheduler.setbased import chunks, update_rows
 from scheduler.snapshot import Loaded
@@ -35,19 +35,26 @@ def plan_depth() -> int:
     return int(getattr(settings, "BERTH_PLAN_DEPTH", 500))
 
 
+def plan_interval() -> float:
+    return float(getattr(settings, "BERTH_PLAN_INTERVAL", 10))
+
+
 def annotate(loaded: Loaded, result: CycleResult, config: SchedulerConfig | None) -> Plan:
     """Plan the waiting jobs and set each one's estimate on its pending status. When
-    nothing the plan depends on changed since the last cycle, the last plan is reused."""
+    nothing the plan depends on changed since the last cycle, the last plan is reused; a
+    full plan is made at most every `BERTH_PLAN_INTERVAL` seconds (as Slurm's backfill runs
+    every `bf_interval`), in between only positions are recomputed and jobs keep their last
+    estimate, so a busy cluster's cycles stay short."""
     global _last
     depth, now = plan_depth(), loaded.snapshot.now
     key = fingerprint(loaded.snapshot, result, config)
-    if (
-        _last is not None
-        and _last[0] == key
-        and _last[2] == depth
-        and now - _last[1] < REPLAN_SECONDS
-    ):
+    age = now - _last[1] if _last is not None and _last[2] == depth else None
+    if _last is not None and age is not None and _last[0] == key and age < REPLAN_SECONDS:
         plan = _last[3]
+    elif _last is not None and age is not None and 0 <= age < plan_interval():
+        positions = plan_positions(loaded.snapshot, result, config)
+        last = _last[3].starts
+        plan = Plan(positions=positions, starts={j: last.get(j) for j in positions})
     else:
         plan = plan_starts(loaded.snapshot, result, config, depth=depth)
         _last = (key, now, depth, plan)

@@ -42,6 +42,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.fixture(autouse=True)
+def _plan_every_cycle(settings: Any) -> None:
+    """The scheduler makes a full plan at most every BERTH_PLAN_INTERVAL seconds and keeps
+    the last estimates in between: tests see each cycle's own plan unless they say otherwise
+    (tests/test_plan_store.py tests the interval)."""
+    settings.BERTH_PLAN_INTERVAL = 0
+
+
+@pytest.fixture(autouse=True)
 def _forget_sign_in_attempts() -> None:
     """Failed sign-ins are counted in the cache (Redis, shared by the whole run): start each
     test with none, or one test's wrong join tokens would throttle the next test's agents."""

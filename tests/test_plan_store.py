@@ -86,3 +86,23 @@ def test_a_placed_job_loses_its_position(owner, busy):
     a.refresh_from_db()
     assert a.queue_position is None and a.estimated_start_at is None
     assert Job.objects.get(pk=b.pk).queue_position == 1
+
+
+def test_between_full_plans_positions_move_and_estimates_are_kept(settings, owner, busy):
+    """A full plan is made at most every BERTH_PLAN_INTERVAL seconds; in between a cycle only
+    recomputes positions, and a waiting job keeps the estimate the last plan gave it."""
+    running, (a, b, c) = busy
+    run_cycle_once()
+    b.refresh_from_db()
+    planned = b.estimated_start_at
+    settings.BERTH_PLAN_INTERVAL = 3600
+    Job.objects.filter(pk=a.pk).update(state=JobState.CANCELLED)
+    run_cycle_once()
+    b.refresh_from_db()
+    assert b.queue_position == 1  # moved up at once
+    assert b.estimated_start_at == planned  # not re-planned yet: a full plan would move it
+    settings.BERTH_PLAN_INTERVAL = 0
+    run_cycle_once()
+    b.refresh_from_db()
+    frees = _started(running) + timedelta(seconds=600)
+    assert abs((b.estimated_start_at - frees).total_seconds()) < 1

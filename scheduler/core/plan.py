@@ -67,9 +67,8 @@ def plan_starts(
     depth: int = DEFAULT_DEPTH,
 ) -> Plan:
     """Positions and start estimates of every job still waiting after `result`."""
-    config = config or SchedulerConfig()
-    session = Session(after_cycle(snapshot, result), config, default_plugins(config))
-    enqueue(session)
+    session = _waiting_session(snapshot, result, config)
+    config = session.config
     plan = Plan(positions=queue_positions(session))
     planner = _Planner(session, result.pending, config)
     for job in _plan_order(session):
@@ -80,6 +79,22 @@ def plan_starts(
     for job_id in plan.positions:
         plan.starts.setdefault(job_id, None)
     return plan
+
+
+def plan_positions(
+    snapshot: Snapshot, result: CycleResult, config: SchedulerConfig | None = None
+) -> dict[int, int]:
+    """Only the queue positions (cheap: one ordering, no planning)."""
+    return queue_positions(_waiting_session(snapshot, result, config))
+
+
+def _waiting_session(
+    snapshot: Snapshot, result: CycleResult, config: SchedulerConfig | None
+) -> Session:
+    config = config or SchedulerConfig()
+    session = Session(after_cycle(snapshot, result), config, default_plugins(config))
+    enqueue(session)
+    return session
 
 
 def fingerprint(snapshot: Snapshot, result: CycleResult, config: SchedulerConfig | None) -> int:
