@@ -108,25 +108,28 @@ def submit_job(
 def create_flow(owner: Any, data: object) -> Flow:
     """Validate `data` and create the flow and its steps; the flow controller makes jobs.
 
-    Each step's job (template, then overrides, then its first item) is checked here too, so a
-    flow that could never make a job is refused before anything is written."""
+    Each step's job (its template or inline spec, then overrides, then its first item) is
+    checked here too, so a flow that could never make a job is refused before anything is
+    written."""
     spec = normalize_flow_spec(data)
-    names = {s["template"] for s in spec["steps"]}
+    names = {s["template"] for s in spec["steps"] if "template" in s}
     templates = {t.name: t for t in JobTemplate.objects.filter(name__in=names)}
     errors: dict[str, list[str]] = {}
     queues = set(Queue.objects.values_list("name", flat=True))
     for i, step in enumerate(spec["steps"]):
-        template = templates.get(step["template"])
-        if template is None:
+        template = templates.get(step["template"]) if "template" in step else None
+        if "template" in step and template is None:
             errors[f"steps.{i}.template"] = [f'unknown template "{step["template"]}"']
             continue
         for path, messages in _step_job_errors(template, step).items():
             errors.setdefault(f"steps.{i}.{path}", []).extend(messages)
-        if not isinstance(template.spec, dict):
+        base = template.spec if template is not None else step["spec"]
+        if not isinstance(base, dict):
             continue
-        queue = step["overrides"].get("queue") or template.spec.get("queue", "default")
+        queue = step["overrides"].get("queue") or base.get("queue", "default")
         if queue not in queues:
-            where = "overrides.queue" if "queue" in step["overrides"] else "template"
+            where = "overrides.queue" if "queue" in step["overrides"] else (
+                "template" if template is not None else "spec.queue")  # fmt: skip
             errors.setdefault(f"steps.{i}.{where}", []).append(f'unknown queue "{queue}"')
     if errors:
         raise SpecError(errors)
@@ -147,7 +150,8 @@ def create_flow(owner: Any, data: object) -> Flow:
                 flow=flow,
                 name=s["name"],
                 position=i,
-                template=templates[s["template"]],
+                template=templates[s["template"]] if "template" in s else None,
+                spec=s.get("spec"),
                 depends_on=s["depends_on"],
                 overrides=s["overrides"],
                 items=s["items"],
@@ -164,19 +168,23 @@ def _step_priority_refusals(
 ) -> dict[str, list[str]]:
     """Each step whose job would have a priority above what `owner` may ask for in its queue.
 
-    A step's job takes its queue and priority from the template, then the step's overrides.
-    A step whose values are not valid is left to the flow controller, which fails the step.
+    A step's job takes its queue and priority from the template (or its inline spec), then the
+    step's overrides. A step whose values are not valid is left to the flow controller, which
+    fails the step.
     """
     wanted: list[tuple[int, str, int, str]] = []
     for i, step in enumerate(steps):
-        template = templates[step["template"]]
+        template = templates.get(step["template"]) if "template" in step else None
+        base = template.spec if template is not None else step["spec"]
         overrides = step["overrides"]
-        queue = overrides.get("queue", template.spec.get("queue", "default"))
+        queue = overrides.get("queue", base.get("queue", "default"))
         if "priority" in overrides:
             priority, source = overrides["priority"], "overrides.priority"
-        else:
+        elif template is not None:
             priority = template.spec.get("priority", 0)
             source = f'template "{template.name}"; lower it with overrides.priority'
+        else:
+            priority, source = base.get("priority", 0), "spec.priority"
         if isinstance(queue, str) and isinstance(priority, int) and not isinstance(priority, bool):
             wanted.append((i, queue, priority, source))
     queues = {q.name: q for q in Queue.objects.filter(name__in={w[1] for w in wanted})}
@@ -189,14 +197,15 @@ def _step_priority_refusals(
     return errors
 
 
-def _step_job_errors(template: JobTemplate, step: dict[str, Any]) -> dict[str, list[str]]:
+def _step_job_errors(template: JobTemplate | None, step: dict[str, Any]) -> dict[str, list[str]]:
     """What is wrong with the job a flow step would make, keyed under the step: a field the
-    step overrides is named under `overrides`, the rest is the template's fault."""
-    if not isinstance(template.spec, dict):
+    step overrides is named under `overrides`, the rest is the template's (or spec's) fault."""
+    if template is not None and not isinstance(template.spec, dict):
         return {"template": [f'template "{template.name}" has no job spec']}
+    base = template.spec if template is not None else step["spec"]
     item = step["items"][0] if step["items"] else None
     try:
-        step_job_spec(template.spec, step["overrides"], item, name="check")
+        step_job_spec(base, step["overrides"], item, name="check")
     except SpecError as exc:
         out: dict[str, list[str]] = {}
         for path, messages in exc.errors.items():
@@ -205,10 +214,12 @@ def _step_job_errors(template: JobTemplate, step: dict[str, Any]) -> dict[str, l
             if field in step["overrides"]:
                 key = "overrides." + (".".join(parts[2:]) if parts[0] == "tasks" else path)
                 out.setdefault(key, []).extend(messages)
-            else:
+            elif template is not None:
                 out.setdefault("template", []).extend(
                     f'template "{template.name}" makes no valid job: {path} {m}' for m in messages
                 )
+            else:
+                out.setdefault(f"spec.{path}", []).extend(messages)
         return out
     return {}
 

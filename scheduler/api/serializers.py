@@ -21,6 +21,7 @@ from scheduler.core.quantity import (
     parse_gpu,
     parse_memory,
 )
+from scheduler.flows.explain import step_wait_reasons
 from scheduler.models import Event, Flow, Job, JobTemplate, Node, Queue, Task
 from scheduler.specs import label_problems
 
@@ -249,21 +250,26 @@ class FlowSerializer(serializers.ModelSerializer[Flow]):
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_steps(self, flow: Flow) -> list[dict[str, Any]]:
         # Only this flow's own jobs, by foreign key: never another flow's (behaviour 1).
+        all_jobs = list(flow.jobs.all())
+        steps = list(flow.steps.all())
         jobs: dict[int, list[int]] = {}
-        for job in flow.jobs.all():
+        for job in all_jobs:
             if job.step_id is not None:
                 jobs.setdefault(job.step_id, []).append(job.pk)
+        waiting = step_wait_reasons(flow, steps, all_jobs)
         return [
             {
                 "name": step.name,
                 "state": step.state,
-                "template": step.template.name,
+                "template": step.template.name if step.template else None,
+                "inline": step.template is None,
                 "depends_on": step.depends_on,
                 "items": len(step.items) if step.items else None,
                 "message": step.message,
+                "waiting": waiting[step.name],
                 "jobs": sorted(jobs.get(step.pk, [])),
             }
-            for step in flow.steps.all()
+            for step in steps
         ]
 
 

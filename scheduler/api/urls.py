@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from scheduler.api import account, gpu_history, schema, views
+from scheduler.api import account, flows, gpu_history, schema, views
 
 router = DefaultRouter()
 router.register("queues", views.QueueViewSet, basename="queue")
@@ -19,6 +19,10 @@ urlpatterns = [
          name="node-gpu-history"),
     path("jobs/<int:job_id>/gpu-history/", gpu_history.JobGpuHistoryView.as_view(),
          name="job-gpu-history"),
+    path("jobs/<int:job_id>/resubmit/", flows.JobResubmitView.as_view(), name="job-resubmit"),
+    path("flows/<int:flow_id>/retry/", flows.FlowRetryView.as_view(), name="flow-retry"),
+    path("flows/<int:flow_id>/resubmit/", flows.FlowResubmitView.as_view(),
+         name="flow-resubmit"),
     *router.urls,
 ]  # fmt: skip
 __all__ = ["schema", "urlpatterns"]  # schema registers its OpenAPI extensions on import
