@@ -184,7 +184,7 @@ def _step_priority_refusals(
             priority = template.spec.get("priority", 0)
             source = f'template "{template.name}"; lower it with overrides.priority'
         else:
-            priority, source = base.get("priority", 0), "spec.priority"
+            priority, source = base.get("priority", 0), ""
         if isinstance(queue, str) and isinstance(priority, int) and not isinstance(priority, bool):
             wanted.append((i, queue, priority, source))
     queues = {q.name: q for q in Queue.objects.filter(name__in={w[1] for w in wanted})}
@@ -192,8 +192,10 @@ def _step_priority_refusals(
     for i, queue_name, priority, source in wanted:
         queue = queues.get(queue_name)
         refusal = queue.priority_refusal(owner, priority) if queue else ""
-        if refusal:
+        if refusal and source:
             errors[f"steps.{i}.priority"] = [f"{refusal} (from {source})"]
+        elif refusal:  # the step's own spec asks for it
+            errors[f"steps.{i}.spec.priority"] = [refusal]
     return errors
 
 
