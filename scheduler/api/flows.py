@@ -2,8 +2,9 @@
 
 `POST /api/v1/flows/{id}/retry/` re-runs a Failed flow's failed and skipped steps (202, the
 flow; 409 when it is not Failed). `POST /api/v1/jobs/{id}/resubmit/` and
-`/flows/{id}/resubmit/` create a fresh copy owned by the caller (201, the new job or flow).
-Only the owner and staff reach these; anyone else gets 404, as for the object itself.
+`/flows/{id}/resubmit/` create a fresh copy (201, the new job or flow), owned by the job's or
+flow's owner even when staff ask (docs/security.md). Only the owner and staff reach these;
+anyone else gets 404, as for the object itself.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from rest_framework.views import APIView
 
 from scheduler.api.serializers import FlowSerializer, JobSerializer
 from scheduler.api.views import FlowViewSet, JobViewSet, conflict, spec_errors
-from scheduler.flows.rerun import resubmit_flow, resubmit_job, retry_flow
+from scheduler.flows.rerun import resubmit_flow, retry_flow
 from scheduler.models import Flow, Job
-from scheduler.operations import OperationError
+from scheduler.operations import OperationError, resubmit_job
 from scheduler.specs import SpecError
 
 
@@ -46,7 +47,7 @@ class FlowResubmitView(APIView):
     @extend_schema(request=None, responses={201: FlowSerializer},
                    operation_id="flows_resubmit")  # fmt: skip
     def post(self, request: Request, flow_id: int) -> Response:
-        """A fresh copy of the flow from its spec, owned by the caller."""
+        """A fresh copy of the flow from its spec, owned by the flow's owner."""
         flow = get_object_or_404(Flow.objects.visible_to(request.user), pk=flow_id)
         try:
             copy = resubmit_flow(flow, request.user)
@@ -58,7 +59,7 @@ class FlowResubmitView(APIView):
 class JobResubmitView(APIView):
     @extend_schema(request=None, responses={201: JobSerializer}, operation_id="jobs_resubmit")
     def post(self, request: Request, job_id: int) -> Response:
-        """A fresh copy of the job from its spec, owned by the caller."""
+        """A fresh copy of the job from its spec, owned by the job's owner."""
         job = get_object_or_404(Job.objects.visible_to(request.user), pk=job_id)
         try:
             copy = resubmit_job(job, request.user)

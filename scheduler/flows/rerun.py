@@ -1,5 +1,5 @@
-"""Run work again: retry a failed flow from its failed steps, or resubmit a job or a flow as
-a fresh copy owned by whoever asks.
+"""Run a flow again: retry a failed flow from its failed steps, or resubmit it as a fresh copy
+(jobs are resubmitted by `scheduler.operations.resubmit_job`).
 
 A retry (like `argo retry`) keeps every step that succeeded, and every job that succeeded in
 a fan-out step, with their outputs; the other steps start again from Pending. Their earlier
@@ -16,10 +16,10 @@ from django.db.models import Max
 
 from scheduler import notify
 from scheduler.events import record
-from scheduler.models import Flow, Job
+from scheduler.models import Flow
 from scheduler.operations import OperationError
 from scheduler.states import FlowState
-from scheduler.submit import create_flow, submit_job
+from scheduler.submit import create_flow
 
 FLOW_DONE = (FlowState.SUCCEEDED, FlowState.CANCELLED)  # finished, and not by failing
 
@@ -50,18 +50,11 @@ def retry_flow(flow: Flow, user: Any) -> Flow:
     return flow
 
 
-def resubmit_job(job: Job, user: Any) -> Job:
-    """A fresh copy of `job` (its spec as accepted), owned by `user`, checked as a new
-    submit is (SpecError when it no longer fits the user's policy)."""
-    copy = submit_job(user, job.spec)
-    record("JobResubmitted", "UserRequest",
-           f"by {user.username}: a copy of job {job.pk}", job=copy)  # fmt: skip
-    return copy
-
-
 def resubmit_flow(flow: Flow, user: Any) -> Flow:
-    """A fresh copy of `flow` from its spec, owned by `user`; every step runs again."""
-    copy = create_flow(user, flow.spec)
+    """A fresh copy of `flow` from its spec; every step runs again. As for a resubmitted job
+    (`operations.resubmit_job`), the copy is still the flow owner's when staff ask for it, and
+    is checked against the owner's priority policy (SpecError when no longer accepted)."""
+    copy = create_flow(flow.owner, flow.spec)
     record("FlowResubmitted", "UserRequest",
            f"by {user.username}: a copy of flow {flow.pk}", flow=copy)  # fmt: skip
     return copy
