@@ -56,11 +56,12 @@ def test_an_inline_step_is_stored_normalized(api, owner):
     spec = {
         "name": "f",
         "steps": [step("a", spec={"tasks": [{**TASK, "resources": {"memory": "1024Mi"}}]})],
-    }  # noqa: E501
+    }
     response = api(owner).post("/api/v1/flows/", spec, format="json")
     assert response.status_code == 201, response.content
     stored = FlowStep.objects.get()
-    assert stored.template is None and stored.spec["queue"] == "default"
+    assert stored.template is None and stored.spec is not None
+    assert stored.spec["queue"] == "default"
     assert stored.spec["tasks"][0]["resources"]["memory"] == "1Gi"
 
 
