@@ -252,10 +252,13 @@ class FlowSerializer(serializers.ModelSerializer[Flow]):
         # Only this flow's own jobs, by foreign key: never another flow's (behaviour 1).
         all_jobs = list(flow.jobs.all())
         steps = list(flow.steps.all())
+        by_id = {s.pk: s for s in steps}
         jobs: dict[int, list[int]] = {}
+        earlier: dict[int, list[int]] = {}  # jobs of attempts before a retry that did not succeed
         for job in all_jobs:
-            if job.step_id is not None:
-                jobs.setdefault(job.step_id, []).append(job.pk)
+            step = by_id.get(job.step_id or 0)
+            if step is not None:
+                (jobs if step.is_current(job) else earlier).setdefault(step.pk, []).append(job.pk)
         waiting = step_wait_reasons(flow, steps, all_jobs)
         return [
             {
@@ -268,6 +271,7 @@ class FlowSerializer(serializers.ModelSerializer[Flow]):
                 "message": step.message,
                 "waiting": waiting[step.name],
                 "jobs": sorted(jobs.get(step.pk, [])),
+                "earlier_jobs": sorted(earlier.get(step.pk, [])),
             }
             for step in steps
         ]

@@ -37,6 +37,8 @@ def step_wait_reasons(flow: Any, steps: list[Any], jobs: list[Any]) -> dict[str,
 
 def _dependency_reason(step: Any, states: dict[str, str]) -> str:
     waiting = [d for d in step.depends_on if states.get(d) != "Succeeded"]
+    if not step.depends_on:
+        return "its jobs are created in the next scheduler cycle"
     if not waiting:
         return "its dependencies succeeded: its jobs are created in the next scheduler cycle"
     noun = "step" if len(waiting) == 1 else "steps"

@@ -110,7 +110,9 @@ def test_retry_reruns_only_the_failed_branch(api, owner):
     response = api(owner).post(f"/api/v1/flows/{flow.pk}/retry/")
     assert response.status_code == 202, response.content
     assert response.json()["state"] == "Running"
-    assert {s["name"]: s["state"] for s in response.json()["steps"]}["right"] == "Pending"
+    right_step = next(s for s in response.json()["steps"] if s["name"] == "right")
+    assert right_step["state"] == "Pending"
+    assert (right_step["jobs"], right_step["earlier_jobs"]) == ([], [failed.pk])
     run_to_end(flow)
 
     assert flow.state == "Succeeded", flow.message
