@@ -70,10 +70,11 @@ def reconcile_flow(flow_id: int) -> bool:
     if decision.stop_all:
         _stop_all(flow, decision, jobs, now)
         changed = True
-    changed |= _create_jobs(flow, steps, decision, now)
+    failed_step = _create_jobs(flow, steps, decision, now)
+    changed |= bool(decision.create)
+    changed |= _save_step_states(flow, steps, decision, keep=failed_step)
     if flow.state == FlowState.RUNNING:
         changed |= _release_holds(flow)
-        changed |= _save_step_states(flow, steps, decision)
         changed |= _finish(flow, decision, jobs, now)
     if changed:
         flow.save()
@@ -116,11 +117,10 @@ def _stop_all(flow: Flow, decision: Plan, jobs: list[Job], now: datetime) -> Non
             )
 
 
-def _create_jobs(flow: Flow, steps: list[FlowStep], decision: Plan, now: datetime) -> bool:
+def _create_jobs(flow: Flow, steps: list[FlowStep], decision: Plan, now: datetime) -> str:
     """Create the jobs the plan asks for, held until `_release_holds` lets them go. A step
-    whose spec makes no valid job fails, and the flow with it."""
+    whose spec makes no valid job fails, and the flow with it: its name is returned."""
     step_by_name = {s.name: s for s in steps}
-    created = False
     for step_name, item in decision.create:
         step = step_by_name[step_name]
         item_env = step.items[item] if step.items else None
@@ -143,15 +143,17 @@ def _create_jobs(flow: Flow, steps: list[FlowStep], decision: Plan, now: datetim
             record("StepStateChanged", "InvalidJobSpec", step.message, flow=flow)
             flow.state, flow.finished_at = FlowState.FAILED, now
             flow.reason, flow.message = "InvalidJobSpec", f"step {step.name}: {exc}"
-            return True
-        created = True
-    return created
+            return step.name
+    return ""
 
 
-def _save_step_states(flow: Flow, steps: list[FlowStep], decision: Plan) -> bool:
+def _save_step_states(flow: Flow, steps: list[FlowStep], decision: Plan, *, keep: str) -> bool:
+    """Save each step's state as planned, but the step named `keep` (failed just now)."""
     changed = False
     for step in steps:
         new = decision.steps[step.name]
+        if step.name == keep:
+            continue
         if step.state != new:
             record("StepStateChanged", new, f"step {step.name}: {step.state} -> {new}",
                    flow=flow)  # fmt: skip

@@ -18,7 +18,7 @@ from scheduler import notify
 from scheduler.events import record
 from scheduler.models import Flow
 from scheduler.operations import OperationError
-from scheduler.states import FlowState
+from scheduler.states import JOB_ACTIVE, FlowState
 from scheduler.submit import create_flow
 
 FLOW_DONE = (FlowState.SUCCEEDED, FlowState.CANCELLED)  # finished, and not by failing
@@ -32,6 +32,10 @@ def retry_flow(flow: Flow, user: Any) -> Flow:
             raise OperationError(
                 f"flow {flow.pk} is {flow.state}: only a Failed flow can be retried"
                 + (" (resubmit it to run it again)" if flow.state in FLOW_DONE else "")
+            )
+        if flow.jobs.filter(state__in=JOB_ACTIVE).exists():
+            raise OperationError(
+                f"flow {flow.pk} still has active jobs: retry it once they have ended"
             )
         # Every job a later attempt makes gets a larger id than any job made so far.
         newest = flow.jobs.aggregate(newest=Max("id"))["newest"] or 0

@@ -8,6 +8,7 @@ from django.utils import timezone
 from scheduler.flows.controller import reconcile_flows
 from scheduler.models import Event, Flow, Job, JobTemplate
 from scheduler.states import JobState
+from scheduler.submit import create_flow
 
 pytestmark = pytest.mark.django_db
 
@@ -159,3 +160,25 @@ def test_retry_of_a_flow_that_did_not_fail_is_a_conflict(api, owner):
     assert flow.state == "Succeeded"
     response = api(owner).post(f"/api/v1/flows/{flow.pk}/retry/")
     assert response.status_code == 409 and "resubmit" in response.json()["detail"]
+
+
+def test_a_later_step_that_makes_no_valid_job_fails_the_flow_for_good(api, owner, staff):
+    JobTemplate.objects.create(name="later", spec=inline("later"))
+    flow = create_flow(owner, {"name": "f", "steps": [
+        {"name": "a", "spec": inline("first")},
+        {"name": "b", "template": "later", "depends_on": ["a"]},
+        {"name": "slow", "spec": inline("sleep 1000")},
+    ]})  # fmt: skip
+    reconcile_flows()
+    # Broken after the flow was accepted (create_flow refuses a flow it makes no job for).
+    JobTemplate.objects.filter(name="later").update(spec={"tasks": [{"command": ""}]})
+    finish(flow.jobs.get(step__name="a"), JobState.SUCCEEDED)
+    for _ in range(3):
+        reconcile_flows()
+    flow.refresh_from_db()
+    assert (flow.state, flow.reason) == ("Failed", "InvalidJobSpec")
+    assert step_states(flow) == {"a": "Succeeded", "b": "Failed", "slow": "Running"}
+    assert Event.objects.filter(flow=flow, reason="InvalidJobSpec").count() == 1
+    # A retry waits until the flow's other jobs have ended.
+    response = api(owner).post(f"/api/v1/flows/{flow.pk}/retry/")
+    assert response.status_code == 409 and "still has active jobs" in response.json()["detail"]
