@@ -114,23 +114,7 @@ def create_flow(owner: Any, data: object) -> Flow:
     spec = normalize_flow_spec(data)
     names = {s["template"] for s in spec["steps"] if "template" in s}
     templates = {t.name: t for t in JobTemplate.objects.filter(name__in=names)}
-    errors: dict[str, list[str]] = {}
-    queues = set(Queue.objects.values_list("name", flat=True))
-    for i, step in enumerate(spec["steps"]):
-        template = templates.get(step["template"]) if "template" in step else None
-        if "template" in step and template is None:
-            errors[f"steps.{i}.template"] = [f'unknown template "{step["template"]}"']
-            continue
-        for path, messages in _step_job_errors(template, step).items():
-            errors.setdefault(f"steps.{i}.{path}", []).extend(messages)
-        base = template.spec if template is not None else step["spec"]
-        if not isinstance(base, dict):
-            continue
-        queue = step["overrides"].get("queue") or base.get("queue", "default")
-        if queue not in queues:
-            where = "overrides.queue" if "queue" in step["overrides"] else (
-                "template" if template is not None else "spec.queue")  # fmt: skip
-            errors.setdefault(f"steps.{i}.{where}", []).append(f'unknown queue "{queue}"')
+    errors = _step_errors(spec["steps"], templates)
     if errors:
         raise SpecError(errors)
     errors = _step_priority_refusals(owner, spec["steps"], templates)
@@ -161,6 +145,31 @@ def create_flow(owner: Any, data: object) -> Flow:
         record("FlowCreated", "Created", f"{len(spec['steps'])} steps", flow=flow)
         notify.changed(flows=[flow.pk])
     return flow
+
+
+def _step_errors(
+    steps: list[dict[str, Any]], templates: dict[str, JobTemplate]
+) -> dict[str, list[str]]:
+    """What is wrong with each step's job: an unknown template or queue, or a spec (template
+    or inline, then overrides, then the first item) that makes no valid job."""
+    errors: dict[str, list[str]] = {}
+    queues = set(Queue.objects.values_list("name", flat=True))
+    for i, step in enumerate(steps):
+        template = templates.get(step["template"]) if "template" in step else None
+        if "template" in step and template is None:
+            errors[f"steps.{i}.template"] = [f'unknown template "{step["template"]}"']
+            continue
+        for path, messages in _step_job_errors(template, step).items():
+            errors.setdefault(f"steps.{i}.{path}", []).extend(messages)
+        base = template.spec if template is not None else step["spec"]
+        if not isinstance(base, dict):
+            continue
+        queue = step["overrides"].get("queue") or base.get("queue", "default")
+        if queue not in queues:
+            where = "overrides.queue" if "queue" in step["overrides"] else (
+                "template" if template is not None else "spec.queue")  # fmt: skip
+            errors.setdefault(f"steps.{i}.{where}", []).append(f'unknown queue "{queue}"')
+    return errors
 
 
 def _step_priority_refusals(
