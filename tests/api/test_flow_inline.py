@@ -103,3 +103,20 @@ def test_a_flow_is_resubmitted_as_a_fresh_copy_by_its_owner_or_staff(api, owner,
     by_staff = api(staff).post(f"/api/v1/flows/{original['id']}/resubmit/")
     assert by_staff.status_code == 201 and by_staff.json()["owner"] == "alice"
     assert Flow.objects.count() == 3
+
+
+def test_a_template_flow_is_resubmitted_with_its_items_and_overrides(api, owner, staff):
+    JobTemplate.objects.create(name="train", spec={"tasks": [TASK]})
+    spec = {"name": "sweep", "parallelism": 2, "fail_fast": True, "steps": [
+        {"name": "train", "template": "train", "overrides": {"walltime": 60},
+         "items": [{"LR": "0.1"}, {"LR": "0.01"}]},
+        {"name": "eval", "spec": {"tasks": [TASK]}, "depends_on": ["train"]},
+    ]}  # fmt: skip
+    original = api(owner).post("/api/v1/flows/", spec, format="json").json()
+    response = api(owner).post(f"/api/v1/flows/{original['id']}/resubmit/")
+    assert response.status_code == 201, response.content
+    copy = Flow.objects.get(pk=response.json()["id"])
+    assert (copy.parallelism, copy.fail_fast, copy.spec) == (2, True, original["spec"])
+    train = copy.steps.get(name="train")
+    assert train.template is not None and train.template.name == "train"
+    assert (train.overrides, train.items) == ({"walltime": 60}, [{"LR": "0.1"}, {"LR": "0.01"}])
