@@ -70,9 +70,31 @@ async def _scenario(url: str, flow_id: int) -> None:
         # The graph's node opens the step's job.
         await page.locator('g[data-step="first"]').click()
         await page.wait_for_url(f"**/jobs/{first_job}/")
+
+        # A failed flow's Retry button runs its failed steps again.
+        await asyncio.to_thread(_in_thread, _fail_flow, flow_id)
+        await page.goto(f"{url}/flows/{flow_id}/")
+        badge = page.locator(f"#flow-{flow_id}-status .badge.big")
+        await expect(badge).to_have_text("Failed")
+        page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+        await page.get_by_role("button", name="Retry failed steps").click()
+        await expect(badge).to_have_text("Running", timeout=10000)
+        await expect(page.locator('[data-waiting="after"]')).to_have_text(
+            "waits: waiting for steps first, second to succeed"
+        )
         await browser.close()
 
 
 def _first_job(flow_id: int) -> tuple[int, str]:
     job = Job.objects.get(flow_id=flow_id, step__name="first")
     return job.pk, (job.pending_reasons or [""])[0]
+
+
+def _fail_flow(flow_id: int) -> None:
+    """The flow's jobs fail (as agents would report) and the controller ends the flow."""
+    from django.utils import timezone
+
+    from scheduler.flows.controller import reconcile_flows
+
+    Job.objects.filter(flow_id=flow_id).update(state="Failed", finished_at=timezone.now())
+    reconcile_flows()
