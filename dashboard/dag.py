@@ -5,6 +5,8 @@
 3. Edges are cubic curves from a dependency's right edge to the dependant's left edge.
 4. A fan-out step (one job per item) is drawn as a stack of cards with its count, and a strip
    of one segment per item coloured by that item's job state (grey: not created yet).
+5. Nodes are links: a one-job step's card opens its job, each segment of a strip its item's
+   job. A waiting step's tooltip says why it waits.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class Box:
     total: int  # jobs this step makes: 1, or one per item
     fan_out: bool
     label: str  # "2 running · 1 done" for a fan-out group, "" otherwise
+    job_id: int | None = None  # a one-job step's (latest) job: the card links to it
+    waiting: str = ""  # why the step waits, or ""
     segments: list[Segment] = field(default_factory=list)
 
 
@@ -63,9 +67,13 @@ def _summary(states: Counter[str], total: int) -> str:
     return " · ".join(parts[:3])
 
 
-def layout(steps: list[Any], jobs_by_step: dict[int, list[Any]]) -> dict[str, Any]:
+def layout(
+    steps: list[Any], jobs_by_step: dict[int, list[Any]], waiting: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Boxes and edges for `steps` (FlowStep rows); `jobs_by_step` maps step id -> its jobs
-    (each with `pk`, `state`, `item_index`)."""
+    (each with `pk`, `state`, `item_index`), oldest first; `waiting` step name -> why it
+    waits."""
+    waiting = waiting or {}
     depth = _depths(steps)
     columns: dict[int, list[Any]] = {}
     for step in steps:
@@ -83,6 +91,8 @@ def layout(steps: list[Any], jobs_by_step: dict[int, list[Any]]) -> dict[str, An
                 x=PAD + column * (WIDTH + GAP_X), y=PAD + offset + row * (HEIGHT + GAP_Y),
                 total=total, fan_out=fan_out,
                 label=_summary(Counter(j.state for j in jobs), total) if fan_out else "",
+                job_id=jobs[-1].pk if jobs and not fan_out else None,
+                waiting=waiting.get(step.name, ""),
             )  # fmt: skip
             if fan_out:
                 by_item = {j.item_index: j for j in jobs}

@@ -10,6 +10,7 @@ from django.db.models import Count, Prefetch, Q, QuerySet
 
 from dashboard.dag import layout
 from scheduler.core.quantity import format_cpu
+from scheduler.flows.explain import step_wait_reasons
 from scheduler.lifecycle import PREEMPTED
 from scheduler.models import Allocation, Device, Event, Flow, Job, Node, Queue, Task, TaskLog
 from scheduler.states import TASK_ON_NODE, JobRequest, JobState, NodeState, StepState
@@ -211,13 +212,26 @@ def flow_log_tail(flow: Flow, chunks: int = 40) -> str:
 
 
 def flow_detail(flow: Flow, with_logs: bool = False) -> dict[str, Any]:
+    """The flow page: its steps with the jobs of their current attempt (a retry's earlier
+    failed jobs are counted apart), why each waiting step waits, the graph and events."""
     steps = list(flow.steps.select_related("template").order_by("position"))
-    jobs_by_step: dict[int, list[Job]] = defaultdict(list)
-    for job in flow.jobs.only("id", "name", "state", "step_id", "item_index").order_by("id"):
-        jobs_by_step[job.step_id or 0].append(job)
-    rows = [{"step": s, "jobs": jobs_by_step[s.pk], "total": len(s.items) if s.items else 1}
+    jobs = list(flow.jobs.only("id", "name", "state", "step_id", "item_index", "hold_reason",
+                               "pending_reasons").order_by("id"))  # fmt: skip
+    by_id = {s.pk: s for s in steps}
+    current: dict[int, list[Job]] = defaultdict(list)
+    earlier: Counter[int] = Counter()
+    for job in jobs:
+        step = by_id.get(job.step_id or 0)
+        if step is not None and step.is_current(job):
+            current[step.pk].append(job)
+        elif step is not None:
+            earlier[step.pk] += 1
+    waiting = step_wait_reasons(flow, steps, jobs)
+    rows = [{"step": s, "jobs": current[s.pk], "earlier": earlier[s.pk],
+             "total": len(s.items) if s.items else 1, "waiting": waiting[s.name]}
             for s in steps]  # fmt: skip
-    context = {"flow": flow, "rows": rows, "dag": layout(steps, jobs_by_step), "legend": LEGEND,
+    context = {"flow": flow, "rows": rows, "dag": layout(steps, current, waiting),
+               "legend": LEGEND,
                "events": list(Event.objects.filter(flow=flow).order_by("-id")[:30])}  # fmt: skip
     if with_logs:
         context["log_text"] = flow_log_tail(flow)

@@ -19,6 +19,7 @@ from dashboard.arrays import element_page
 from scheduler import operations
 from scheduler.api.logs import parse_attempt
 from scheduler.api.parsers import BadInput, load_yaml
+from scheduler.flows.rerun import resubmit_flow, retry_flow
 from scheduler.models import Flow, Job, JobTemplate, Node, Queue, Task
 from scheduler.specs import SpecError
 from scheduler.states import JobState
@@ -191,6 +192,37 @@ def flow_cancel(request: HttpRequest, flow_id: int) -> HttpResponse:
     except operations.OperationError:
         pass
     return _go(request, reverse("dashboard:flow", args=[flow_id]))
+
+
+@login_required
+@require_POST
+def flow_retry(request: HttpRequest, flow_id: int) -> HttpResponse:
+    """Run a failed flow's failed and skipped steps again; the page says why it cannot."""
+    the_flow = _flow_for_user(request, flow_id)
+    try:
+        retry_flow(the_flow, request.user)
+    except operations.OperationError as exc:
+        return _flow_error(request, the_flow, str(exc))
+    return _go(request, reverse("dashboard:flow", args=[flow_id]))
+
+
+@login_required
+@require_POST
+def flow_resubmit(request: HttpRequest, flow_id: int) -> HttpResponse:
+    """A new flow from this one's spec (still its owner's); opens the new flow."""
+    the_flow = _flow_for_user(request, flow_id)
+    try:
+        new = resubmit_flow(the_flow, request.user)
+    except SpecError as exc:  # the old spec is no longer accepted (queue gone, priority cap)
+        return _flow_error(request, the_flow, f"cannot resubmit: {exc}")
+    return _go(request, reverse("dashboard:flow", args=[new.pk]))
+
+
+def _flow_error(request: HttpRequest, the_flow: Flow, error: str) -> HttpResponse:
+    context = queries.flow_detail(the_flow, with_logs=not _htmx(request))
+    context["action_error"] = error
+    template = "dashboard/flow.html#flow-live" if _htmx(request) else "dashboard/flow.html"
+    return render(request, template, context)
 
 
 @login_required

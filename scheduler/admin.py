@@ -167,7 +167,7 @@ class FlowStepInline(admin.TabularInline[FlowStep, Flow]):
     extra = 0
     can_delete = False
     fields = readonly_fields = (
-        "position", "name", "template", "depends_on", "items", "state", "message",
+        "position", "name", "template", "spec", "depends_on", "items", "state", "message",
     )  # fmt: skip
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:

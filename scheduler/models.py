@@ -311,18 +311,43 @@ class FlowStep(models.Model):
     flow = models.ForeignKey(Flow, on_delete=models.CASCADE, related_name="steps")
     name = models.CharField(max_length=63, validators=[name_validator])
     position = models.PositiveIntegerField()
-    template = models.ForeignKey(JobTemplate, on_delete=models.PROTECT, related_name="+")
+    # Exactly one of the two: a staff-made template, or the step's own (inline) job spec.
+    template = models.ForeignKey(
+        JobTemplate, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    spec = models.JSONField(null=True, blank=True, help_text="an inline job spec without name")
     depends_on = models.JSONField(default=list, blank=True)
     overrides = models.JSONField(default=dict, blank=True)
     items = models.JSONField(null=True, blank=True)  # list of env dicts, or null: one job
     state = models.CharField(max_length=16, choices=StepState.choices, default=StepState.PENDING)
     message = models.TextField(blank=True)
+    # Set by a retry: this step's jobs with a smaller id that did not succeed belong to an
+    # earlier attempt; the controller and pages leave them out (succeeded ones are kept).
+    retried_below = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["flow_id", "position"]
         constraints = [
             models.UniqueConstraint(fields=["flow", "name"], name="flowstep_unique_name"),
+            models.CheckConstraint(
+                condition=Q(template__isnull=True, spec__isnull=False)
+                | Q(template__isnull=False, spec__isnull=True),
+                name="flowstep_template_or_spec",
+            ),
         ]
+
+    @property
+    def job_spec(self) -> dict[str, Any]:
+        """The spec this step's jobs start from: its template's, or its own."""
+        if self.template is not None:
+            return dict(self.template.spec)
+        return dict(self.spec or {})
+
+    def is_current(self, job: Any) -> bool:
+        """Is `job` (one of this step's) part of the step's current attempt?"""
+        return (
+            self.retried_below is None or job.pk >= self.retried_below or job.state == "Succeeded"
+        )
 
     def __str__(self) -> str:
         return f"{self.flow_id}/{self.name}"

@@ -29,8 +29,8 @@ JOB_FIELDS = {
 TASK_FIELDS = {"name", "replicas", "command", "env", "resources", "node_selector"}
 RESOURCE_FIELDS = {"cpu", "memory", "gpu"}
 FLOW_FIELDS = {"name", "parallelism", "fail_fast", "ttl_seconds_after_finished", "steps"}
-STEP_FIELDS = {"name", "template", "depends_on", "overrides", "items"}
-# What a flow step may override in its template's spec: job-level and per-task fields.
+STEP_FIELDS = {"name", "template", "spec", "depends_on", "overrides", "items"}
+# What a flow step may override in its template's (or inline) spec: job and task fields.
 OVERRIDE_JOB = {"priority", "queue", "walltime", "max_retry", "preemptible", "min_available",
                 "active_deadline_seconds"}  # fmt: skip
 OVERRIDE_TASK = {"command", "env", "resources", "node_selector", "replicas"}
@@ -385,64 +385,105 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
         steps = []
     names: dict[str, int] = {}
     for i, step in enumerate(steps):
-        path = f"steps.{i}"
         if not isinstance(step, dict):
-            errors.add(path, f"must be a mapping, got {type(step).__name__}")
+            errors.add(f"steps.{i}", f"must be a mapping, got {type(step).__name__}")
             continue
-        _unknown(errors, step, STEP_FIELDS, path)
-        name = _name(errors, step.get("name"), f"{path}.name")
+        normalized = _flow_step(errors, step, f"steps.{i}", len(steps))
+        name = normalized["name"]
         if name in names:
-            errors.add(f"{path}.name", f"{_show(name)} repeats the name of step {names[name]}")
+            errors.add(f"steps.{i}.name", f"{_show(name)} repeats the name of step {names[name]}")
         elif name:
             names[name] = i
-        template = _name(errors, step.get("template"), f"{path}.template")
-        depends = step.get("depends_on", [])
-        if (
-            not isinstance(depends, list)
-            or len(depends) > len(steps)
-            or not all(isinstance(d, str) for d in depends)
-        ):
-            errors.add(f"{path}.depends_on", "must be a list of step names")
-            depends = []
-        overrides = _overrides(errors, step.get("overrides"), f"{path}.overrides")
-        items = step.get("items")
-        if items is not None:
-            if not isinstance(items, list) or not items:
-                errors.add(f"{path}.items", "must be a non-empty list of objects (one job each)")
-                items = None
-            elif len(items) > limit("FLOW_ITEMS"):
-                most = limit("FLOW_ITEMS")
-                errors.add(f"{path}.items", f"at most {most} items, got {len(items)}")
-                items = None
-            else:
-                cleaned = []
-                for j, item in enumerate(items):
-                    if not isinstance(item, dict):
-                        errors.add(
-                            f"{path}.items.{j}", f"must be an object, got {type(item).__name__}"
-                        )
-                        continue
-                    cleaned.append(_str_map(errors, item, f"{path}.items.{j}", env=True))
-                items = cleaned
-        flow["steps"].append(
-            {"name": name, "template": template, "depends_on": list(depends),
-             "overrides": overrides, "items": items}
-        )  # fmt: skip
-    for i, step in enumerate(flow["steps"]):
+        flow["steps"].append(normalized)
+    _check_dependencies(errors, flow["steps"], names)
+    errors.raise_if_any()
+    return flow
+
+
+def _flow_step(errors: _Errors, step: dict[str, Any], path: str, count: int) -> dict[str, Any]:
+    """One step: its name, exactly one of `template` (a staff-made template's name) or `spec`
+    (an inline job spec without name), dependencies, overrides and items."""
+    _unknown(errors, step, STEP_FIELDS, path)
+    out: dict[str, Any] = {"name": _name(errors, step.get("name"), f"{path}.name")}
+    if step.get("spec") is not None:
+        if step.get("template") is not None:
+            errors.add(path, "give either template or spec, not both")
+        out["spec"] = _inline_spec(errors, step["spec"], f"{path}.spec")
+    elif step.get("template") is not None:
+        out["template"] = _name(errors, step["template"], f"{path}.template")
+    else:
+        errors.add(f"{path}.template", "is required (or spec: an inline job spec without name)")
+        out["template"] = ""
+    depends = step.get("depends_on", [])
+    if (
+        not isinstance(depends, list)
+        or len(depends) > count
+        or not all(isinstance(d, str) for d in depends)
+    ):
+        errors.add(f"{path}.depends_on", "must be a list of step names")
+        depends = []
+    out["depends_on"] = list(depends)
+    out["overrides"] = _overrides(errors, step.get("overrides"), f"{path}.overrides")
+    out["items"] = _items(errors, step.get("items"), f"{path}.items")
+    return out
+
+
+def _inline_spec(errors: _Errors, value: object, path: str) -> dict[str, Any]:
+    """A step's own job spec, checked with the rules and limits of a job; its errors are
+    named under the step (`steps.2.spec.tasks.0.resources.gpu`)."""
+    if not isinstance(value, dict):
+        errors.add(path, f"must be a job spec without name, got {type(value).__name__}")
+        return {}
+    if "name" in value:
+        errors.add(f"{path}.name", "a step's job takes its name from the flow step")
+    if "array" in value:
+        errors.add(f"{path}.array", "not in a flow step: a step fans out with items")
+    try:
+        return normalize_job_spec(
+            {k: v for k, v in value.items() if k not in ("name", "array")}, name_required=False
+        )
+    except SpecError as exc:
+        for where, messages in exc.errors.items():
+            for message in messages:
+                errors.add(f"{path}.{where}", message)
+    return {}
+
+
+def _items(errors: _Errors, items: object, path: str) -> list[dict[str, str]] | None:
+    """A step's items (one job each, its keys the job's environment variables), or None."""
+    if items is None:
+        return None
+    if not isinstance(items, list) or not items:
+        errors.add(path, "must be a non-empty list of objects (one job each)")
+        return None
+    if len(items) > limit("FLOW_ITEMS"):
+        errors.add(path, f"at most {limit('FLOW_ITEMS')} items, got {len(items)}")
+        return None
+    cleaned = []
+    for j, item in enumerate(items):
+        if not isinstance(item, dict):
+            errors.add(f"{path}.{j}", f"must be an object, got {type(item).__name__}")
+            continue
+        cleaned.append(_str_map(errors, item, f"{path}.{j}", env=True))
+    return cleaned
+
+
+def _check_dependencies(
+    errors: _Errors, steps: list[dict[str, Any]], names: dict[str, int]
+) -> None:
+    for i, step in enumerate(steps):
         for dep in step["depends_on"]:
             if dep not in names:
                 errors.add(f"steps.{i}.depends_on", f"unknown step {_show(dep)}")
             elif dep == step["name"]:
                 errors.add(f"steps.{i}.depends_on", f"step {_show(dep)} depends on itself")
-    cycle = find_cycle({s["name"]: s["depends_on"] for s in flow["steps"] if s["name"]})
+    cycle = find_cycle({s["name"]: s["depends_on"] for s in steps if s["name"]})
     if cycle:
         if len(cycle) <= 10:
             errors.add("steps", f"cycle {' -> '.join(cycle)}")
         else:  # a long one, shown by its ends
             shown = " -> ".join([*cycle[:5], "...", *cycle[-5:]])
             errors.add("steps", f"cycle of {len(cycle) - 1} steps: {shown}")
-    errors.raise_if_any()
-    return flow
 
 
 def job_int_bounds() -> dict[str, tuple[int, int]]:

@@ -122,26 +122,13 @@ def submit_job(
 def create_flow(owner: Any, data: object) -> Flow:
     """Validate `data` and create the flow and its steps; the flow controller makes jobs.
 
-    Each step's job (template, then overrides, then its first item) is checked here too, so a
-    flow that could never make a job is refused before anything is written."""
+    Each step's job (its template or inline spec, then overrides, then its first item) is
+    checked here too, so a flow that could never make a job is refused before anything is
+    written."""
     spec = normalize_flow_spec(data)
-    names = {s["template"] for s in spec["steps"]}
+    names = {s["template"] for s in spec["steps"] if "template" in s}
     templates = {t.name: t for t in JobTemplate.objects.filter(name__in=names)}
-    errors: dict[str, list[str]] = {}
-    queues = set(Queue.objects.values_list("name", flat=True))
-    for i, step in enumerate(spec["steps"]):
-        template = templates.get(step["template"])
-        if template is None:
-            errors[f"steps.{i}.template"] = [f'unknown template "{step["template"]}"']
-            continue
-        for path, messages in _step_job_errors(template, step).items():
-            errors.setdefault(f"steps.{i}.{path}", []).extend(messages)
-        if not isinstance(template.spec, dict):
-            continue
-        queue = step["overrides"].get("queue") or template.spec.get("queue", "default")
-        if queue not in queues:
-            where = "overrides.queue" if "queue" in step["overrides"] else "template"
-            errors.setdefault(f"steps.{i}.{where}", []).append(f'unknown queue "{queue}"')
+    errors = _step_errors(spec["steps"], templates)
     if errors:
         raise SpecError(errors)
     errors = _step_priority_refusals(owner, spec["steps"], templates)
@@ -162,7 +149,8 @@ def create_flow(owner: Any, data: object) -> Flow:
                 flow=flow,
                 name=s["name"],
                 position=i,
-                template=templates[s["template"]],
+                template=templates[s["template"]] if "template" in s else None,
+                spec=s.get("spec"),
                 depends_on=s["depends_on"],
                 overrides=s["overrides"],
                 items=s["items"],
@@ -227,13 +215,40 @@ def _steps_never_fitting(
     errors: dict[str, list[str]] = {}
     for i, step in enumerate(steps):
         item = step["items"][0] if step["items"] else None
+        inline = "template" not in step
+        base = step["spec"] if inline else templates[step["template"]].spec
         try:
-            spec = step_job_spec(templates[step["template"]].spec, step["overrides"], item,
-                                 name="check")  # fmt: skip
+            spec = step_job_spec(base, step["overrides"], item, name="check")
         except SpecError:
             continue  # reported by _step_job_errors
+        prefix = f"steps.{i}.spec." if inline else f"steps.{i}."
         for path, message in never_fit_errors(spec, offers, queues.get(spec["queue"])).items():
-            errors[f"steps.{i}.{path}"] = [message]
+            errors[prefix + path] = [message]
+    return errors
+
+
+def _step_errors(
+    steps: list[dict[str, Any]], templates: dict[str, JobTemplate]
+) -> dict[str, list[str]]:
+    """What is wrong with each step's job: an unknown template or queue, or a spec (template
+    or inline, then overrides, then the first item) that makes no valid job."""
+    errors: dict[str, list[str]] = {}
+    queues = set(Queue.objects.values_list("name", flat=True))
+    for i, step in enumerate(steps):
+        template = templates.get(step["template"]) if "template" in step else None
+        if "template" in step and template is None:
+            errors[f"steps.{i}.template"] = [f'unknown template "{step["template"]}"']
+            continue
+        for path, messages in _step_job_errors(template, step).items():
+            errors.setdefault(f"steps.{i}.{path}", []).extend(messages)
+        base = template.spec if template is not None else step["spec"]
+        if not isinstance(base, dict):
+            continue
+        queue = step["overrides"].get("queue") or base.get("queue", "default")
+        if queue not in queues:
+            where = "overrides.queue" if "queue" in step["overrides"] else (
+                "template" if template is not None else "spec.queue")  # fmt: skip
+            errors.setdefault(f"steps.{i}.{where}", []).append(f'unknown queue "{queue}"')
     return errors
 
 
@@ -242,19 +257,23 @@ def _step_priority_refusals(
 ) -> dict[str, list[str]]:
     """Each step whose job would have a priority above what `owner` may ask for in its queue.
 
-    A step's job takes its queue and priority from the template, then the step's overrides.
-    A step whose values are not valid is left to the flow controller, which fails the step.
+    A step's job takes its queue and priority from the template (or its inline spec), then the
+    step's overrides. A step whose values are not valid is left to the flow controller, which
+    fails the step.
     """
     wanted: list[tuple[int, str, int, str]] = []
     for i, step in enumerate(steps):
-        template = templates[step["template"]]
+        template = templates.get(step["template"]) if "template" in step else None
+        base = template.spec if template is not None else step["spec"]
         overrides = step["overrides"]
-        queue = overrides.get("queue", template.spec.get("queue", "default"))
+        queue = overrides.get("queue", base.get("queue", "default"))
         if "priority" in overrides:
             priority, source = overrides["priority"], "overrides.priority"
-        else:
+        elif template is not None:
             priority = template.spec.get("priority", 0)
             source = f'template "{template.name}"; lower it with overrides.priority'
+        else:
+            priority, source = base.get("priority", 0), ""
         if isinstance(queue, str) and isinstance(priority, int) and not isinstance(priority, bool):
             wanted.append((i, queue, priority, source))
     queues = {q.name: q for q in Queue.objects.filter(name__in={w[1] for w in wanted})}
@@ -262,19 +281,22 @@ def _step_priority_refusals(
     for i, queue_name, priority, source in wanted:
         queue = queues.get(queue_name)
         refusal = queue.priority_refusal(owner, priority) if queue else ""
-        if refusal:
+        if refusal and source:
             errors[f"steps.{i}.priority"] = [f"{refusal} (from {source})"]
+        elif refusal:  # the step's own spec asks for it
+            errors[f"steps.{i}.spec.priority"] = [refusal]
     return errors
 
 
-def _step_job_errors(template: JobTemplate, step: dict[str, Any]) -> dict[str, list[str]]:
+def _step_job_errors(template: JobTemplate | None, step: dict[str, Any]) -> dict[str, list[str]]:
     """What is wrong with the job a flow step would make, keyed under the step: a field the
-    step overrides is named under `overrides`, the rest is the template's fault."""
-    if not isinstance(template.spec, dict):
+    step overrides is named under `overrides`, the rest is the template's (or spec's) fault."""
+    if template is not None and not isinstance(template.spec, dict):
         return {"template": [f'template "{template.name}" has no job spec']}
+    base = template.spec if template is not None else step["spec"]
     item = step["items"][0] if step["items"] else None
     try:
-        step_job_spec(template.spec, step["overrides"], item, name="check")
+        step_job_spec(base, step["overrides"], item, name="check")
     except SpecError as exc:
         out: dict[str, list[str]] = {}
         for path, messages in exc.errors.items():
@@ -283,10 +305,12 @@ def _step_job_errors(template: JobTemplate, step: dict[str, Any]) -> dict[str, l
             if field in step["overrides"]:
                 key = "overrides." + (".".join(parts[2:]) if parts[0] == "tasks" else path)
                 out.setdefault(key, []).extend(messages)
-            else:
+            elif template is not None:
                 out.setdefault("template", []).extend(
                     f'template "{template.name}" makes no valid job: {path} {m}' for m in messages
                 )
+            else:
+                out.setdefault(f"spec.{path}", []).extend(messages)
         return out
     return {}
 

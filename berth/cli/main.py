@@ -379,6 +379,18 @@ def resume(job_ids: tuple[int, ...]) -> None:
     _job_action("resume", job_ids)
 
 
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def resubmit(job_id: int, as_json: bool) -> None:
+    """Submit a fresh copy of a job (its spec as accepted); prints the new job's id."""
+    created = client().post(f"jobs/{job_id}/resubmit/")
+    if as_json:
+        emit_json(created)
+    else:
+        click.echo(f"Submitted job {created['id']} (a copy of job {job_id})")
+
+
 # --- flows ------------------------------------------------------------------------------
 
 
@@ -406,7 +418,7 @@ def _steps_summary(flow: dict[str, Any]) -> str:
 
 @cli.group()
 def flow() -> None:
-    """Submit, show and cancel flows."""
+    """Submit, show, cancel, retry and resubmit flows."""
 
 
 @flow.command("submit")
@@ -435,7 +447,14 @@ def flow_show(flow_id: int, as_json: bool) -> None:
     table(data.get("steps", []), [("STEP", lambda s: s["name"]), ("STATE", lambda s: s["state"]),
                                   ("DEPENDS ON", lambda s: ",".join(s["depends_on"]) or None),
                                   ("JOBS", lambda s: ",".join(map(str, s["jobs"])) or None),
-                                  ("MESSAGE", lambda s: s.get("message"))], "no steps")  # fmt: skip
+                                  ("MESSAGE", _step_message)], "no steps")  # fmt: skip
+
+
+def _step_message(step: dict[str, Any]) -> str | None:
+    """The step's message, or why it waits."""
+    if step.get("message"):
+        return str(step["message"])
+    return f"waits: {step['waiting']}" if step.get("waiting") else None
 
 
 @flow.command("cancel")
@@ -444,6 +463,27 @@ def flow_cancel(flow_id: int) -> None:
     """Cancel a flow and every job it runs."""
     data = client().post(f"flows/{flow_id}/cancel/")
     click.echo(f"flow {flow_id}: cancel requested ({data['state']})")
+
+
+@flow.command("retry")
+@click.argument("flow_id", type=int)
+def flow_retry(flow_id: int) -> None:
+    """Run a Failed flow's failed and skipped steps again; succeeded steps keep their jobs."""
+    data = client().post(f"flows/{flow_id}/retry/")
+    again = [s["name"] for s in data.get("steps", []) if s["state"] != "Succeeded"]
+    click.echo(f"flow {flow_id}: retrying {', '.join(again)} ({data['state']})")
+
+
+@flow.command("resubmit")
+@click.argument("flow_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def flow_resubmit(flow_id: int, as_json: bool) -> None:
+    """Submit a fresh copy of a flow from its spec; every step runs again."""
+    created = client().post(f"flows/{flow_id}/resubmit/")
+    if as_json:
+        emit_json(created)
+    else:
+        click.echo(f"Submitted flow {created['id']} (a copy of flow {flow_id})")
 
 
 # --- cluster ----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from scheduler.core.quantity import (
     parse_gpu,
     parse_memory,
 )
+from scheduler.flows.explain import step_wait_reasons
 from scheduler.models import Event, Flow, Job, JobTemplate, Node, Queue, Task
 from scheduler.specs import label_problems
 from scheduler.states import JobState
@@ -259,21 +260,30 @@ class FlowSerializer(serializers.ModelSerializer[Flow]):
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_steps(self, flow: Flow) -> list[dict[str, Any]]:
         # Only this flow's own jobs, by foreign key: never another flow's (behaviour 1).
+        all_jobs = list(flow.jobs.all())
+        steps = list(flow.steps.all())
+        by_id = {s.pk: s for s in steps}
         jobs: dict[int, list[int]] = {}
-        for job in flow.jobs.all():
-            if job.step_id is not None:
-                jobs.setdefault(job.step_id, []).append(job.pk)
+        earlier: dict[int, list[int]] = {}  # jobs of attempts before a retry that did not succeed
+        for job in all_jobs:
+            step = by_id.get(job.step_id or 0)
+            if step is not None:
+                (jobs if step.is_current(job) else earlier).setdefault(step.pk, []).append(job.pk)
+        waiting = step_wait_reasons(flow, steps, all_jobs)
         return [
             {
                 "name": step.name,
                 "state": step.state,
-                "template": step.template.name,
+                "template": step.template.name if step.template else None,
+                "inline": step.template is None,
                 "depends_on": step.depends_on,
                 "items": len(step.items) if step.items else None,
                 "message": step.message,
+                "waiting": waiting[step.name],
                 "jobs": sorted(jobs.get(step.pk, [])),
+                "earlier_jobs": sorted(earlier.get(step.pk, [])),
             }
-            for step in flow.steps.all()
+            for step in steps
         ]
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from scheduler.api import account, gpu_history, logs, schema, views
+from scheduler.api import account, flows, gpu_history, logs, schema, views
 
 router = DefaultRouter()
 router.register("queues", views.QueueViewSet, basename="queue")
@@ -21,6 +21,10 @@ urlpatterns = [
          name="job-gpu-history"),
     path("jobs/<int:job_id>/tasks/<int:task_id>/log/", logs.TaskLogView.as_view(),
          name="task-log"),
+    path("jobs/<int:job_id>/resubmit/", flows.JobResubmitView.as_view(), name="job-resubmit"),
+    path("flows/<int:flow_id>/retry/", flows.FlowRetryView.as_view(), name="flow-retry"),
+    path("flows/<int:flow_id>/resubmit/", flows.FlowResubmitView.as_view(),
+         name="flow-resubmit"),
     *router.urls,
 ]  # fmt: skip
 __all__ = ["schema", "urlpatterns"]  # schema registers its OpenAPI extensions on import

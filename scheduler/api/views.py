@@ -392,7 +392,12 @@ class FlowViewSet(
             .select_related("owner")
             .prefetch_related(
                 "steps__template",
-                Prefetch("jobs", queryset=Job.objects.only("id", "flow_id", "step_id")),
+                Prefetch(
+                    "jobs",
+                    queryset=Job.objects.only(
+                        "id", "flow_id", "step_id", "state", "hold_reason", "pending_reasons"
+                    ),
+                ),
             )
         )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
@@ -50,6 +51,8 @@ def _job_name(flow: Flow, step: FlowStep, item: int | None) -> str:
 
 
 def reconcile_flow(flow_id: int) -> bool:
+    """Move one flow forward: start it, stop its jobs on fail-fast or cancel, create the jobs
+    its ready steps need, release held jobs and save step and flow states."""
     flow = Flow.objects.select_for_update().filter(pk=flow_id).first()
     if flow is None or flow.state not in (FlowState.PENDING, FlowState.RUNNING):
         return False
@@ -57,47 +60,73 @@ def reconcile_flow(flow_id: int) -> bool:
     steps = list(flow.steps.select_related("template").order_by("position"))
     jobs = list(flow.jobs.only("id", "step_id", "item_index", "state", "hold_reason", "name",
                                "message", "created_at").order_by("id"))  # fmt: skip
-    by_step: dict[int, list[Job]] = defaultdict(list)
-    for job in jobs:
-        by_step[job.step_id or 0].append(job)
-    views = [
-        StepView(
-            name=s.name,
-            depends_on=list(s.depends_on),
-            fan_out=len(s.items) if s.items else 1,
-            jobs=[JobView(j.pk, j.item_index or 0, j.state) for j in by_step[s.pk]],
-            state=s.state,
-        )
-        for s in steps
-    ]
-    decision = plan(views, fail_fast=flow.fail_fast, cancel=flow.cancel_requested)
+    decision = plan(_step_views(steps, jobs), fail_fast=flow.fail_fast,
+                    cancel=flow.cancel_requested)  # fmt: skip
     changed = False
     if flow.state == FlowState.PENDING:
         flow.state, flow.started_at = FlowState.RUNNING, now
         record("FlowStateChanged", "Started", "Pending -> Running", flow=flow)
         changed = True
-
     if decision.stop_all:
-        reason = "FlowCancelled" if flow.cancel_requested else "FlowFailFast"
-        why = "flow cancelled" if flow.cancel_requested else _failure_text(decision, jobs)
-        for job in jobs:
-            if job.state in ACTIVE and job.state != JobState.TERMINATING:
-                terminate_job(
-                    Job.objects.select_for_update().get(pk=job.pk),
-                    final_state=JobState.CANCELLED,
-                    reason=reason,
-                    message=f"stopped: {why}",
-                    now=now,
-                )
+        _stop_all(flow, decision, jobs, now)
         changed = True
+    failed_step = _create_jobs(flow, steps, decision, now)
+    changed |= bool(decision.create)
+    changed |= _save_step_states(flow, steps, decision, keep=failed_step)
+    if flow.state == FlowState.RUNNING:
+        changed |= _release_holds(flow)
+        changed |= _finish(flow, decision, jobs, now)
+    if changed:
+        flow.save()
+        notify.changed(flows=[flow.pk], jobs=[j.pk for j in jobs])
+    return changed
 
+
+def _step_views(steps: list[FlowStep], jobs: list[Job]) -> list[StepView]:
+    """The steps as the planner sees them, each with the jobs of its current attempt (a
+    retry leaves out the earlier attempts' jobs that did not succeed)."""
+    by_step: dict[int, list[Job]] = defaultdict(list)
+    for job in jobs:
+        by_step[job.step_id or 0].append(job)
+    return [
+        StepView(
+            name=s.name,
+            depends_on=list(s.depends_on),
+            fan_out=len(s.items) if s.items else 1,
+            jobs=[
+                JobView(j.pk, j.item_index or 0, j.state) for j in by_step[s.pk] if s.is_current(j)
+            ],  # fmt: skip
+            state=s.state,
+        )
+        for s in steps
+    ]
+
+
+def _stop_all(flow: Flow, decision: Plan, jobs: list[Job], now: datetime) -> None:
+    """Fail-fast or cancel: every active job of the flow is stopped."""
+    reason = "FlowCancelled" if flow.cancel_requested else "FlowFailFast"
+    why = "flow cancelled" if flow.cancel_requested else _failure_text(decision, jobs)
+    for job in jobs:
+        if job.state in ACTIVE and job.state != JobState.TERMINATING:
+            terminate_job(
+                Job.objects.select_for_update().get(pk=job.pk),
+                final_state=JobState.CANCELLED,
+                reason=reason,
+                message=f"stopped: {why}",
+                now=now,
+            )
+
+
+def _create_jobs(flow: Flow, steps: list[FlowStep], decision: Plan, now: datetime) -> str:
+    """Create the jobs the plan asks for, held until `_release_holds` lets them go. A step
+    whose spec makes no valid job fails, and the flow with it: its name is returned."""
     step_by_name = {s.name: s for s in steps}
     for step_name, item in decision.create:
         step = step_by_name[step_name]
         item_env = step.items[item] if step.items else None
         try:
             spec = step_job_spec(
-                step.template.spec, step.overrides, item_env,
+                step.job_spec, step.overrides, item_env,
                 name=_job_name(flow, step, item if step.items else None),
             )  # fmt: skip
             # The template's priority may exceed what the flow's owner may ask for (a staff
@@ -108,42 +137,48 @@ def reconcile_flow(flow_id: int) -> bool:
                 lower_priority_to_cap=True,
             )  # fmt: skip
         except SpecError as exc:
-            # The template and overrides make no valid job: the step fails as a job would.
+            # The spec and overrides make no valid job: the step fails as a job would.
             step.state, step.message = "Failed", f"cannot make its job: {exc}"
             step.save(update_fields=["state", "message"])
             record("StepStateChanged", "InvalidJobSpec", step.message, flow=flow)
             flow.state, flow.finished_at = FlowState.FAILED, now
             flow.reason, flow.message = "InvalidJobSpec", f"step {step.name}: {exc}"
-            break
-        changed = True
+            return step.name
+    return ""
 
-    if flow.state == FlowState.RUNNING:
-        changed |= _release_holds(flow)
-        for step in steps:
-            new = decision.steps[step.name]
-            if step.state != new:
-                record("StepStateChanged", new, f"step {step.name}: {step.state} -> {new}",
-                       flow=flow)  # fmt: skip
-                step.state = new
-                step.save(update_fields=["state"])
-                changed = True
-        if decision.state is not None:
-            flow.state = decision.state
-            flow.finished_at = now
-            flow.reason = {"Succeeded": "Completed", "Failed": "StepFailed",
-                           "Cancelled": "Cancelled"}[decision.state]  # fmt: skip
-            flow.message = (
-                _failure_text(decision, jobs) if decision.state == FlowState.FAILED
-                else "all steps succeeded" if decision.state == FlowState.SUCCEEDED
-                else "cancelled by user"
-            )  # fmt: skip
-            record("FlowStateChanged", flow.reason, f"Running -> {flow.state}: {flow.message}",
+
+def _save_step_states(flow: Flow, steps: list[FlowStep], decision: Plan, *, keep: str) -> bool:
+    """Save each step's state as planned, but the step named `keep` (failed just now)."""
+    changed = False
+    for step in steps:
+        new = decision.steps[step.name]
+        if step.name == keep:
+            continue
+        if step.state != new:
+            record("StepStateChanged", new, f"step {step.name}: {step.state} -> {new}",
                    flow=flow)  # fmt: skip
+            step.state = new
+            step.save(update_fields=["state"])
             changed = True
-    if changed:
-        flow.save()
-        notify.changed(flows=[flow.pk], jobs=[j.pk for j in jobs])
     return changed
+
+
+def _finish(flow: Flow, decision: Plan, jobs: list[Job], now: datetime) -> bool:
+    """Give the flow its final state once the plan has one."""
+    if decision.state is None:
+        return False
+    flow.state = decision.state
+    flow.finished_at = now
+    flow.reason = {"Succeeded": "Completed", "Failed": "StepFailed",
+                   "Cancelled": "Cancelled"}[decision.state]  # fmt: skip
+    flow.message = (
+        _failure_text(decision, jobs) if decision.state == FlowState.FAILED
+        else "all steps succeeded" if decision.state == FlowState.SUCCEEDED
+        else "cancelled by user"
+    )  # fmt: skip
+    record("FlowStateChanged", flow.reason, f"Running -> {flow.state}: {flow.message}",
+           flow=flow)  # fmt: skip
+    return True
 
 
 def _failure_text(decision: Plan, jobs: list[Job]) -> str:

@@ -1,0 +1,64 @@
+"""Run a flow again: retry a failed flow from its failed steps, or resubmit it as a fresh copy
+(jobs are resubmitted by `scheduler.operations.resubmit_job`).
+
+A retry (like `argo retry`) keeps every step that succeeded, and every job that succeeded in
+a fan-out step, with their outputs; the other steps start again from Pending. Their earlier
+jobs stay in the flow for the record but no longer count: the step remembers the first job
+id of its new attempt (`FlowStep.retried_below`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max
+
+from scheduler import notify
+from scheduler.events import record
+from scheduler.models import Flow
+from scheduler.operations import OperationError
+from scheduler.states import JOB_ACTIVE, FlowState
+from scheduler.submit import create_flow
+
+FLOW_DONE = (FlowState.SUCCEEDED, FlowState.CANCELLED)  # finished, and not by failing
+
+
+def retry_flow(flow: Flow, user: Any) -> Flow:
+    """Re-run a Failed flow's failed, cancelled and skipped steps; OperationError otherwise."""
+    with transaction.atomic():
+        flow = Flow.objects.select_for_update().get(pk=flow.pk)
+        if flow.state != FlowState.FAILED:
+            raise OperationError(
+                f"flow {flow.pk} is {flow.state}: only a Failed flow can be retried"
+                + (" (resubmit it to run it again)" if flow.state in FLOW_DONE else "")
+            )
+        if flow.jobs.filter(state__in=JOB_ACTIVE).exists():
+            raise OperationError(
+                f"flow {flow.pk} still has active jobs: retry it once they have ended"
+            )
+        # Every job a later attempt makes gets a larger id than any job made so far.
+        newest = flow.jobs.aggregate(newest=Max("id"))["newest"] or 0
+        again = [s for s in flow.steps.all() if s.state != "Succeeded"]
+        for step in again:
+            step.state, step.message, step.retried_below = "Pending", "", newest + 1
+            step.save(update_fields=["state", "message", "retried_below"])
+        flow.state, flow.reason, flow.message = FlowState.RUNNING, "", ""
+        flow.finished_at, flow.cancel_requested = None, False
+        flow.save(update_fields=["state", "reason", "message", "finished_at",
+                                 "cancel_requested"])  # fmt: skip
+        names = ", ".join(s.name for s in again)
+        record("FlowRetried", "UserRequest",
+               f"by {user.username}: steps {names} run again", flow=flow)  # fmt: skip
+        notify.changed(flows=[flow.pk])
+    return flow
+
+
+def resubmit_flow(flow: Flow, user: Any) -> Flow:
+    """A fresh copy of `flow` from its spec; every step runs again. As for a resubmitted job
+    (`operations.resubmit_job`), the copy is still the flow owner's when staff ask for it, and
+    is checked against the owner's priority policy (SpecError when no longer accepted)."""
+    copy = create_flow(flow.owner, flow.spec)
+    record("FlowResubmitted", "UserRequest",
+           f"by {user.username}: a copy of flow {flow.pk}", flow=copy)  # fmt: skip
+    return copy
