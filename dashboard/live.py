@@ -7,8 +7,8 @@ queue table), `flow-<id>` (that flow only), `job-<id>` (that job only), and `job
 `jobs-staff` for job list rows, so a user's list never receives another user's jobs.
 
 1. Work out which groups a change concerns.
-2. Ask the channel layer which of them have a socket in them (one round trip), so a scheduler
-   cycle that touches a thousand jobs renders only the pages somebody has open.
+2. Ask which of them somebody watches (dashboard.presence: one cache round trip), so a
+   scheduler cycle that touches a thousand jobs renders only the pages somebody has open.
 3. Render those fragments (sync: templates and ORM).
 4. Send them all in one round trip.
 """
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from channels.layers import get_channel_layer
 from django.template.loader import render_to_string
 
-from dashboard import queries
+from dashboard import presence, queries
 from scheduler import notify
 from scheduler.models import Flow, Job, Task
 
@@ -57,29 +57,6 @@ def _run(coroutine: Coroutine[Any, Any, T], default: T) -> T:
         return default
 
 
-async def _watched_async(layer: Any, groups: list[str]) -> set[str]:
-    found = set()
-    for group in groups:
-        connection = layer.connection(layer.consistent_hash(group))
-        if await connection.zcard(layer._group_key(group)):
-            found.add(group)
-    return found
-
-
-def _watched(groups: Iterable[str]) -> set[str]:
-    """The groups with at least one socket in them (all of them when the layer cannot say)."""
-    wanted = list(dict.fromkeys(groups))
-    layer = get_channel_layer()
-    if layer is None or not wanted:
-        return set()
-    members = getattr(layer, "groups", None)
-    if isinstance(members, dict):  # InMemoryChannelLayer: same process, read its table
-        return {g for g in wanted if members.get(g)}
-    if hasattr(layer, "_group_key") and hasattr(layer, "consistent_hash"):  # channels_redis
-        return _run(_watched_async(layer, wanted), set(wanted))
-    return set(wanted)
-
-
 async def _send_all(layer: Any, messages: list[tuple[str, str]]) -> None:
     for group, html in messages:
         await layer.group_send(group, {"type": "html", "html": html})
@@ -100,7 +77,7 @@ def publish(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable
     flow_ids.update(job.flow_id for job in job_rows if job.flow_id)
     candidates = [f"job-{j.pk}" for j in job_rows] + [f"flow-{f}" for f in flow_ids]
     candidates += [f"jobs-{j.owner_id}" for j in job_rows] + ["jobs-staff", "cluster"]
-    watched = _watched(candidates)
+    watched = presence.watched(candidates)
     messages: list[tuple[str, str]] = []
 
     for job in job_rows:

@@ -133,10 +133,7 @@ def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
                 .order_by("offset")
                 .values_list("data", flat=True)
             )[-LOG_TAIL_CHARS:]
-    reasons = list(job.pending_reasons or [])
-    if job.hold_reason:
-        reasons.insert(0, job.hold_reason)
-    context = {"job": job, "tasks": tasks, "reasons": reasons,
+    context = {"job": job, "tasks": tasks, "status": job.status,
                "events": list(Event.objects.filter(job=job).order_by("-id")[:50])}  # fmt: skip
     if with_logs:  # the first render only: pushes never carry the spec
         context["spec_yaml"] = yaml.safe_dump(job.spec, sort_keys=False, allow_unicode=True)

@@ -37,7 +37,8 @@ class Loaded:
     snapshot: Snapshot
     node_ids: dict[str, int]
     device_ids: dict[tuple[str, int], int]
-    pending_reasons: dict[int, tuple[list[str], datetime | None]] = field(default_factory=dict)
+    # job id -> (pending code, pending message) as stored: the store writes only changes.
+    pending_status: dict[int, tuple[str, str]] = field(default_factory=dict)
     # Rows the core could not use, with the reason: queue name / job id / node id -> message.
     invalid_queues: dict[str, str] = field(default_factory=dict)
     invalid_jobs: dict[int, str] = field(default_factory=dict)
@@ -89,8 +90,8 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
             "state",
             "reason",
             "requested_action",
-            "pending_reasons",
-            "estimated_start_at",
+            "pending_code",
+            "pending_message",
             "flow_id",
             "spec_tasks",
         )
@@ -145,8 +146,7 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
             loaded.invalid_jobs[job_id] = f"cannot be scheduled: {type(exc).__name__}: {exc}"
             info = None
         loaded.job_flows[job_id] = row[14]
-        reasons = row[12] if isinstance(row[12], list) else []
-        loaded.pending_reasons[job_id] = ([str(r) for r in reasons], row[13])
+        loaded.pending_status[job_id] = (row[12], row[13])
         if info is not None:
             loaded.snapshot.jobs.append(info)
     return loaded

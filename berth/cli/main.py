@@ -249,8 +249,12 @@ def show(job_id: int, as_json: bool) -> None:
     for key in ("id", "name", "owner", "queue", "priority", "state", "reason", "message",
                 "walltime", "created_at", "started_at", "finished_at"):  # fmt: skip
         click.echo(f"{key:>12}: {job.get(key) if job.get(key) not in (None, '') else '-'}")
-    for reason in job.get("pending_reasons") or []:
-        click.echo(f"{'waiting':>12}: {reason}")
+    status = job.get("status")
+    if status:
+        click.echo(f"{'status':>12}: {status['code']}")
+        click.echo(f"{'waiting':>12}: {status['message']}")
+        for reason, count in (status.get("node_reasons") or {}).items():
+            click.echo(f"{'':>12}  {count} node(s): {reason}")
     table(job.get("tasks", []), [("TASK", lambda t: f"{t['group']}-{t['index']}"),
                                  ("STATE", lambda t: t["state"]), ("NODE", lambda t: t["node"]),
                                  ("GPUS", lambda t: ",".join(map(str, t["devices"])) or None),
