@@ -61,6 +61,11 @@ class JobListConsumer(_Live):
         return ["jobs-staff"] if user.is_staff else [f"jobs-{user.pk}"]
 
 
+class FlowListConsumer(_Live):
+    def allowed_groups(self, user: Any) -> list[str] | None:
+        return ["flows-staff"] if user.is_staff else [f"flows-{user.pk}"]
+
+
 class JobConsumer(_Live):
     def allowed_groups(self, user: Any) -> list[str] | None:
         job_id = self.scope["url_route"]["kwargs"]["job_id"]

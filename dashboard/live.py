@@ -3,8 +3,9 @@
 Called after a transaction commits (scheduler.notify), from the web process, the scheduler
 loop or an agent's heartbeat, always from sync code. The same template fragments serve the
 first page render, the htmx responses and these pushes. Groups: `cluster` (node cards, totals,
-queue table), `flow-<id>` (that flow only), `job-<id>` (that job only), and `jobs-<user id>` /
-`jobs-staff` for job list rows, so a user's list never receives another user's jobs.
+queue table), `flow-<id>` (that flow only), `job-<id>` (that job only), `jobs-<user id>` /
+`jobs-staff` for job list rows and `flows-<user id>` / `flows-staff` for flow list rows, so a
+user's list never receives another user's jobs or flows.
 
 1. Work out which groups a change concerns.
 2. Ask which of them somebody watches (dashboard.presence: one cache round trip), so a
@@ -77,6 +78,8 @@ def publish(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable
     flow_ids.update(job.flow_id for job in job_rows if job.flow_id)
     candidates = [f"job-{j.pk}" for j in job_rows] + [f"flow-{f}" for f in flow_ids]
     candidates += [f"jobs-{j.owner_id}" for j in job_rows] + ["jobs-staff", "cluster"]
+    flow_rows = list(Flow.objects.filter(pk__in=flow_ids).select_related("owner"))
+    candidates += [f"flows-{f.owner_id}" for f in flow_rows] + ["flows-staff"]
     watched = presence.watched(candidates)
     messages: list[tuple[str, str]] = []
 
@@ -90,10 +93,11 @@ def publish(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable
             row = render_to_string("dashboard/jobs.html#job-row", {"job": job, "oob": True})
             messages.extend((g, row) for g in row_groups)
 
-    for flow in Flow.objects.filter(pk__in=flow_ids).select_related("owner"):
+    for flow in flow_rows:
         if f"flow-{flow.pk}" in watched:
             html = render_to_string("dashboard/flow.html#flow-live", queries.flow_detail(flow))
             messages.append((f"flow-{flow.pk}", html))
+    messages.extend(_flow_list_rows(flow_rows, watched))
 
     if (node_ids or job_ids) and "cluster" in watched:
         node_ids.update(
@@ -106,6 +110,17 @@ def publish(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable
         })  # fmt: skip
         messages.append(("cluster", html))
     _send(messages)
+
+
+def _flow_list_rows(flows: list[Flow], watched: set[str]) -> list[tuple[str, str]]:
+    """The flows lists' rows (`flows-<owner id>`, `flows-staff`): a new flow appears on top."""
+    listed = [f for f in flows if {f"flows-{f.owner_id}", "flows-staff"} & watched]
+    queries.count_flow_jobs(listed)
+    messages: list[tuple[str, str]] = []
+    for flow in listed:
+        row = render_to_string("dashboard/flows.html#flow-row", {"f": flow, "oob": True})
+        messages.extend((g, row) for g in (f"flows-{flow.owner_id}", "flows-staff") if g in watched)
+    return messages
 
 
 def publish_log(task_id: int, attempt: int, offset: int, data: str) -> None:

@@ -140,6 +140,23 @@ def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
     return context
 
 
+def count_flow_jobs(flows: list[Flow]) -> None:
+    """Set each flow's job counts (jobs_total, _done, _running, _failed) for the flows list
+    and its pushed rows, in one grouped query over their jobs."""
+    counts: dict[int, Counter[str]] = defaultdict(Counter)
+    for flow_id, state, n in (
+        Job.objects.filter(flow_id__in=[f.pk for f in flows])
+        .values_list("flow_id", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        counts[flow_id][state] = n
+    for f in flows:
+        c = counts[f.pk]
+        f.jobs_total, f.jobs_done = sum(c.values()), c["Succeeded"]  # type: ignore[attr-defined]
+        f.jobs_running, f.jobs_failed = c["Running"], c["Failed"]  # type: ignore[attr-defined]
+
+
 def flow_log_tail(flow: Flow, chunks: int = 40) -> str:
     """The flow's latest output across its jobs, each line prefixed by job/task (the same
     prefix `live.publish_log` puts on lines pushed later)."""
