@@ -45,19 +45,40 @@
     return capped / 2 + (Math.random() * capped) / 2;
   }
 
-  function catchUp(socketArea) {
-    htmx.ajax("GET", window.location.href, {
-      source: socketArea, target: socketArea, select: "[ws-connect] > *", swap: "innerHTML",
+  // The page as a plain GET renders it (not an htmx request: views answer those with a
+  // fragment), and in it the socket area with the same address as `socketArea`.
+  function freshArea(socketArea) {
+    return fetch(window.location.href, { credentials: "same-origin" }).then(function (response) {
+      if (!response.ok) throw new Error("HTTP " + response.status);
+      return response.text();
+    }).then(function (html) {
+      var page = new DOMParser().parseFromString(html, "text/html");
+      var address = socketArea.getAttribute("ws-connect");
+      var fresh = Array.from(page.querySelectorAll("[ws-connect]")).find(function (el) {
+        return el.getAttribute("ws-connect") === address;
+      });
+      if (!fresh) throw new Error("no live area in the page");
+      return fresh;
     });
   }
 
-  // A close the extension does not retry (e.g. 1001 when the server restarts): re-fetch the
+  // Back after a drop: swap in what the socket area shows now (missed pushes included).
+  function catchUp(socketArea) {
+    freshArea(socketArea).then(function (fresh) {
+      socketArea.replaceChildren.apply(socketArea, Array.from(fresh.childNodes));
+      Array.from(socketArea.children).forEach(function (el) { htmx.process(el); });
+    }).catch(function () { /* the next push or a reload shows the changes */ });
+  }
+
+  // A close the extension does not retry (e.g. 1001 when the server restarts): replace the
   // socket area whole; the fresh element opens a new socket. Until the server answers, retry.
   function reconnect(socketArea, retryCount) {
     setTimeout(function () {
       if (!lost || !document.body.contains(socketArea)) return;
-      htmx.ajax("GET", window.location.href, {
-        source: socketArea, target: socketArea, select: "[ws-connect]", swap: "outerHTML",
+      freshArea(socketArea).then(function (fresh) {
+        var adopted = document.importNode(fresh, true);
+        socketArea.replaceWith(adopted);
+        htmx.process(adopted);
       }).catch(function () { reconnect(socketArea, retryCount + 1); });
     }, delay(retryCount));
   }
