@@ -231,7 +231,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
 
     @extend_schema_field(JobStatusSerializer(allow_null=True))
     def get_status(self, job: Job) -> dict[str, Any] | None:
-        """Why a pending or suspended job waits (docs/api.md#job-status); null otherwise."""
+        """Why a pending or suspended job waits, null otherwise (codes: docs/cli.md)."""
         return job.status
 
     @extend_schema_field(serializers.ListField(child=serializers.CharField()))
