@@ -71,6 +71,8 @@ def _send(messages: list[tuple[str, str]]) -> None:
 
 
 def publish(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable[int] = ()) -> None:
+    if not presence.anyone():  # no live page open anywhere: no query, no render
+        return
     job_ids, flow_ids, node_ids = set(jobs), set(flows), set(nodes)
     job_rows = list(
         Job.objects.filter(pk__in=job_ids).select_related("owner", "queue", "flow", "step")
@@ -134,11 +136,14 @@ def publish_log(task_id: int, attempt: int, offset: int, data: str) -> None:
     if row is None or row["attempt"] != attempt or not data:
         return  # an old attempt's late output: its pane shows the current attempt
     job_id, flow_id = row["job_id"], row["job__flow_id"]
+    watched = presence.watched([f"job-{job_id}", f"flow-{flow_id}"])
     context = {"task_id": task_id, "job_id": job_id, "data": data}
-    messages: list[tuple[str, str]] = [
-        (f"job-{job_id}", render_to_string("dashboard/job.html#log-append", context))
-    ]
-    if flow_id:
+    messages: list[tuple[str, str]] = []
+    if f"job-{job_id}" in watched:
+        messages.append(
+            (f"job-{job_id}", render_to_string("dashboard/job.html#log-append", context))
+        )
+    if flow_id and f"flow-{flow_id}" in watched:
         label = f"{row['job__name']}/{row['group']}-{row['index']}"
         lines = "".join(f"{label}  {line}" for line in data.splitlines(keepends=True))
         if not lines.endswith("\n"):

@@ -20,6 +20,7 @@ log = logging.getLogger("berth.live")
 TTL = 60  # seconds a mark lives without refresh
 REFRESH = 20  # seconds between refreshes while a socket is open
 PREFIX = "live-watch:"
+ANYONE = "*"  # marked by every socket: with nobody on any live page, publishing stops at once
 
 
 def _key(group: str) -> str:
@@ -29,7 +30,7 @@ def _key(group: str) -> str:
 async def mark(groups: Iterable[str]) -> None:
     """Say that a socket watches `groups` for the next TTL seconds."""
     try:
-        await cache.aset_many({_key(g): 1 for g in groups}, timeout=TTL)
+        await cache.aset_many({_key(g): 1 for g in [*groups, ANYONE]}, timeout=TTL)
     except Exception:  # publishers then see nobody: pushes stop, the page still works
         log.warning("could not mark live groups %s as watched", list(groups), exc_info=True)
 
@@ -39,6 +40,15 @@ async def keep_marked(groups: list[str]) -> None:
     while True:
         await asyncio.sleep(REFRESH)
         await mark(groups)
+
+
+def anyone() -> bool:
+    """Whether any live page is open at all (True if the cache cannot say)."""
+    try:
+        return cache.get(_key(ANYONE)) is not None
+    except Exception:
+        log.warning("could not read live presence; assuming somebody watches", exc_info=True)
+        return True
 
 
 def watched(groups: Iterable[str]) -> set[str]:

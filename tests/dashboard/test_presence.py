@@ -59,3 +59,17 @@ async def test_an_open_page_is_watched_and_only_watched_pages_are_rendered():
 def test_a_failing_cache_means_pushing_to_everyone():
     with mock.patch.object(presence.cache, "get_many", side_effect=ConnectionError("down")):
         assert presence.watched(["a", "b", "a"]) == {"a", "b"}
+
+
+@pytest.mark.django_db
+@ALONE
+def test_with_no_live_page_open_publishing_costs_no_query(owner):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    caches["default"].clear()
+    job = Job.objects.create(name="j", owner=owner, queue=Queue.objects.get_or_create(
+        name="default")[0], spec={})  # fmt: skip
+    with CaptureQueriesContext(connection) as queries:
+        live.publish(jobs={job.pk}, flows={1}, nodes={1})
+    assert len(queries) == 0
