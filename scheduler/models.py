@@ -475,6 +475,7 @@ class Job(models.Model):
         if self.hold_reason:
             code = Code.DEPENDENCY if self.hold_reason.startswith(DEPENDENCY_HOLD) else Code.HELD
             return {"code": str(code), "message": self.hold_reason, "node_reasons": {}}
+        # A preempted job (reason lifecycle.PREEMPTED) resumes by itself: the core says why.
         if self.state == JobState.SUSPENDED and self.reason != "Preempted":
             message = self.message or "suspended until its owner resumes it"
             return {"code": str(Code.HELD), "message": message, "node_reasons": {}}
@@ -482,11 +483,6 @@ class Job(models.Model):
             return None
         reasons = self.pending_node_reasons if isinstance(self.pending_node_reasons, dict) else {}
         return {"code": self.pending_code, "message": self.pending_message, "node_reasons": reasons}
-
-    @property
-    def never_fits(self) -> bool:
-        status = self.status
-        return status is not None and status["code"] == Code.NEVER_FITS
 
     @property
     def is_array(self) -> bool:
