@@ -166,4 +166,14 @@ async def _scenario(server: Daphne, alice: User) -> None:
         later = await _sync(lambda: submit_job(alice, {"name": "later", "tasks": [
             {"name": "main", "command": "true"}]}).pk)  # fmt: skip
         await expect(jobs.locator(f"#job-row-{later}")).to_contain_text("later", timeout=10000)
+
+        # A close the ws extension does not retry by itself (1001: the server going away
+        # cleanly): the page fetches its live area anew, which opens a fresh socket.
+        await jobs.evaluate("""() => document.querySelector('[ws-connect]').dispatchEvent(
+            new CustomEvent('htmx:wsClose', {bubbles: true, detail: {event: {code: 1001}}}))""")
+        await expect(jobs.locator("#ws-lost")).to_be_hidden(timeout=30000)
+        last = await _sync(lambda: submit_job(alice, {"name": "last", "tasks": [
+            {"name": "main", "command": "true"}]}).pk)  # fmt: skip
+        await expect(jobs.locator(f"#job-row-{last}")).to_contain_text("last", timeout=10000)
+        assert await jobs.evaluate("() => window.__marker") == 1
         await browser.close()
