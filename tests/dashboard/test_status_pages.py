@@ -3,15 +3,23 @@ reason, and a "never fits" mark distinct from waiting for resources."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.factories import make_job
 
 pytestmark = pytest.mark.django_db
-NEVER = {"pending_code": "NeverFits", "pending_message": "0/2 nodes fit: 2 insufficient gpu",
-         "pending_node_reasons": {"insufficient gpu": 2}}  # fmt: skip
-WAITING = {"pending_code": "WaitingForResources", "pending_message": "0/2 nodes fit: 2 busy",
-           "pending_node_reasons": {"busy": 2}}  # fmt: skip
+NEVER: dict[str, Any] = {
+    "pending_code": "NeverFits",
+    "pending_message": "0/2 nodes fit: 2 insufficient gpu",
+    "pending_node_reasons": {"insufficient gpu": 2},
+}
+WAITING: dict[str, Any] = {
+    "pending_code": "WaitingForResources",
+    "pending_message": "0/2 nodes fit: 2 busy",
+    "pending_node_reasons": {"busy": 2},
+}
 
 
 def test_a_job_that_never_fits_is_marked_on_its_page(owner, signed_in):
