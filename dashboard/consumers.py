@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from dashboard import presence
 from scheduler import notify
 from scheduler.models import Flow, Job
 
 
 class _Live(AsyncWebsocketConsumer):
     groups_to_join: list[str]
+    presence_task: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         notify.remember_server_loop()
@@ -27,9 +31,16 @@ class _Live(AsyncWebsocketConsumer):
         self.groups_to_join = groups
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)
+        # Publishers render only for groups somebody watches (dashboard.presence).
+        await presence.mark(groups)
+        self.presence_task = asyncio.create_task(presence.keep_marked(groups))
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
+        if self.presence_task is not None:
+            self.presence_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.presence_task
         for group in getattr(self, "groups_to_join", []):
             await self.channel_layer.group_discard(group, self.channel_name)
 
@@ -48,6 +59,11 @@ class ClusterConsumer(_Live):
 class JobListConsumer(_Live):
     def allowed_groups(self, user: Any) -> list[str] | None:
         return ["jobs-staff"] if user.is_staff else [f"jobs-{user.pk}"]
+
+
+class FlowListConsumer(_Live):
+    def allowed_groups(self, user: Any) -> list[str] | None:
+        return ["flows-staff"] if user.is_staff else [f"flows-{user.pk}"]
 
 
 class JobConsumer(_Live):

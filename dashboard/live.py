@@ -3,12 +3,13 @@
 Called after a transaction commits (scheduler.notify), from the web process, the scheduler
 loop or an agent's heartbeat, always from sync code. The same template fragments serve the
 first page render, the htmx responses and these pushes. Groups: `cluster` (node cards, totals,
-queue table), `flow-<id>` (that flow only), `job-<id>` (that job only), and `jobs-<user id>` /
-`jobs-staff` for job list rows, so a user's list never receives another user's jobs.
+queue table), `flow-<id>` (that flow only), `job-<id>` (that job only), `jobs-<user id>` /
+`jobs-staff` for job list rows and `flows-<user id>` / `flows-staff` for flow list rows, so a
+user's list never receives another user's jobs or flows.
 
 1. Work out which groups a change concerns.
-2. Ask the channel layer which of them have a socket in them (one round trip), so a scheduler
-   cycle that touches a thousand jobs renders only the pages somebody has open.
+2. Ask which of them somebody watches (dashboard.presence: one cache round trip), so a
+   scheduler cycle that touches a thousand jobs renders only the pages somebody has open.
 3. Render those fragments (sync: templates and ORM).
 4. Send them all in one round trip.
 """
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 from channels.layers import get_channel_layer
 from django.template.loader import render_to_string
 
-from dashboard import queries
+from dashboard import presence, queries
 from scheduler import notify
 from scheduler.models import Flow, Job, Task
 
@@ -57,29 +58,6 @@ def _run(coroutine: Coroutine[Any, Any, T], default: T) -> T:
         return default
 
 
-async def _watched_async(layer: Any, groups: list[str]) -> set[str]:
-    found = set()
-    for group in groups:
-        connection = layer.connection(layer.consistent_hash(group))
-        if await connection.zcard(layer._group_key(group)):
-            found.add(group)
-    return found
-
-
-def _watched(groups: Iterable[str]) -> set[str]:
-    """The groups with at least one socket in them (all of them when the layer cannot say)."""
-    wanted = list(dict.fromkeys(groups))
-    layer = get_channel_layer()
-    if layer is None or not wanted:
-        return set()
-    members = getattr(layer, "groups", None)
-    if isinstance(members, dict):  # InMemoryChannelLayer: same process, read its table
-        return {g for g in wanted if members.get(g)}
-    if hasattr(layer, "_group_key") and hasattr(layer, "consistent_hash"):  # channels_redis
-        return _run(_watched_async(layer, wanted), set(wanted))
-    return set(wanted)
-
-
 async def _send_all(layer: Any, messages: list[tuple[str, str]]) -> None:
     for group, html in messages:
         await layer.group_send(group, {"type": "html", "html": html})
@@ -93,6 +71,8 @@ def _send(messages: list[tuple[str, str]]) -> None:
 
 
 def publish(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable[int] = ()) -> None:
+    if not presence.anyone():  # no live page open anywhere: no query, no render
+        return
     job_ids, flow_ids, node_ids = set(jobs), set(flows), set(nodes)
     job_rows = list(
         Job.objects.filter(pk__in=job_ids).select_related("owner", "queue", "flow", "step")
@@ -100,7 +80,9 @@ def publish(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable
     flow_ids.update(job.flow_id for job in job_rows if job.flow_id)
     candidates = [f"job-{j.pk}" for j in job_rows] + [f"flow-{f}" for f in flow_ids]
     candidates += [f"jobs-{j.owner_id}" for j in job_rows] + ["jobs-staff", "cluster"]
-    watched = _watched(candidates)
+    flow_rows = list(Flow.objects.filter(pk__in=flow_ids).select_related("owner"))
+    candidates += [f"flows-{f.owner_id}" for f in flow_rows] + ["flows-staff"]
+    watched = presence.watched(candidates)
     messages: list[tuple[str, str]] = []
 
     for job in job_rows:
@@ -113,10 +95,11 @@ def publish(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable
             row = render_to_string("dashboard/jobs.html#job-row", {"job": job, "oob": True})
             messages.extend((g, row) for g in row_groups)
 
-    for flow in Flow.objects.filter(pk__in=flow_ids).select_related("owner"):
+    for flow in flow_rows:
         if f"flow-{flow.pk}" in watched:
             html = render_to_string("dashboard/flow.html#flow-live", queries.flow_detail(flow))
             messages.append((f"flow-{flow.pk}", html))
+    messages.extend(_flow_list_rows(flow_rows, watched))
 
     if (node_ids or job_ids) and "cluster" in watched:
         node_ids.update(
@@ -131,6 +114,17 @@ def publish(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable
     _send(messages)
 
 
+def _flow_list_rows(flows: list[Flow], watched: set[str]) -> list[tuple[str, str]]:
+    """The flows lists' rows (`flows-<owner id>`, `flows-staff`): a new flow appears on top."""
+    listed = [f for f in flows if {f"flows-{f.owner_id}", "flows-staff"} & watched]
+    queries.count_flow_jobs(listed)
+    messages: list[tuple[str, str]] = []
+    for flow in listed:
+        row = render_to_string("dashboard/flows.html#flow-row", {"f": flow, "oob": True})
+        messages.extend((g, row) for g in (f"flows-{flow.owner_id}", "flows-staff") if g in watched)
+    return messages
+
+
 def publish_log(task_id: int, attempt: int, offset: int, data: str) -> None:
     """Append newly uploaded output to the task's pane on its job page (`job-<id>` only) and
     to the output pane of the job's flow page (`flow-<id>` only), prefixed by job/task."""
@@ -142,11 +136,14 @@ def publish_log(task_id: int, attempt: int, offset: int, data: str) -> None:
     if row is None or row["attempt"] != attempt or not data:
         return  # an old attempt's late output: its pane shows the current attempt
     job_id, flow_id = row["job_id"], row["job__flow_id"]
+    watched = presence.watched([f"job-{job_id}", f"flow-{flow_id}"])
     context = {"task_id": task_id, "job_id": job_id, "data": data}
-    messages: list[tuple[str, str]] = [
-        (f"job-{job_id}", render_to_string("dashboard/job.html#log-append", context))
-    ]
-    if flow_id:
+    messages: list[tuple[str, str]] = []
+    if f"job-{job_id}" in watched:
+        messages.append(
+            (f"job-{job_id}", render_to_string("dashboard/job.html#log-append", context))
+        )
+    if flow_id and f"flow-{flow_id}" in watched:
         label = f"{row['job__name']}/{row['group']}-{row['index']}"
         lines = "".join(f"{label}  {line}" for line in data.splitlines(keepends=True))
         if not lines.endswith("\n"):

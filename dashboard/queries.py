@@ -159,10 +159,7 @@ def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
         task.device_list = ",".join(str(i) for i in task.gpu_indices())  # type: ignore[attr-defined]
         if with_logs:  # the output pane is rendered once; pushes append to it
             show_log(task, task.attempt)
-    reasons = list(job.pending_reasons or [])
-    if job.hold_reason:
-        reasons.insert(0, job.hold_reason)
-    context = {"job": job, "tasks": tasks, "reasons": reasons,
+    context = {"job": job, "tasks": tasks, "status": job.status,
                "events": list(Event.objects.filter(job=job).order_by("-id")[:50])}  # fmt: skip
     if with_logs:  # the first render only: pushes never carry the spec
         context["tail_chars"] = LOG_TAIL_CHARS
@@ -195,6 +192,23 @@ def show_log(task: Task, attempt: int) -> Task:
     return task
 
 
+def count_flow_jobs(flows: list[Flow]) -> None:
+    """Set each flow's job counts (jobs_total, _done, _running, _failed) for the flows list
+    and its pushed rows, in one grouped query over their jobs."""
+    counts: dict[int, Counter[str]] = defaultdict(Counter)
+    for flow_id, state, n in (
+        Job.objects.filter(flow_id__in=[f.pk for f in flows])
+        .values_list("flow_id", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        counts[flow_id][state] = n
+    for f in flows:
+        c = counts[f.pk]
+        f.jobs_total, f.jobs_done = sum(c.values()), c["Succeeded"]  # type: ignore[attr-defined]
+        f.jobs_running, f.jobs_failed = c["Running"], c["Failed"]  # type: ignore[attr-defined]
+
+
 def flow_log_tail(flow: Flow, chunks: int = 40) -> str:
     """The flow's latest output across its jobs, each line prefixed by job/task (the same
     prefix `live.publish_log` puts on lines pushed later)."""
@@ -216,7 +230,7 @@ def flow_detail(flow: Flow, with_logs: bool = False) -> dict[str, Any]:
     failed jobs are counted apart), why each waiting step waits, the graph and events."""
     steps = list(flow.steps.select_related("template").order_by("position"))
     jobs = list(flow.jobs.only("id", "name", "state", "step_id", "item_index", "hold_reason",
-                               "pending_reasons").order_by("id"))  # fmt: skip
+                               "pending_message").order_by("id"))  # fmt: skip
     by_id = {s.pk: s for s in steps}
     current: dict[int, list[Job]] = defaultdict(list)
     earlier: Counter[int] = Counter()

@@ -20,6 +20,7 @@ websocket_urlpatterns: list[URLPattern] = [
     path("ws/cluster/", consumers.ClusterConsumer.as_asgi()),
     path("ws/jobs/", consumers.JobListConsumer.as_asgi()),
     path("ws/jobs/<int:job_id>/", consumers.JobConsumer.as_asgi()),
+    path("ws/flows/", consumers.FlowListConsumer.as_asgi()),
     path("ws/flows/<int:flow_id>/", consumers.FlowConsumer.as_asgi()),
     # Last: whatever the routes above did not match.
     re_path(r"", UnknownPathConsumer.as_asgi()),

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
 from typing import Any
 
 import yaml
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -76,6 +74,7 @@ def jobs(request: HttpRequest) -> HttpResponse:
         "jobs": page[:PAGE], "filters": filters, "states": JobState.values,
         "queues": Queue.objects.values_list("name", flat=True),
         "next_before": page[PAGE - 1].pk if len(page) > PAGE else None, "before": before,
+        "live_new": not before and not any(filters.values()),  # new jobs pushed go on top
     }  # fmt: skip
     template = "dashboard/jobs.html#jobs-table" if _htmx(request) else "dashboard/jobs.html"
     return render(request, template, context)
@@ -162,18 +161,7 @@ def flows(request: HttpRequest) -> HttpResponse:
     rows = list(
         Flow.objects.visible_to(request.user).select_related("owner").order_by("-id")[:200]
     )
-    counts: dict[int, Counter[str]] = defaultdict(Counter)
-    for flow_id, state, n in (
-        Job.objects.filter(flow_id__in=[f.pk for f in rows])
-        .values_list("flow_id", "state")
-        .annotate(n=Count("id"))
-        .order_by()
-    ):
-        counts[flow_id][state] = n
-    for f in rows:
-        c = counts[f.pk]
-        f.jobs_total, f.jobs_done = sum(c.values()), c["Succeeded"]  # type: ignore[attr-defined]
-        f.jobs_running, f.jobs_failed = c["Running"], c["Failed"]  # type: ignore[attr-defined]
+    queries.count_flow_jobs(rows)
     return render(request, "dashboard/flows.html", {"flows": rows})
 
 

@@ -141,7 +141,8 @@ class JobAdmin(admin.ModelAdmin[Job]):
     search_fields = ["name", "owner__username", "=id"]
     list_select_related = ["owner", "queue", "flow", "step"]
     date_hierarchy = "created_at"
-    readonly_fields = ["state", "terminal_state", "reason", "message", "pending_reasons",
+    readonly_fields = ["state", "terminal_state", "reason", "message", "pending_code",
+                       "pending_message",
                        "estimated_start_at", "requested_action", "requested_at", "hold_reason",
                        "retries", "flow", "step", "item_index", "template", "labels", "spec",
                        "array_parent", "array_index", "array_size", "array_counts",

@@ -204,7 +204,7 @@ def cancel_requested_elements(now: datetime | None = None) -> int:
             ).update(
                 state=target(JobEvent.CANCEL), reason="Cancelled", message="cancelled by user",
                 finished_at=now, requested_action=JobRequest.NONE, hold_reason="",
-                terminal_state="", pending_reasons=[], estimated_start_at=None,
+                terminal_state="", pending_code="", pending_message="", estimated_start_at=None,
             )  # fmt: skip
         by_parent: dict[int, list[int]] = defaultdict(list)
         for _, parent_id, index in rows:
@@ -334,7 +334,7 @@ def refresh_parents(now: datetime | None = None) -> int:
         Job.objects.bulk_update(
             changed,
             ["state", "reason", "message", "started_at", "finished_at", "array_counts",
-             "hold_reason", "pending_reasons", "estimated_start_at"],
+             "hold_reason", "pending_code", "pending_message", "estimated_start_at"],
         )  # fmt: skip
         notify.changed(jobs=[p.pk for p in changed])
     return len(changed)
@@ -354,7 +354,8 @@ def _move(parent: Job, state: str, counts: dict[str, Any], now: datetime) -> Non
                          JobState.CANCELLED: "Cancelled"}[JobState(state)]  # fmt: skip
         done = ", ".join(f"{n} {s.lower()}" for s, n in sorted(states.items()) if n)
         parent.message = f"every element finished: {done}" if done else "no elements left"
-    parent.pending_reasons, parent.estimated_start_at = [], None
+    parent.pending_code = parent.pending_message = ""
+    parent.estimated_start_at = None
     record("JobStateChanged", parent.reason, f"{old} -> {state}: {parent.message}", job=parent)
 
 

@@ -17,6 +17,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models import Q, QuerySet
 
+from scheduler.core.status import Code
 from scheduler.states import (
     JOB_FINAL,
     FlowState,
@@ -353,6 +354,11 @@ class FlowStep(models.Model):
         return f"{self.flow_id}/{self.name}"
 
 
+# A hold reason that starts with this says the job waits for other steps (status code
+# Dependency); any other hold reason reads as Held (parallelism slot, array limit).
+DEPENDENCY_HOLD = "waiting for step"
+
+
 class Job(models.Model):
     name = models.CharField(max_length=63, validators=[name_validator])
     owner = models.ForeignKey(
@@ -370,8 +376,13 @@ class Job(models.Model):
     terminal_state = models.CharField(max_length=16, choices=JobState.choices, blank=True)
     reason = models.CharField(max_length=64, blank=True)
     message = models.TextField(blank=True)
-    # Why a pending job waits, as the scheduler last saw it, and when it expects to start.
-    pending_reasons = models.JSONField(default=list, blank=True)
+    # Why a pending job waits, as the scheduler last saw it (scheduler.core.status): a code,
+    # a message for people and per node reason how many nodes gave it. Written by the store
+    # only when code or message change; `status` reads them (with holds) for the API and pages.
+    pending_code = models.CharField(max_length=32, blank=True)
+    pending_message = models.TextField(blank=True)
+    pending_node_reasons = models.JSONField(default=dict, blank=True)
+    # When a pending job should start: written by the planner, not by the status writer.
     estimated_start_at = models.DateTimeField(null=True, blank=True)
     # 1 = next in its queue, in the scheduler's order (scheduler/planning.py); null when the
     # job does not wait in a queue (held, placed, running, finished).
@@ -490,6 +501,26 @@ class Job(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.state in JOB_FINAL
+
+    @property
+    def status(self) -> dict[str, Any] | None:
+        """Why a pending or suspended job waits, as {code, message, node_reasons} (codes of
+        scheduler.core.status), or None for other jobs and for one the scheduler has not
+        looked at yet. A hold set outside the core (flow parallelism, an array's limit, a
+        step's dependencies) comes first: the core never sees held jobs."""
+        if self.state not in (JobState.PENDING, JobState.SUSPENDED):
+            return None
+        if self.hold_reason:
+            code = Code.DEPENDENCY if self.hold_reason.startswith(DEPENDENCY_HOLD) else Code.HELD
+            return {"code": str(code), "message": self.hold_reason, "node_reasons": {}}
+        # A preempted job (reason lifecycle.PREEMPTED) resumes by itself: the core says why.
+        if self.state == JobState.SUSPENDED and self.reason != "Preempted":
+            message = self.message or "suspended until its owner resumes it"
+            return {"code": str(Code.HELD), "message": message, "node_reasons": {}}
+        if not self.pending_code:
+            return None
+        reasons = self.pending_node_reasons if isinstance(self.pending_node_reasons, dict) else {}
+        return {"code": self.pending_code, "message": self.pending_message, "node_reasons": reasons}
 
     @property
     def is_array(self) -> bool:

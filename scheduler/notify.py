@@ -3,8 +3,10 @@
 Writers (REST, the scheduler loop, agents' reports) call these inside their transaction;
 nothing is sent for a transaction that rolls back.
 
-- `changed()`: the dashboard's `dashboard.live.publish` renders and sends; this module only
-  collects ids so the scheduler never imports the web side.
+- `changed()`: collects job, flow and node ids and hands them to the listeners connected
+  with `connect()` (the dashboard connects its renderer in `DashboardConfig.ready()`), so the
+  scheduler never imports the web side; with no listener nothing is sent.
+- `log_appended()`: a task's new output, handed to the listeners of `connect_log()`.
 - `orders()`: some nodes have new orders (a task to start or to stop). Agents wait for orders
   in a held lease request (scheduler/agent/views.py); this wakes the ones concerned through
   the channel layer's group `AGENT_GROUP`, in whatever web process holds them, as soon as
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -28,6 +30,30 @@ log = logging.getLogger("berth.notify")
 _local = threading.local()
 AGENT_GROUP = "berth-agent-orders"
 SEND_TIMEOUT = 5.0
+
+# --- the registry: who hears about changes ------------------------------------------------
+ChangeListener = Callable[[set[int], set[int], set[int]], None]  # (jobs, flows, nodes)
+LogListener = Callable[[int, int, int, str], None]  # (task id, attempt, offset, text)
+_change_listeners: list[ChangeListener] = []
+_log_listeners: list[LogListener] = []
+
+
+def connect(listener: ChangeListener) -> None:
+    """Call `listener(jobs, flows, nodes)` after each committed change (once per batch)."""
+    if listener not in _change_listeners:
+        _change_listeners.append(listener)
+
+
+def connect_log(listener: LogListener) -> None:
+    """Call `listener(task_id, attempt, offset, text)` after new output is committed."""
+    if listener not in _log_listeners:
+        _log_listeners.append(listener)
+
+
+def disconnect(listener: ChangeListener | LogListener) -> None:
+    for listeners in (_change_listeners, _log_listeners):
+        if listener in listeners:
+            listeners.remove(listener)  # type: ignore[arg-type]
 
 
 @contextmanager
@@ -50,14 +76,11 @@ def batch() -> Iterator[None]:
 def _publish(jobs: set[int], flows: set[int], nodes: set[int]) -> None:
     if not (jobs or flows or nodes):
         return
-    try:
-        from dashboard.live import publish
-    except ImportError:
-        return
-    try:
-        publish(jobs=jobs, flows=flows, nodes=nodes)
-    except Exception:  # a failed push must never undo or block the scheduler's work
-        log.exception("live publish failed")
+    for listener in list(_change_listeners):
+        try:
+            listener(jobs, flows, nodes)
+        except Exception:  # a failed push must never undo or block the scheduler's work
+            log.exception("change listener %r failed", listener)
 
 
 def changed(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable[int] = ()) -> None:
@@ -75,6 +98,20 @@ def changed(jobs: Iterable[int] = (), flows: Iterable[int] = (), nodes: Iterable
         _publish(job_ids, flow_ids, node_ids)
 
     transaction.on_commit(send)
+
+
+def log_appended(task_id: int, attempt: int, offset: int, text: str) -> None:
+    """After commit, hand a task's newly stored output to the log listeners."""
+
+    def send() -> None:
+        for listener in list(_log_listeners):
+            try:
+                listener(task_id, attempt, offset, text)
+            except Exception:  # a failed push never loses the stored output
+                log.exception("log listener %r failed for task %s", listener, task_id)
+
+    if _log_listeners:
+        transaction.on_commit(send)
 
 
 # --- orders for agents -------------------------------------------------------------------

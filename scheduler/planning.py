@@ -20,7 +20,7 @@ from scheduler.core.cycle import CycleResult
 from scheduler.core.model import SchedulerConfig
 from scheduler.core.plan import Plan, fingerprint, plan_positions, plan_starts
 from scheduler.models import Job
-from scheduler.setbased import chunks, update_rows
+from scheduler.setbased import CHUNK, chunks, update_rows
 from scheduler.snapshot import Loaded
 
 # An estimate that moved less than this is not news (it drifts with every cycle's "now").
@@ -66,17 +66,24 @@ def annotate(loaded: Loaded, result: CycleResult, config: SchedulerConfig | None
 
 
 def persist(loaded: Loaded, plan: Plan) -> int:
-    """Write the positions that changed; notify pages of changed positions and estimates.
-    Returns how many jobs changed."""
+    """Write the positions and estimates that changed (estimates that moved less than
+    ESTIMATE_TOLERANCE_SECONDS are not news); notify pages of those jobs. Returns how many
+    jobs changed."""
     old = dict(Job.objects.filter(queue_position__isnull=False).values_list("id", "queue_position"))
     moved = {j: p for j, p in plan.positions.items() if old.get(j) != p}
     left = [j for j in old if j not in plan.positions]
-    if moved or left:
+    estimated = _estimates_changed(loaded, plan)
+    if moved or left or estimated:
         with transaction.atomic():
             update_rows(Job, {j: (p,) for j, p in moved.items()}, per_row=["queue_position"])
+            Job.objects.bulk_update(
+                [Job(pk=j, estimated_start_at=_when(plan.starts[j])) for j in sorted(estimated)],
+                ["estimated_start_at"],
+                batch_size=CHUNK,
+            )
             for ids in chunks(sorted(left)):
                 Job.objects.filter(pk__in=ids).update(queue_position=None)
-    changed = set(moved) | set(left) | _estimates_changed(loaded, plan)
+    changed = set(moved) | set(left) | estimated
     notify.changed(jobs=changed)
     return len(changed)
 
@@ -84,10 +91,18 @@ def persist(loaded: Loaded, plan: Plan) -> int:
 def _estimates_changed(loaded: Loaded, plan: Plan) -> set[int]:
     changed = set()
     for job_id, start in plan.starts.items():
-        _, old = loaded.pending_reasons.get(job_id, ([], None))
-        if not _same(start, old):
+        if not _same(start, loaded.estimates.get(job_id)):
             changed.add(job_id)
     return changed
+
+
+def _when(start: float | None) -> datetime | None:
+    if start is None:
+        return None
+    try:
+        return datetime.fromtimestamp(start, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _same(start: float | None, old: datetime | None) -> bool:

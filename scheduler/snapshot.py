@@ -37,7 +37,10 @@ class Loaded:
     snapshot: Snapshot
     node_ids: dict[str, int]
     device_ids: dict[tuple[str, int], int]
-    pending_reasons: dict[int, tuple[list[str], datetime | None]] = field(default_factory=dict)
+    # job id -> (pending code, pending message) as stored: the store writes only changes.
+    pending_status: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # Each job's stored start estimate (written by the plan phase, scheduler/planning.py).
+    estimates: dict[int, datetime | None] = field(default_factory=dict)
     # Rows the core could not use, with the reason: queue name / job id / node id -> message.
     invalid_queues: dict[str, str] = field(default_factory=dict)
     invalid_jobs: dict[int, str] = field(default_factory=dict)
@@ -97,8 +100,8 @@ def _job_rows(wanted: QuerySet[Job]) -> QuerySet[Job, tuple[Any, ...]]:
         .order_by("id")
         .values_list("id", "name", "queue_id", "owner_id", "priority", "preemptible",
                      "min_available", "created_at", "walltime", "state", "reason",
-                     "requested_action", "pending_reasons", "estimated_start_at", "flow_id",
-                     "spec_tasks")
+                     "requested_action", "pending_code", "pending_message", "flow_id",
+                     "spec_tasks", "estimated_start_at")
     )  # fmt: skip
 
 
@@ -149,8 +152,8 @@ def _load_job(
         loaded.invalid_jobs[job_id] = f"cannot be scheduled: {type(exc).__name__}: {exc}"
         info = None
     loaded.job_flows[job_id] = row[14]
-    reasons = row[12] if isinstance(row[12], list) else []
-    loaded.pending_reasons[job_id] = ([str(r) for r in reasons], row[13])
+    loaded.pending_status[job_id] = (row[12], row[13])
+    loaded.estimates[job_id] = row[16]
     if info is not None:
         loaded.snapshot.jobs.append(info)
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
 
 from scheduler import notify
 from scheduler.core.cycle import Bind, CycleResult, Evict
+from scheduler.core.status import Code, Status
 from scheduler.jobstate import JobEvent, case_sql, sources, target
 from scheduler.lifecycle import PREEMPTED
 from scheduler.models import Allocation, Event, Job, Node, Task
@@ -60,10 +61,12 @@ def apply_decisions(loaded: Loaded, result: CycleResult, now: datetime | None = 
             applied.placed_jobs += 1
             applied.binds += len(binds)
             applied.by_action[binds[0].action] += 1
-        applied.pending_updated = _write_pending(loaded, result, binds_by_job, events)
+        restated = _write_pending(loaded, result, binds_by_job, events)
+        applied.pending_updated = len(restated)
         events.extend(_invalid_row_events(loaded))
         Event.objects.bulk_create(events, batch_size=CHUNK)
-        notify.changed(jobs=evicted | placed, nodes=nodes)
+        # Pages showing a job whose status changed update too, not only bound/evicted ones.
+        notify.changed(jobs=evicted | placed | restated, nodes=nodes)
         notify.orders(jobs=evicted | placed)  # wake the agents: tasks to start or to stop
     return applied
 
@@ -124,7 +127,13 @@ def bind_jobs(
         Job,
         {job_id: (message,) for job_id, message in messages.items()},
         per_row=["message"],
-        constants={"reason": "Scheduled", "pending_reasons": [], "estimated_start_at": None},
+        constants={
+            "reason": "Scheduled",
+            "pending_code": "",
+            "pending_message": "",
+            "pending_node_reasons": {},
+            "estimated_start_at": None,
+        },
         # A resumed (preempted) job waits for its tasks to start like any placed job.
         raw=[case_sql(JobEvent.BIND)],
     )
@@ -239,25 +248,21 @@ def _evict_jobs(evictions: list[Evict], events: list[Event]) -> set[int]:
 
 def _write_pending(
     loaded: Loaded, result: CycleResult, binds_by_job: dict[int, list[Bind]], events: list[Event]
-) -> int:
-    """Save why each job still waits, only where that changed (no write per job per cycle).
-    A job skipped as invalid, or waiting in a misconfigured queue, says so."""
-    wanted: dict[int, tuple[list[str], datetime | None]] = {}
-    queue_of = {j.id: j.queue for j in loaded.snapshot.jobs} if loaded.invalid_queues else {}
-    for job_id, info in result.pending.items():
-        if job_id in binds_by_job:
-            continue
-        message = loaded.invalid_queues.get(queue_of.get(job_id, ""), info.message or info.code)
-        wanted[job_id] = ([message], _from_timestamp(info.estimated_start))
-    for job_id, message in loaded.invalid_jobs.items():
-        wanted[job_id] = ([message], None)
-    changed = {}
-    for job_id, (reasons, eta) in wanted.items():
-        old_reasons, old_eta = loaded.pending_reasons.get(job_id, ([], None))
-        if reasons != old_reasons or not _same_time(eta, old_eta):
-            changed[job_id] = (reasons, eta)
+) -> set[int]:
+    """Save each waiting job's Status (code, message, node reasons), only where code or
+    message changed (no write per job per cycle); returns the jobs written, whose pages are
+    then pushed. A job skipped as invalid, or waiting in a misconfigured queue, says so.
+
+    Start estimates and queue positions are not written here: the planner owns
+    `estimated_start_at` (the core's `Status.estimated_start` is left to it)."""
+    wanted = _wanted_statuses(loaded, result, binds_by_job)
+    changed = {
+        job_id: status
+        for job_id, status in wanted.items()
+        if (status.code, status.message) != loaded.pending_status.get(job_id, ("", ""))
+    }
     if not changed:
-        return 0
+        return set()
     # Only jobs still waiting take the update; one that started meanwhile keeps its state.
     still_waiting: set[int] = set()
     for ids in chunks(sorted(changed)):
@@ -268,10 +273,15 @@ def _write_pending(
         )
     Job.objects.bulk_update(
         [
-            Job(pk=j, pending_reasons=changed[j][0], estimated_start_at=changed[j][1])
+            Job(
+                pk=j,
+                pending_code=changed[j].code,
+                pending_message=changed[j].message,
+                pending_node_reasons=changed[j].node_reasons,
+            )
             for j in sorted(still_waiting)
         ],
-        ["pending_reasons", "estimated_start_at"],
+        ["pending_code", "pending_message", "pending_node_reasons"],
         batch_size=CHUNK,
     )
     for job_id, message in loaded.invalid_jobs.items():
@@ -286,7 +296,24 @@ def _write_pending(
                     flow_id=loaded.job_flows.get(job_id),
                 )
             )
-    return len(still_waiting)
+    return still_waiting
+
+
+def _wanted_statuses(
+    loaded: Loaded, result: CycleResult, binds_by_job: dict[int, list[Bind]]
+) -> dict[int, Status]:
+    """The Status each job not placed should show: the core's, or the store's own when the
+    job or its queue is a row the core could not use (SchedulerError)."""
+    wanted: dict[int, Status] = {}
+    queue_of = {j.id: j.queue for j in loaded.snapshot.jobs} if loaded.invalid_queues else {}
+    for job_id, status in result.pending.items():
+        if job_id in binds_by_job:
+            continue
+        bad_queue = loaded.invalid_queues.get(queue_of.get(job_id, ""))
+        wanted[job_id] = Status(Code.SCHEDULER_ERROR, bad_queue) if bad_queue else status
+    for job_id, message in loaded.invalid_jobs.items():
+        wanted[job_id] = Status(Code.SCHEDULER_ERROR, message)
+    return wanted
 
 
 def _invalid_row_events(loaded: Loaded) -> list[Event]:
@@ -316,26 +343,3 @@ def _invalid_row_events(loaded: Loaded) -> list[Event]:
                 Event(kind="NodeInvalid", reason="InvalidLabels", message=message, node_id=node_id)
             )
     return events
-
-
-LATEST = datetime.max.replace(tzinfo=UTC)
-
-
-def _from_timestamp(value: float | None) -> datetime | None:
-    """An estimate as a datetime; one beyond what a datetime holds is the latest it can."""
-    if value is None:
-        return None
-    try:
-        return datetime.fromtimestamp(value, tz=UTC)
-    except (OverflowError, OSError, ValueError):
-        return LATEST
-
-
-def _same_time(a: datetime | None, b: datetime | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    # Estimates move by fractions of a second every cycle; only a real change is written.
-    try:
-        return abs((a - b).total_seconds()) < 30
-    except OverflowError:
-        return False

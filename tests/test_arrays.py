@@ -103,7 +103,7 @@ def test_the_parent_is_never_a_scheduling_candidate(owner):
     report = run_cycle_once()
     assert report.counts["placed"] == 2 and not report.errors
     parent.refresh_from_db()
-    assert parent.pending_reasons == [] and not parent.tasks.exists()
+    assert parent.pending_message == "" and not parent.tasks.exists()
     agent_runs_assigned()
     run_cycle_once()
     parent.refresh_from_db()

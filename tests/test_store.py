@@ -54,7 +54,11 @@ def test_it_records_why_a_job_waits(owner):
     run_cycle_once()
     job.refresh_from_db()
     assert job.state == JobState.PENDING
-    assert job.pending_reasons == ["0/1 nodes fit: 1 insufficient gpu"]
+    assert (job.pending_code, job.pending_message) == (
+        "NeverFits",
+        "0/1 nodes fit: 1 insufficient gpu",
+    )
+    assert job.pending_node_reasons == {"insufficient gpu": 1}
 
 
 def test_it_places_the_jobs_after_one_with_an_impossible_selector(owner):
@@ -64,7 +68,8 @@ def test_it_places_the_jobs_after_one_with_an_impossible_selector(owner):
     run_cycle_once()
     assert Task.objects.filter(job__in=good, state=TaskState.ASSIGNED).count() == 2
     bad.refresh_from_db()
-    assert "node selector mismatch" in bad.pending_reasons[0]
+    assert bad.pending_code == "NeverFits"
+    assert "node selector mismatch" in bad.pending_message
 
 
 def test_a_stale_decision_fails_alone(owner):
@@ -123,7 +128,8 @@ def test_it_preempts_a_lower_priority_job_and_suspends_it(owner):
     assert (low.state, low.reason) == (JobState.SUSPENDED, "Preempted")
     assert low.tasks.get().kill_requested
     assert Allocation.objects.get().task.job_id == low.pk  # held until the agent confirms
-    assert "waiting for preempted jobs" in high.pending_reasons[0]
+    assert high.pending_code == "Preempting"
+    assert "waiting for preempted jobs" in high.pending_message
 
     # A second cycle while the victim still stops evicts nothing more.
     assert run_cycle_once().counts["preempted"] == 0
@@ -137,7 +143,10 @@ def test_it_respects_queue_capability(owner):
     run_cycle_once()
     assert Task.objects.get(job=first).state == TaskState.ASSIGNED
     second.refresh_from_db()
-    assert second.pending_reasons == ['queue "small" at capability (gpu 1/1)']
+    assert (second.pending_code, second.pending_message) == (
+        "QueueQuota",
+        'queue "small" at capability (gpu 1/1)',
+    )
 
 
 def test_it_leaves_held_and_user_suspended_jobs_alone(owner):
@@ -162,10 +171,11 @@ def test_a_queue_with_a_misshapen_capability_harms_only_itself(owner):
     assert Task.objects.get(job=fine).state == TaskState.ASSIGNED
     assert Task.objects.get(job=stuck).state == TaskState.PENDING
     stuck.refresh_from_db()
-    assert stuck.pending_reasons == [
+    assert stuck.pending_code == "SchedulerError"
+    assert stuck.pending_message == (
         'queue "broken" is misconfigured: capability memory must be a whole number >= 0'
         " or null, got '16Gi'"
-    ]
+    )
     # Said once, not once per cycle.
     assert Event.objects.filter(kind="QueueInvalid").count() == 1
 
@@ -185,7 +195,8 @@ def test_a_job_with_a_broken_spec_harms_only_itself(owner):
     for job in (broken, listed):
         job.refresh_from_db()
         assert Task.objects.get(job=job).state == TaskState.PENDING
-        assert job.pending_reasons[0].startswith("cannot be scheduled: its stored spec is invalid")
+        assert job.pending_code == "SchedulerError"
+        assert job.pending_message.startswith("cannot be scheduled: its stored spec is invalid")
         assert Event.objects.filter(job=job, kind="JobInvalid").count() == 1
 
 

@@ -254,8 +254,12 @@ def show(job_id: int, as_json: bool) -> None:
     if job.get("state") in ("Pending", "Suspended"):
         click.echo(f"{'position':>12}: {job_position(job) or '-'}")
         click.echo(f"{'start':>12}: {job_start(job)}")
-    for reason in job.get("pending_reasons") or []:
-        click.echo(f"{'waiting':>12}: {reason}")
+    status = job.get("status")
+    if status:
+        click.echo(f"{'status':>12}: {status['code']}")
+        click.echo(f"{'waiting':>12}: {status['message']}")
+        for reason, count in (status.get("node_reasons") or {}).items():
+            click.echo(f"{'':>12}  {count} node(s): {reason}")
     table(job.get("tasks", []), [("TASK", lambda t: f"{t['group']}-{t['index']}"),
                                  ("STATE", lambda t: t["state"]), ("NODE", lambda t: t["node"]),
                                  ("GPUS", lambda t: ",".join(map(str, t["devices"])) or None),

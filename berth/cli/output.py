@@ -36,11 +36,13 @@ def _text(value: Any) -> str:
 
 
 def job_reason(job: dict[str, Any]) -> str:
-    """What a user most wants to know about a job in one cell: why it waits (or when it should
-    start), else how it ended."""
-    if job.get("state") in ("Pending", "Suspended"):
-        reasons = job.get("pending_reasons") or []
-        text = reasons[0] if reasons else (job.get("message") or job.get("reason") or "")
+    """What a user most wants to know about a job in one cell: the status code it waits with
+    (NeverFits marked, since waiting cannot help) and when it should start, else how it
+    ended. `berth show` prints the status message."""
+    status = job.get("status")
+    if status:
+        code = str(status.get("code") or "")
+        text = f"{code}!" if code == "NeverFits" else code
         start = job.get("estimated_start_at")
         return f"{text} (start ~{start})" if start else text
     return job.get("message") or job.get("reason") or ""

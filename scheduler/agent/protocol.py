@@ -656,14 +656,4 @@ def _kept_bytes(task: Task, attempt: int) -> int:
 
 
 def _published_log(task: Task, attempt: int, offset: int, text: str) -> None:
-    def send() -> None:
-        try:
-            from dashboard.live import publish_log
-        except ImportError:
-            return
-        try:
-            publish_log(task.pk, attempt, offset, text)
-        except Exception:  # a failed push never loses the stored output
-            log.exception("live log push failed for task %s", task.pk)
-
-    transaction.on_commit(send)
+    notify.log_appended(task.pk, attempt, offset, text)  # after commit, to the listeners

@@ -21,6 +21,7 @@ from scheduler.core.quantity import (
     parse_gpu,
     parse_memory,
 )
+from scheduler.core.status import Code
 from scheduler.flows.explain import step_wait_reasons
 from scheduler.models import Event, Flow, Job, JobTemplate, Node, Queue, Task
 from scheduler.specs import label_problems
@@ -173,6 +174,15 @@ class TaskSerializer(serializers.ModelSerializer[Task]):
         return task.gpu_indices()
 
 
+class JobStatusSerializer(serializers.Serializer[dict[str, Any]]):
+    """Why a job waits: a code (scheduler/core/status.py), a message for people and per node
+    reason how many nodes gave it. NeverFits means waiting cannot help."""
+
+    code = serializers.ChoiceField(choices=[str(c) for c in Code])
+    message = serializers.CharField()
+    node_reasons = serializers.DictField(child=serializers.IntegerField())
+
+
 class JobSerializer(serializers.ModelSerializer[Job]):
     owner: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="username", read_only=True
@@ -187,6 +197,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         slug_field="name", read_only=True
     )
     tasks = TaskSerializer(many=True, read_only=True)
+    status = serializers.SerializerMethodField()
     pending_reasons = serializers.SerializerMethodField()
     queue_position = serializers.SerializerMethodField()
     array = serializers.SerializerMethodField()
@@ -196,10 +207,9 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         fields = [
             "id", "name", "owner", "queue", "priority", "preemptible", "min_available",
             "walltime", "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry",
-            "retries", "labels", "spec", "state", "reason", "message", "pending_reasons",
-            "estimated_start_at", "queue_position", "requested_action", "flow", "template", "step",
-            "item_index",
-            "array", "array_parent", "array_index",
+            "retries", "labels", "spec", "state", "reason", "message", "status",
+            "pending_reasons", "estimated_start_at", "queue_position", "requested_action", "flow",
+            "template", "step", "item_index", "array", "array_parent", "array_index",
             "tasks", "created_at", "started_at", "finished_at",
         ]  # fmt: skip
         read_only_fields = fields
@@ -229,11 +239,19 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             return None
         return job.queue_position
 
+    @extend_schema_field(JobStatusSerializer(allow_null=True))
+    def get_status(self, job: Job) -> dict[str, Any] | None:
+        """Why a pending or suspended job waits, null otherwise (codes: docs/cli.md)."""
+        return job.status
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
     def get_pending_reasons(self, job: Job) -> list[str]:
-        reasons = list(job.pending_reasons or [])
-        if job.hold_reason:
-            reasons.insert(0, job.hold_reason)
-        return reasons
+        """Deprecated: `[status.message]` while the job waits (an array parent: its hold
+        summary), else empty."""
+        status = job.status
+        if status:
+            return [status["message"]]
+        return [job.hold_reason] if job.hold_reason else []
 
 
 class JobListSerializer(JobSerializer):

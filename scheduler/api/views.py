@@ -395,7 +395,7 @@ class FlowViewSet(
                 Prefetch(
                     "jobs",
                     queryset=Job.objects.only(
-                        "id", "flow_id", "step_id", "state", "hold_reason", "pending_reasons"
+                        "id", "flow_id", "step_id", "state", "hold_reason", "pending_message"
                     ),
                 ),
             )

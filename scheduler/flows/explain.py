@@ -18,7 +18,7 @@ MAX_SHOWN = 3  # reasons shown per step; the rest are counted
 
 def step_wait_reasons(flow: Any, steps: list[Any], jobs: list[Any]) -> dict[str, str]:
     """Step name -> why it waits ("" when it does not). `steps` are the flow's FlowStep rows;
-    `jobs` its jobs with `pk`, `step_id`, `state`, `hold_reason` and `pending_reasons`."""
+    `jobs` its jobs with `pk`, `step_id`, `state`, `hold_reason` and `pending_message`."""
     if flow.state not in (FlowState.PENDING, FlowState.RUNNING) or flow.cancel_requested:
         return {s.name: "" for s in steps}
     by_step: dict[int, list[Any]] = {}
@@ -49,8 +49,7 @@ def job_reason(job: Any) -> str:
     """Why one pending job waits: held by its flow, or what the scheduler last said."""
     if job.hold_reason:
         return str(job.hold_reason)
-    reasons = job.pending_reasons or []
-    return str(reasons[0]) if reasons else WAITING_TO_BE_SCHEDULED
+    return str(job.pending_message) if job.pending_message else WAITING_TO_BE_SCHEDULED
 
 
 def _jobs_reason(pending: list[Any]) -> str:

@@ -82,7 +82,7 @@ def _suspend(job: Job, now: datetime) -> bool:
         job.hold_reason = ""
         set_state(job, JobEvent.SUSPEND, USER_SUSPENDED, "suspended by user", now)
     job.requested_action = JobRequest.NONE
-    job.pending_reasons = []
+    job.pending_code = job.pending_message = ""
     job.estimated_start_at = None
     job.save()
     notify.changed(jobs=[job.pk])

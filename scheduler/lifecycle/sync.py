@@ -151,7 +151,8 @@ def _mark_running(jobs: dict[int, list[TaskView]], now: datetime) -> int:
             reason="Started",
             message=_per_job(messages),
             started_at=Coalesce(F("started_at"), Value(now)),
-            pending_reasons=[],
+            pending_code="",
+            pending_message="",
             estimated_start_at=None,
         )
         _state_events(locked, target(JobEvent.START), "Started", messages)
@@ -180,7 +181,8 @@ def _mark_succeeded(jobs: dict[int, list[TaskView]], now: datetime) -> int:
             message="all tasks succeeded",
             started_at=Coalesce(F("started_at"), Subquery(first_start)),
             finished_at=now,
-            pending_reasons=[],
+            pending_code="",
+            pending_message="",
             estimated_start_at=None,
         )
         _state_events(locked, target(JobEvent.SUCCEED), "Completed",
@@ -219,7 +221,7 @@ def _sync_job(job: Job, tasks: Sequence[TaskView], now: datetime) -> bool:
         return True
     started = _started(tasks)
     if job.state in sources(JobEvent.START) and started >= job.min_available:
-        job.pending_reasons = []
+        job.pending_code = job.pending_message = ""
         job.estimated_start_at = None
         set_state(job, JobEvent.START, "Started", f"{started}/{len(tasks)} tasks running", now)
         job.save()

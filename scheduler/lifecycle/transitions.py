@@ -38,7 +38,7 @@ def set_state(job: Job, event: JobEvent, reason: str, message: str, now: datetim
     if state in JOB_FINAL:
         accounting.record_job_end(job, state)
         job.finished_at = now
-        job.pending_reasons = []
+        job.pending_code = job.pending_message = ""
         job.estimated_start_at = None
     record("JobStateChanged", reason, f"{old} -> {state}: {message}".rstrip(": "), job=job)
 

@@ -438,12 +438,13 @@ def test_it_names_bad_log_fields(owner, body, field):
 
 def test_it_pushes_new_output_live_after_commit(owner, monkeypatch,
                                                 django_capture_on_commit_callbacks):  # fmt: skip
-    import dashboard.live
+    from scheduler import notify
 
     pushed: list[tuple[Any, ...]] = []
     changed: list[set[int]] = []
-    monkeypatch.setattr(dashboard.live, "publish_log", lambda *a: pushed.append(a))
-    monkeypatch.setattr(dashboard.live, "publish", lambda jobs, flows, nodes: changed.append(jobs))
+    # The listeners notify hands changes to, in place of the dashboard's renderers.
+    monkeypatch.setattr(notify, "_log_listeners", [lambda *a: pushed.append(a)])
+    monkeypatch.setattr(notify, "_change_listeners", [lambda jobs, *_: changed.append(jobs)])
     token = register().json()["token"]
     job, task = _assigned(owner, Node.objects.get())
     with django_capture_on_commit_callbacks(execute=True):

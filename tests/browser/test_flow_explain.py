@@ -87,7 +87,7 @@ async def _scenario(url: str, flow_id: int) -> None:
 
 def _first_job(flow_id: int) -> tuple[int, str]:
     job = Job.objects.get(flow_id=flow_id, step__name="first")
-    return job.pk, (job.pending_reasons or [""])[0]
+    return job.pk, job.pending_message
 
 
 def _fail_flow(flow_id: int) -> None:

@@ -34,7 +34,7 @@ def test_each_waiting_step_says_why(owner, signed_in):
     released = flow.jobs.get(hold_reason="")
     held = flow.jobs.exclude(hold_reason="").get()
     # What the scheduler last said about the released job (resources).
-    Job.objects.filter(pk=released.pk).update(pending_reasons=["0/2 nodes have 4 free GPUs"])
+    Job.objects.filter(pk=released.pk).update(pending_message="0/2 nodes have 4 free GPUs")
     html = signed_in(owner).get(f"/flows/{flow.pk}/").content.decode()
 
     assert _waits(html, "b") == "waits: waiting for steps a, c to succeed"

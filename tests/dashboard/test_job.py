@@ -44,7 +44,8 @@ def test_it_shows_tasks_with_node_devices_and_output(owner, signed_in):
 
 def test_a_pending_job_says_why_and_when_it_may_start(owner, signed_in):
     start = timezone.now() + timedelta(minutes=5)
-    job = make_job(owner, pending_reasons=["0/2 nodes fit: 2 insufficient gpu"],
+    job = make_job(owner, pending_code="WaitingForResources",
+                   pending_message="0/2 nodes fit: 2 insufficient gpu",
                    estimated_start_at=start)  # fmt: skip
     html = signed_in(owner).get(f"/jobs/{job.pk}/").content.decode()
     assert "Why it waits" in html and "0/2 nodes fit: 2 insufficient gpu" in html

@@ -63,6 +63,7 @@ def test_it_filters_by_state_queue_owner_flow_and_search(owner, staff, signed_in
 
 
 def test_a_pending_row_says_why_it_waits(owner, signed_in):
-    make_job(owner, "waiting", pending_reasons=["0/3 nodes fit: 3 insufficient gpu"])
+    make_job(owner, "waiting", pending_code="WaitingForResources",
+             pending_message="0/3 nodes fit: 3 insufficient gpu")  # fmt: skip
     html = signed_in(owner).get("/jobs/").content.decode()
     assert "0/3 nodes fit: 3 insufficient gpu" in html and 'ws-connect="/ws/jobs/"' in html
