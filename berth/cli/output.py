@@ -37,14 +37,12 @@ def _text(value: Any) -> str:
 
 def job_reason(job: dict[str, Any]) -> str:
     """What a user most wants to know about a job in one cell: the status code it waits with
-    (NeverFits marked, since waiting cannot help) and when it should start, else how it
-    ended. `berth show` prints the status message."""
+    (NeverFits marked, since waiting cannot help), else how it ended. The START column holds
+    the estimate; `berth show` prints the status message."""
     status = job.get("status")
     if status:
         code = str(status.get("code") or "")
-        text = f"{code}!" if code == "NeverFits" else code
-        start = job.get("estimated_start_at")
-        return f"{text} (start ~{start})" if start else text
+        return f"{code}!" if code == "NeverFits" else code
     return job.get("message") or job.get("reason") or ""
 
 
