@@ -17,6 +17,7 @@ from scheduler.specs import (
     normalize_job_spec,
     normalize_template_spec,
     step_job_spec,
+    with_queue_defaults,
 )
 
 
@@ -43,6 +44,7 @@ def submit_job(
     queue = Queue.objects.filter(name=spec["queue"]).first()
     if queue is None:
         raise SpecError({"queue": [f'unknown queue "{spec["queue"]}"']})
+    spec = with_queue_defaults(spec, queue.default_cpu, queue.default_memory)
     policy_user = requested_by if requested_by is not None else owner
     refusal = queue.priority_refusal(policy_user, spec["priority"])
     lowered_from: int | None = None
