@@ -101,9 +101,9 @@ def _int(
     errors: _Errors, data: dict[str, Any], key: str, path: str, *,
     default: int | None, minimum: int | None = None, maximum: int | None = None,
 ) -> int | None:  # fmt: skip
-    value = data.get(key, default)
-    if value is None:
-        return None
+    value = data.get(key)
+    if value is None:  # absent, or null (an empty YAML value): the default
+        return default
     if isinstance(value, bool) or not isinstance(value, int):
         errors.add(path, f"must be a whole number, got {_show(value)}")
         return default

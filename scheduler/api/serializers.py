@@ -13,6 +13,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from scheduler.api.schema import FlowSpecJSON, JobSpecJSON, TemplateJobSpecJSON
 from scheduler.arrays import indices_by_state
 from scheduler.core.quantity import (
     format_cpu,
@@ -170,6 +171,7 @@ class TemplateSerializer(serializers.ModelSerializer[JobTemplate]):
     owner: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="username", read_only=True
     )
+    spec = TemplateJobSpecJSON()
 
     class Meta:
         model = JobTemplate
@@ -208,6 +210,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         slug_field="name", read_only=True
     )
     tasks = TaskSerializer(many=True, read_only=True)
+    spec = JobSpecJSON(read_only=True)
     pending_reasons = serializers.SerializerMethodField()
     array = serializers.SerializerMethodField()
 
@@ -259,6 +262,7 @@ class FlowSerializer(serializers.ModelSerializer[Flow]):
         slug_field="username", read_only=True
     )
     steps = serializers.SerializerMethodField()
+    spec = FlowSpecJSON(read_only=True)
 
     class Meta:
         model = Flow

@@ -22,6 +22,14 @@ from rest_framework.serializers import BaseSerializer
 
 from scheduler import operations
 from scheduler.api.filters import choice_filter, query_flag
+from scheduler.api.schema import (
+    FLOW_EXAMPLES,
+    JOB_EXAMPLES,
+    TEMPLATE_EXAMPLES,
+    FlowSpec,
+    JobSpec,
+    TemplateSpec,
+)
 from scheduler.api.serializers import (
     EventSerializer,
     FlowSerializer,
@@ -162,12 +170,14 @@ class TemplateViewSet(viewsets.ModelViewSet[JobTemplate]):
     lookup_value_regex = NAME_LOOKUP
     http_method_names = ["get", "post", "put", "delete", "head", "options"]
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: TemplateSerializer})
+    @extend_schema(request=TemplateSpec, responses={201: TemplateSerializer},
+                   examples=TEMPLATE_EXAMPLES)  # fmt: skip
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         template = create_template(request.user, request.data)
         return Response(self.get_serializer(template).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=TemplateSerializer)
+    @extend_schema(request=TemplateSpec, responses=TemplateSerializer,
+                   examples=TEMPLATE_EXAMPLES)  # fmt: skip
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         template = update_template(self.get_object(), request.data)
         return Response(self.get_serializer(template).data)
@@ -255,7 +265,7 @@ class JobViewSet(
         """Jobs, newest first. An array shows as one row (its parent, with element counts)."""
         return super().list(request, *args, **kwargs)
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: JobSerializer})
+    @extend_schema(request=JobSpec, responses={201: JobSerializer}, examples=JOB_EXAMPLES)
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Submit a job (JSON, or YAML with Content-Type: application/yaml)."""
         job = submit_job(request.user, request.data)
@@ -392,7 +402,7 @@ class FlowViewSet(
             )
         )
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: FlowSerializer})
+    @extend_schema(request=FlowSpec, responses={201: FlowSerializer}, examples=FLOW_EXAMPLES)
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Start a flow (JSON or YAML). Its jobs are created by the scheduler loop."""
         flow = create_flow(request.user, request.data)
