@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiExample, extend_schema_field
 from rest_framework import serializers
@@ -53,6 +54,8 @@ DURATION_SCHEMA = {
     '"01:30:00" (HH:MM:SS), "1-00:00:00" (Slurm\'s D-HH:MM:SS)',
 }
 QUANTITY_SCHEMA = {"oneOf": [{"type": "string", "maxLength": 32}, {"type": "number"}]}
+# BERTH_MAX_PRIORITY as the schema was built (docs/limits.md).
+MAX_PRIORITY = int(settings.BERTH_MAX_PRIORITY)
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$"
 
 
@@ -98,9 +101,11 @@ class TaskSpec(serializers.Serializer):  # type: ignore[type-arg]
 class JobSpec(serializers.Serializer):  # type: ignore[type-arg]
     name = _name("the job's name (not unique)")
     queue = _name("an existing queue", required=False, default="default")
-    priority = serializers.IntegerField(required=False, default=0, help_text="higher runs "
-                                        "first and may preempt; non-staff at most the queue's "
-                                        "max_user_priority")  # fmt: skip
+    priority = serializers.IntegerField(
+        required=False, default=0, min_value=-MAX_PRIORITY, max_value=MAX_PRIORITY,
+        help_text="higher runs first and may preempt; non-staff at most the queue's "
+        "max_user_priority",
+    )  # fmt: skip
     preemptible = serializers.BooleanField(required=False, default=True)
     min_available = serializers.IntegerField(
         required=False,
@@ -141,7 +146,9 @@ class TemplateSpec(serializers.Serializer):  # type: ignore[type-arg]
 class StepOverrides(serializers.Serializer):  # type: ignore[type-arg]
     """A step's changes to its template's job: job fields, and task fields for every group."""
 
-    priority = serializers.IntegerField(required=False)
+    priority = serializers.IntegerField(
+        required=False, min_value=-MAX_PRIORITY, max_value=MAX_PRIORITY
+    )
     queue = _name("an existing queue", required=False)
     walltime = DurationField(required=False, allow_null=True)
     active_deadline_seconds = DurationField(required=False, allow_null=True)
