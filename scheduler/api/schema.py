@@ -65,7 +65,7 @@ class DurationField(serializers.Field):  # type: ignore[type-arg]
 
 
 @extend_schema_field(QUANTITY_SCHEMA)
-class QuantityField(serializers.Field):  # type: ignore[type-arg]
+class SpecQuantityField(serializers.Field):  # type: ignore[type-arg]
     """A resource quantity as users write it: cpu `2`, `0.5`, `"500m"`; memory `"16Gi"`."""
 
 
@@ -79,10 +79,15 @@ def _strings(help_text: str) -> serializers.DictField:
 
 
 class ResourcesSpec(serializers.Serializer):  # type: ignore[type-arg]
-    cpu = QuantityField(required=False, help_text='cores per task: 2, 0.5 or "500m"; default: '
-                        "the queue's default_cpu (1)")  # fmt: skip
-    memory = QuantityField(required=False, help_text='bytes per task: "512Mi", "16Gi", "1G"; '
-                           "default: the queue's default_memory (1Gi)")  # fmt: skip
+    cpu = SpecQuantityField(
+        required=False,
+        help_text='cores per task: 2, 0.5 or "500m"; default: the queue\'s default_cpu (1)',
+    )
+    memory = SpecQuantityField(
+        required=False,
+        help_text='bytes per task: "512Mi", "16Gi", "1G"; default: the queue\'s default_memory '
+        "(1Gi)",
+    )
     gpu = serializers.IntegerField(required=False, min_value=0, max_value=1024, default=0,
                                    help_text="whole GPUs per task")  # fmt: skip
 
