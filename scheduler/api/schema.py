@@ -169,7 +169,10 @@ class StepOverrides(serializers.Serializer):  # type: ignore[type-arg]
 
 class FlowStepSpec(serializers.Serializer):  # type: ignore[type-arg]
     name = _name("the step's name, unique in the flow")
-    template = _name("an existing job template")
+    template = _name("an existing job template (or `spec`)", required=False)
+    spec = TemplateJobSpec(
+        required=False, help_text="an inline job spec without name, instead of template"
+    )
     depends_on = serializers.ListField(child=serializers.CharField(), required=False,
                                        help_text="steps that must succeed first")  # fmt: skip
     overrides = StepOverrides(required=False)
