@@ -127,9 +127,9 @@ def _duration(
         errors.add(path, str(exc))
         return None
     if seconds < minimum:
-        errors.add(path, f"must be at least {minimum} seconds, got {seconds}")
+        errors.add(path, f"must be at least {minimum}, got {seconds}")  # as _int says it
     elif seconds > maximum:
-        errors.add(path, f"must be at most {maximum} seconds, got {seconds}")
+        errors.add(path, f"must be at most {maximum}, got {seconds}")
     return seconds
 
 
