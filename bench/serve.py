@@ -141,7 +141,7 @@ def main() -> None:
                 time.sleep(0.2)
         headers = {"Authorization": f"Token {token}"}
         for _ in range(4 * args.workers):  # let every worker open its pool
-            post_json(f"{url}/api/v1/jobs/?limit=1", None, headers, method="GET")
+            post_json(f"{url}/api/v1/jobs/?page_size=1", None, headers, method="GET")
         time.sleep(1)
         at_rest = server_connections()
 

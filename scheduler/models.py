@@ -43,6 +43,10 @@ priority_validators = [MinValueValidator(-PRIORITY_LIMIT), MaxValueValidator(PRI
 CAPABILITY_UNITS = {"cpu": "millicores", "memory": "bytes", "gpu": "devices"}
 CAPABILITY_MAX = 2**62
 MAX_QUEUE_WEIGHT = 1e6
+# What a task gets when its spec names no cpu or memory (docs/spec.md), and their bounds (those
+# of a task's own request, scheduler/specs.py RESOURCE_MAX).
+DEFAULT_TASK_CPU = 1000  # millicores: 1 cpu
+DEFAULT_TASK_MEMORY = 2**30  # bytes: 1Gi
 
 
 def capability_problems(value: object) -> list[str]:
@@ -93,6 +97,16 @@ class Queue(models.Model):
         help_text="the highest job priority non-staff users may ask for; staff may set any",
     )
     open = models.BooleanField(default=True)
+    default_cpu = models.BigIntegerField(
+        default=DEFAULT_TASK_CPU,
+        validators=[MinValueValidator(0), MaxValueValidator(10**9)],
+        help_text="millicores a task gets when its spec names no cpu",
+    )
+    default_memory = models.BigIntegerField(
+        default=DEFAULT_TASK_MEMORY,
+        validators=[MinValueValidator(0), MaxValueValidator(2**60)],
+        help_text="bytes of memory a task gets when its spec names no memory",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 
 from scheduler.arrayspec import ArraySpecError, parse_array
+from scheduler.core.duration import DurationError, parse_duration
 from scheduler.core.quantity import format_cpu, format_memory, parse_cpu, parse_gpu, parse_memory
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
@@ -34,7 +35,7 @@ STEP_FIELDS = {"name", "template", "spec", "depends_on", "overrides", "items"}
 OVERRIDE_JOB = {"priority", "queue", "walltime", "max_retry", "preemptible", "min_available",
                 "active_deadline_seconds"}  # fmt: skip
 OVERRIDE_TASK = {"command", "env", "resources", "node_selector", "replicas"}
-# Job fields given in seconds, with their smallest value.
+# Job fields given in seconds (or a duration: "1h30m", "01:30:00"), with their smallest value.
 SECONDS_FIELDS = {"walltime": 1, "ttl_seconds_after_finished": 0, "active_deadline_seconds": 1}
 # Whole numbers the database stores as 32-bit integers (counts).
 MAX_INT = 2**31 - 1
@@ -100,9 +101,9 @@ def _int(
     errors: _Errors, data: dict[str, Any], key: str, path: str, *,
     default: int | None, minimum: int | None = None, maximum: int | None = None,
 ) -> int | None:  # fmt: skip
-    value = data.get(key, default)
-    if value is None:
-        return None
+    value = data.get(key)
+    if value is None:  # absent, or null (an empty YAML value): the default
+        return default
     if isinstance(value, bool) or not isinstance(value, int):
         errors.add(path, f"must be a whole number, got {_show(value)}")
         return default
@@ -111,6 +112,25 @@ def _int(
     if maximum is not None and value > maximum:
         errors.add(path, f"must be at most {maximum}, got {value}")
     return value
+
+
+def _duration(
+    errors: _Errors, data: dict[str, Any], key: str, path: str, *, minimum: int, maximum: int
+) -> int | None:
+    """Seconds from a whole number or a duration string (scheduler/core/duration.py)."""
+    value = data.get(key)
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value)
+    except DurationError as exc:
+        errors.add(path, str(exc))
+        return None
+    if seconds < minimum:
+        errors.add(path, f"must be at least {minimum}, got {seconds}")  # as _int says it
+    elif seconds > maximum:
+        errors.add(path, f"must be at most {maximum}, got {seconds}")
+    return seconds
 
 
 def _bool(errors: _Errors, data: dict[str, Any], key: str, path: str, default: bool) -> bool:
@@ -195,8 +215,10 @@ def _unknown(errors: _Errors, data: dict[str, Any], allowed: set[str], path: str
 
 
 def _resources(errors: _Errors, value: object, path: str, *, fill: bool = True) -> dict[str, Any]:
-    """Resources in canonical form; `fill` gives absent ones 0 (an override keeps them absent)."""
-    empty: dict[str, Any] = {"cpu": "0", "memory": "0", "gpu": 0} if fill else {}
+    """Resources in canonical form. `fill` gives an absent gpu 0; an absent cpu or memory stays
+    absent until the job's queue gives its default (`with_queue_defaults`); an override keeps
+    every absent one absent."""
+    empty: dict[str, Any] = {"gpu": 0} if fill else {}
     if value is None:
         value = {}
     if not isinstance(value, dict):
@@ -238,8 +260,7 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
                             minimum=-limit("PRIORITY"), maximum=limit("PRIORITY"))  # fmt: skip
     spec["preemptible"] = _bool(errors, data, "preemptible", "preemptible", True)
     for key, minimum in SECONDS_FIELDS.items():
-        spec[key] = _int(errors, data, key, key, default=None, minimum=minimum,
-                         maximum=limit("SECONDS"))  # fmt: skip
+        spec[key] = _duration(errors, data, key, key, minimum=minimum, maximum=limit("SECONDS"))
     spec["max_retry"] = _int(errors, data, "max_retry", "max_retry", default=0, minimum=0,
                              maximum=100)  # fmt: skip
     spec["labels"] = _str_map(errors, data.get("labels"), "labels")
@@ -301,6 +322,16 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
                             f" at most {max_tasks} per array")  # fmt: skip
     errors.raise_if_any()
     return spec
+
+
+def with_queue_defaults(spec: dict[str, Any], cpu: int, memory: int) -> dict[str, Any]:
+    """`spec` (normalized) with each task group's absent cpu and memory set to its queue's
+    defaults (millicores, bytes): what is stored is what the scheduler places."""
+    out = copy.deepcopy(spec)
+    for task in out["tasks"]:
+        task["resources"] = {"cpu": format_cpu(cpu), "memory": format_memory(memory),
+                             **task["resources"]}  # fmt: skip
+    return out
 
 
 def array_max_elements() -> int:
@@ -370,9 +401,9 @@ def normalize_flow_spec(data: object) -> dict[str, Any]:
         "parallelism": _int(errors, data, "parallelism", "parallelism", default=None, minimum=1,
                             maximum=MAX_INT),
         "fail_fast": _bool(errors, data, "fail_fast", "fail_fast", False),
-        "ttl_seconds_after_finished": _int(
+        "ttl_seconds_after_finished": _duration(
             errors, data, "ttl_seconds_after_finished", "ttl_seconds_after_finished",
-            default=None, minimum=0, maximum=MAX_INT,
+            minimum=0, maximum=MAX_INT,
         ),
         "steps": [],
     }  # fmt: skip
@@ -518,7 +549,10 @@ def _overrides(errors: _Errors, value: object, path: str) -> dict[str, Any]:
     ints = {**job_int_bounds(), "replicas": (1, limit("TASKS_PER_JOB"))}
     for key in sorted(set(value) & (OVERRIDE_JOB | OVERRIDE_TASK)):
         where = _path(path, key)
-        if key in ints:
+        if key in SECONDS_FIELDS:
+            out[key] = _duration(errors, value, key, where, minimum=SECONDS_FIELDS[key],
+                                 maximum=limit("SECONDS"))  # fmt: skip
+        elif key in ints:
             low, high = ints[key]
             out[key] = _int(errors, value, key, where, default=None, minimum=low, maximum=high)
         elif key == "preemptible":

@@ -29,6 +29,7 @@ from scheduler.specs import (
     normalize_job_spec,
     normalize_template_spec,
     step_job_spec,
+    with_queue_defaults,
 )
 
 
@@ -55,6 +56,7 @@ def submit_job(
     queue = Queue.objects.filter(name=spec["queue"]).first()
     if queue is None:
         raise SpecError({"queue": [f'unknown queue "{spec["queue"]}"']})
+    spec = with_queue_defaults(spec, queue.default_cpu, queue.default_memory)
     policy_user = requested_by if requested_by is not None else owner
     refusal = queue.priority_refusal(policy_user, spec["priority"])
     lowered_from: int | None = None
@@ -211,7 +213,7 @@ def _steps_never_fitting(
 ) -> dict[str, list[str]]:
     """Each step whose job (template, overrides, first item) could never run here."""
     offers = registered_offers()
-    queues = {q.name: q for q in Queue.objects.exclude(capability=None)}
+    queues = {q.name: q for q in Queue.objects.all()}
     errors: dict[str, list[str]] = {}
     for i, step in enumerate(steps):
         item = step["items"][0] if step["items"] else None
@@ -221,8 +223,11 @@ def _steps_never_fitting(
             spec = step_job_spec(base, step["overrides"], item, name="check")
         except SpecError:
             continue  # reported by _step_job_errors
+        queue = queues.get(spec["queue"])
+        if queue is not None:  # sized as the controller will make it: the queue's defaults
+            spec = with_queue_defaults(spec, queue.default_cpu, queue.default_memory)
         prefix = f"steps.{i}.spec." if inline else f"steps.{i}."
-        for path, message in never_fit_errors(spec, offers, queues.get(spec["queue"])).items():
+        for path, message in never_fit_errors(spec, offers, queue).items():
             errors[prefix + path] = [message]
     return errors
 

@@ -150,7 +150,7 @@ def test_it_serves_many_concurrent_submissions_and_keeps_its_connections(serve, 
     assert statuses == {201: 16 * 25}
     assert peak <= at_rest
     assert server.connections() == at_rest
-    status, body = post_json(f"{server.url}/api/v1/jobs/?limit=1", None, headers, method="GET")
+    status, body = post_json(f"{server.url}/api/v1/jobs/?page_size=1", None, headers, method="GET")
     assert status == 200 and body["count"] == 16 * 25
 
     # PostgreSQL drops every server connection (a restart, a failover): pooled connections
@@ -161,7 +161,7 @@ def test_it_serves_many_concurrent_submissions_and_keeps_its_connections(serve, 
             (server.app_name,),
         )
     for _ in range(2 * workers * pool_max):
-        status, _body = post_json(f"{server.url}/api/v1/jobs/?limit=1", None, headers, "GET", 0)
+        status, _body = post_json(f"{server.url}/api/v1/jobs/?page_size=1", None, headers, "GET", 0)
         assert status == 200
     wait_for(lambda: server.connections() == at_rest, 30, "the pools to refill")
 

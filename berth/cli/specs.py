@@ -12,37 +12,19 @@ from typing import Any
 import yaml
 
 from berth.cli.client import CliError
+from scheduler.core import duration
 
 DIRECTIVE = "#BERTH"
-_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_UNIT_RE = re.compile(r"(\d+)([dhms])")
 
 
 def parse_duration(text: str) -> int:
-    """Seconds from `90` (seconds, as in the job spec), `1h30m`, `45m`, `2d`, `01:30:00`,
-    `30:00` (MM:SS) or `1-12:00:00` (D-HH:MM:SS)."""
-    value = text.strip().lower()
-    if value.isdigit():
-        return int(value)
-    compact = value.replace(" ", "")
-    if re.fullmatch(r"(\d+[dhms])+", compact):
-        return sum(int(n) * _UNITS[u] for n, u in _UNIT_RE.findall(compact))
-    days = 0
-    if "-" in value:
-        head, _, value = value.partition("-")
-        if not head.isdigit():
-            raise CliError(f"--time: cannot read {text!r}")
-        days = int(head)
-    parts = value.split(":")
-    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
-        raise CliError(f"--time: cannot read {text!r} (try 90, 1h30m or 01:30:00)")
-    numbers = [int(p) for p in parts]
-    if len(parts) == 1:
-        numbers = [numbers[0], 0, 0]  # D-HH
-    elif len(parts) == 2:
-        numbers = [0, *numbers]  # MM:SS
-    h, m, s = numbers
-    return days * 86400 + h * 3600 + m * 60 + s
+    """Seconds from `--time` (or a `#BERTH --time` line): the server's own duration forms
+    (scheduler/core/duration.py): `90`, `90s`, `1h30m`, `2d`, `01:30:00`, `30:00` (MM:SS),
+    `1-12:00:00` (D-HH:MM:SS) or `2-3` (D-HH)."""
+    try:
+        return duration.parse_duration(text)
+    except duration.DurationError as exc:
+        raise CliError(f"--time: {exc}") from None
 
 
 def directives(script: str) -> list[str]:

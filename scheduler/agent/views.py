@@ -42,6 +42,7 @@ from rest_framework.views import APIView
 from scheduler import notify
 from scheduler.agent import protocol
 from scheduler.agent.client import PROTOCOL, PROTOCOL_HEADER
+from scheduler.api.errors import protocol_error_headers
 from scheduler.models import Node
 
 T = TypeVar("T")
@@ -71,15 +72,9 @@ class IsNode(BasePermission):
         return isinstance(request.auth, Node)
 
 
-def _error(exc: protocol.ProtocolError) -> Response:
-    response = Response(exc.errors, status=exc.status)
-    if exc.status == 426:
-        response["Upgrade"] = f"berth-agent/{PROTOCOL}"
-    return response
-
-
 class AgentView(APIView):
-    """Refuses other protocol versions first; turns ProtocolError into its 4xx answer."""
+    """Refuses other protocol versions first. A ProtocolError becomes its 4xx answer in the
+    API's exception handler (scheduler/api/errors.py)."""
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         header = request.headers.get(PROTOCOL_HEADER)
@@ -87,11 +82,6 @@ class AgentView(APIView):
             data = request.data if isinstance(self, RegisterView) else None
             protocol.check_protocol(header, data.get("version") if isinstance(data, dict) else None)
         super().initial(request, *args, **kwargs)
-
-    def handle_exception(self, exc: Exception) -> Response:
-        if isinstance(exc, protocol.ProtocolError):
-            return _error(exc)
-        return super().handle_exception(exc)
 
 
 class RegisterView(AgentView):
@@ -105,10 +95,7 @@ class RegisterView(AgentView):
         header = authentication.get_authorization_header(request).decode(errors="replace")
         scheme, _, given = header.partition(" ")
         if scheme == NodeTokenAuthentication.keyword:
-            try:
-                answer = protocol.register(request.data, node_token=given.strip())
-            except protocol.ProtocolError as exc:
-                return _error(exc)
+            answer = protocol.register(request.data, node_token=given.strip())
             return Response(answer, status=status.HTTP_200_OK)
         expected = settings.BERTH_JOIN_TOKEN
         if not expected:
@@ -162,12 +149,8 @@ class TaskLogView(AgentView):
 
 
 def _json_error(exc: protocol.ProtocolError) -> JsonResponse:
-    response = JsonResponse(exc.errors, status=exc.status)
-    if exc.status == 426:
-        response["Upgrade"] = f"berth-agent/{PROTOCOL}"
-    if exc.status == 401:
-        response["WWW-Authenticate"] = "Node"
-    return response
+    """The lease view is plain Django (no DRF): the same answer as the API's handler gives."""
+    return JsonResponse(exc.errors, status=exc.status, headers=protocol_error_headers(exc))
 
 
 def _release_connections() -> None:

@@ -1,4 +1,8 @@
-"""One error shape for the API: DRF's field errors as they are, other errors under `detail`."""
+"""One error shape for the API: DRF's field errors as they are, other errors under `detail`.
+
+Every view's SpecError (a bad job, flow or template spec: 400 naming each field) and an agent
+endpoint's ProtocolError (its own 4xx, with `Upgrade` for 426 and `WWW-Authenticate` for 401)
+are answered here, so views raise them and never catch them."""
 
 from __future__ import annotations
 
@@ -9,9 +13,25 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from berth.overload import BUSY_DETAIL, is_database_overload, retry_after_seconds
+from scheduler.agent import protocol
+from scheduler.specs import SpecError
+
+
+def protocol_error_headers(exc: protocol.ProtocolError) -> dict[str, str]:
+    """What an agent needs besides the body: which protocol to speak, how to sign in."""
+    headers: dict[str, str] = {}
+    if exc.status == 426:
+        headers["Upgrade"] = f"berth-agent/{protocol.PROTOCOL}"
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Node"
+    return headers
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, SpecError):
+        return Response(exc.errors, status=400)
+    if isinstance(exc, protocol.ProtocolError):
+        return Response(exc.errors, status=exc.status, headers=protocol_error_headers(exc))
     response = drf_exception_handler(exc, context)
     if response is not None:
         return response

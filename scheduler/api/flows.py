@@ -17,11 +17,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from scheduler.api.serializers import FlowSerializer, JobSerializer
-from scheduler.api.views import FlowViewSet, JobViewSet, conflict, spec_errors
+from scheduler.api.views import FlowViewSet, JobViewSet, conflict
 from scheduler.flows.rerun import resubmit_flow, retry_flow
 from scheduler.models import Flow, Job
 from scheduler.operations import OperationError, resubmit_job
-from scheduler.specs import SpecError
 
 
 def _flow_data(request: Request, flow_id: int) -> dict[str, object]:
@@ -49,10 +48,7 @@ class FlowResubmitView(APIView):
     def post(self, request: Request, flow_id: int) -> Response:
         """A fresh copy of the flow from its spec, owned by the flow's owner."""
         flow = get_object_or_404(Flow.objects.visible_to(request.user), pk=flow_id)
-        try:
-            copy = resubmit_flow(flow, request.user)
-        except SpecError as exc:
-            raise spec_errors(exc) from None
+        copy = resubmit_flow(flow, request.user)  # a SpecError: 400 (scheduler/api/errors.py)
         return Response(_flow_data(request, copy.pk), status=status.HTTP_201_CREATED)
 
 
@@ -61,10 +57,7 @@ class JobResubmitView(APIView):
     def post(self, request: Request, job_id: int) -> Response:
         """A fresh copy of the job from its spec, owned by the job's owner."""
         job = get_object_or_404(Job.objects.visible_to(request.user), pk=job_id)
-        try:
-            copy = resubmit_job(job, request.user)
-        except SpecError as exc:
-            raise spec_errors(exc) from None
+        copy = resubmit_job(job, request.user)  # a SpecError: 400 (scheduler/api/errors.py)
         view = JobViewSet(request=request, format_kwarg=None, action="retrieve")
         data = JobSerializer(view.get_queryset().get(pk=copy.pk)).data
         return Response(data, status=status.HTTP_201_CREATED)

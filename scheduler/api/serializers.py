@@ -13,6 +13,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from scheduler.api.schema import FlowSpecJSON, JobSpecJSON, TemplateJobSpecJSON
 from scheduler.arrays import indices_by_state
 from scheduler.core.quantity import (
     format_cpu,
@@ -48,13 +49,36 @@ def show_resources(data: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: (FORMATS[k](v) if v is not None else None) for k, v in data.items() if k in FORMATS}
 
 
+@extend_schema_field({"oneOf": [{"type": "string"}, {"type": "number"}], "example": "1"})
+class QuantityField(serializers.Field):  # type: ignore[type-arg]
+    """A cpu or memory quantity as users write it (`"500m"`, `2`, `"16Gi"`), stored as an
+    integer (millicores, bytes) and shown the way users write it."""
+
+    def __init__(self, kind: str, **kwargs: Any) -> None:
+        self.kind = kind
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> int:
+        try:
+            return int(PARSERS[self.kind](data))
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def to_representation(self, value: int) -> Any:
+        return FORMATS[self.kind](value)
+
+
 class QueueSerializer(serializers.ModelSerializer[Queue]):
     capability = serializers.JSONField(required=False, allow_null=True)
+    default_cpu = QuantityField("cpu", required=False, help_text="cpu a task gets when its "
+                                "spec names none (default 1)")  # fmt: skip
+    default_memory = QuantityField("memory", required=False, help_text="memory a task gets "
+                                   "when its spec names none (default 1Gi)")  # fmt: skip
 
     class Meta:
         model = Queue
         fields = ["name", "weight", "capability", "reclaimable", "priority", "max_user_priority",
-                  "open", "created_at"]  # fmt: skip
+                  "open", "default_cpu", "default_memory", "created_at"]  # fmt: skip
         read_only_fields = ["created_at"]
 
     def validate_capability(self, value: Any) -> Any:
@@ -150,6 +174,7 @@ class TemplateSerializer(serializers.ModelSerializer[JobTemplate]):
     owner: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="username", read_only=True
     )
+    spec = TemplateJobSpecJSON()
 
     class Meta:
         model = JobTemplate
@@ -198,6 +223,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     )
     tasks = TaskSerializer(many=True, read_only=True)
     status = serializers.SerializerMethodField()
+    spec = JobSpecJSON(read_only=True)
     pending_reasons = serializers.SerializerMethodField()
     queue_position = serializers.SerializerMethodField()
     array = serializers.SerializerMethodField()
@@ -265,6 +291,7 @@ class FlowSerializer(serializers.ModelSerializer[Flow]):
         slug_field="username", read_only=True
     )
     steps = serializers.SerializerMethodField()
+    spec = FlowSpecJSON(read_only=True)
 
     class Meta:
         model = Flow

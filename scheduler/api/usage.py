@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from scheduler.accounting import UsageQueryError, parse_usage_query, usage_rows
+from scheduler.api.filters import check_query_params
 from scheduler.models import UsageRecord
 
 METRICS = ("jobs", "tasks", "cpu_seconds", "gpu_seconds", "wall_seconds", "gpu_hours")
@@ -74,6 +75,7 @@ class UsageView(APIView):
     )
     def get(self, request: Request) -> Response:
         """Usage of task attempts that ended in [since, until), summed per group."""
+        check_query_params(request, {"since", "until", "group_by", "user", "queue"})
         params = {k: request.query_params.get(k, "") for k in
                   ("since", "until", "group_by", "user", "queue")}  # fmt: skip
         try:

@@ -21,6 +21,15 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
 from scheduler import operations
+from scheduler.api.filters import choice_filter, query_flag
+from scheduler.api.schema import (
+    FLOW_EXAMPLES,
+    JOB_EXAMPLES,
+    TEMPLATE_EXAMPLES,
+    FlowSpec,
+    JobSpec,
+    TemplateSpec,
+)
 from scheduler.api.serializers import (
     EventSerializer,
     FlowSerializer,
@@ -42,8 +51,7 @@ from scheduler.models import (
     Task,
     TaskLog,
 )
-from scheduler.specs import SpecError
-from scheduler.states import FLOW_FINAL
+from scheduler.states import FLOW_FINAL, FlowState, JobState, NodeState
 from scheduler.submit import create_flow, create_template, submit_job, update_template
 
 # Names never hold NUL (PostgreSQL cannot even compare one): such a path is a 404.
@@ -59,10 +67,6 @@ class StaffWritesOnly(permissions.BasePermission):
         if not (request.user and request.user.is_authenticated):
             return False
         return request.method in permissions.SAFE_METHODS or bool(request.user.is_staff)
-
-
-def spec_errors(exc: SpecError) -> ValidationError:
-    return ValidationError(exc.errors)
 
 
 def paginated_events(view: viewsets.GenericViewSet[Any], events: QuerySet[Event]) -> Response:
@@ -92,6 +96,14 @@ class QueueViewSet(viewsets.ModelViewSet[Queue]):
             raise ValidationError({"name": ["the queue still has jobs"]}) from None
 
 
+class NodeFilter(filters.FilterSet):
+    state = choice_filter(NodeState.choices, "node state")
+
+    class Meta:
+        model = Node
+        fields = ["state"]
+
+
 class NodeViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -103,7 +115,7 @@ class NodeViewSet(
     permission_classes = [StaffWritesOnly]
     lookup_field = "name"
     lookup_value_regex = NAME_LOOKUP
-    filterset_fields = ["state"]
+    filterset_class = NodeFilter
     http_method_names = ["get", "patch", "post", "delete", "head", "options"]
 
     def get_queryset(self) -> QuerySet[Node]:
@@ -158,20 +170,16 @@ class TemplateViewSet(viewsets.ModelViewSet[JobTemplate]):
     lookup_value_regex = NAME_LOOKUP
     http_method_names = ["get", "post", "put", "delete", "head", "options"]
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: TemplateSerializer})
+    @extend_schema(request=TemplateSpec, responses={201: TemplateSerializer},
+                   examples=TEMPLATE_EXAMPLES)  # fmt: skip
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        try:
-            template = create_template(request.user, request.data)
-        except SpecError as exc:
-            raise spec_errors(exc) from None
+        template = create_template(request.user, request.data)
         return Response(self.get_serializer(template).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=TemplateSerializer)
+    @extend_schema(request=TemplateSpec, responses=TemplateSerializer,
+                   examples=TEMPLATE_EXAMPLES)  # fmt: skip
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        try:
-            template = update_template(self.get_object(), request.data)
-        except SpecError as exc:
-            raise spec_errors(exc) from None
+        template = update_template(self.get_object(), request.data)
         return Response(self.get_serializer(template).data)
 
     def perform_destroy(self, instance: JobTemplate) -> None:
@@ -191,7 +199,7 @@ class IdFilter(filters.NumberFilter):
 
 
 class JobFilter(filters.FilterSet):
-    state = filters.CharFilter()
+    state = choice_filter(JobState.choices, "job state")
     queue = filters.CharFilter(field_name="queue__name")
     owner = filters.CharFilter(field_name="owner__username")
     flow = IdFilter(field_name="flow_id")
@@ -204,9 +212,7 @@ class JobFilter(filters.FilterSet):
 
 def _flat(request: Request) -> bool:
     """Does a job list ask for array elements beside the other jobs?"""
-    return "array" in request.query_params or request.query_params.get("flat", "") in (
-        "1", "true", "yes",
-    )  # fmt: skip
+    return "array" in request.query_params or query_flag(request, "flat")
 
 
 class JobViewSet(
@@ -217,6 +223,8 @@ class JobViewSet(
 ):
     filterset_class = JobFilter
     ordering_fields = ["id", "priority", "created_at"]
+    extra_query_params = ("flat",)
+    list_actions = ("events",)
 
     def get_queryset(self) -> QuerySet[Job]:
         jobs = Job.objects.visible_to(self.request.user).select_related(
@@ -257,13 +265,10 @@ class JobViewSet(
         """Jobs, newest first. An array shows as one row (its parent, with element counts)."""
         return super().list(request, *args, **kwargs)
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: JobSerializer})
+    @extend_schema(request=JobSpec, responses={201: JobSerializer}, examples=JOB_EXAMPLES)
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Submit a job (JSON, or YAML with Content-Type: application/yaml)."""
-        try:
-            job = submit_job(request.user, request.data)
-        except SpecError as exc:
-            raise spec_errors(exc) from None
+        job = submit_job(request.user, request.data)
         return Response(
             JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED
         )
@@ -368,7 +373,7 @@ def _read_after(chunks: list[TaskLog], after: int) -> tuple[str, int]:
 
 
 class FlowFilter(filters.FilterSet):
-    state = filters.CharFilter()
+    state = choice_filter(FlowState.choices, "flow state")
     owner = filters.CharFilter(field_name="owner__username")
 
     class Meta:
@@ -385,6 +390,7 @@ class FlowViewSet(
 ):
     serializer_class = FlowSerializer
     filterset_class = FlowFilter
+    list_actions = ("events",)
 
     def get_queryset(self) -> QuerySet[Flow]:
         return (
@@ -401,13 +407,10 @@ class FlowViewSet(
             )
         )
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: FlowSerializer})
+    @extend_schema(request=FlowSpec, responses={201: FlowSerializer}, examples=FLOW_EXAMPLES)
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Start a flow (JSON or YAML). Its jobs are created by the scheduler loop."""
-        try:
-            flow = create_flow(request.user, request.data)
-        except SpecError as exc:
-            raise spec_errors(exc) from None
+        flow = create_flow(request.user, request.data)
         return Response(
             self.get_serializer(self.get_queryset().get(pk=flow.pk)).data,
             status=status.HTTP_201_CREATED,
@@ -453,6 +456,7 @@ class EventViewSet(viewsets.ReadOnlyModelViewSet[Event]):
 
     serializer_class = EventSerializer
     filterset_class = EventFilter
+    extra_query_params = ("job", "flow")
 
     @extend_schema(
         parameters=[

@@ -133,3 +133,13 @@ def test_the_queue_capability_holds_before_any_node_registers(api, owner):
     Queue.objects.create(name="small", capability={"memory": 8 * GI, "gpu": None})
     errors = refusal(api, owner, {**spec(memory="16Gi"), "queue": "small"})
     assert 'more than queue "small" may ever hold (8Gi)' in errors["queue"][0]
+
+
+def test_an_inline_step_is_checked_with_its_queues_default_resources(api, owner, cluster):
+    """A step that names no memory gets its queue's default when the controller makes its
+    job, so the submit check sizes it the same way (and names the field under `spec.`)."""
+    Queue.objects.filter(name="default").update(default_memory=512 * GI)
+    step = {"name": "only", "spec": {"tasks": [{"name": "main", "command": "true"}]}}
+    errors = refusal(api, owner, {"name": "f", "steps": [step]}, "/api/v1/flows/")
+    assert list(errors) == ["steps.0.spec.tasks.0.resources.memory"]
+    assert "the largest node has 256Gi" in errors["steps.0.spec.tasks.0.resources.memory"][0]

@@ -13,13 +13,14 @@ from berth.cli.specs import directives, is_script, job_from_options, parse_durat
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [("90", 90), ("1h30m", 5400), ("45m", 2700), ("2d", 172800), ("1h 5s", 3605),
-     ("01:30:00", 5400), ("30:00", 1800), ("1-12:00:00", 129600), ("2-3", 183600)],
+     ("01:30:00", 5400), ("30:00", 1800), ("1-12:00:00", 129600), ("2-3", 183600),
+     ("1-12:30", 131400)],  # D-HH:MM as Slurm reads it (was taken for D-MM:SS)
 )  # fmt: skip
 def test_it_reads_durations_as_users_write_them(text: str, seconds: int) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "soon", "1:2:3:4", "1x", "a-01:00:00"])
+@pytest.mark.parametrize("text", ["", "soon", "1:2:3:4", "1x", "a-01:00:00", "01:60:00", "1h1h"])
 def test_it_refuses_durations_it_cannot_read(text: str) -> None:
     with pytest.raises(CliError, match="--time"):
         parse_duration(text)
