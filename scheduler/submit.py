@@ -81,21 +81,8 @@ def submit_job(
             template=template,
             hold_reason=hold_reason,
         )
-        tasks = []
-        for group in spec["tasks"]:
-            resources = group["resources"]
-            for index in range(group["replicas"]):
-                tasks.append(
-                    Task(
-                        job=job,
-                        group=group["name"],
-                        index=index,
-                        cpu=parse_cpu(resources["cpu"]),
-                        memory=parse_memory(resources["memory"]),
-                        gpu=parse_gpu(resources["gpu"]),
-                    )
-                )
-        Task.objects.bulk_create(tasks)
+        tasks = Task.objects.bulk_create(_new_tasks(job, spec))
+        _created_with(job, tasks)
         record("JobSubmitted", "Submitted", f"{len(tasks)} tasks in queue {queue.name}", job=job)
         if lowered_from is not None:
             record("PriorityLowered", "PriorityPolicy",
@@ -103,6 +90,33 @@ def submit_job(
                    job=job)  # fmt: skip
         notify.changed(jobs=[job.pk], flows=[flow.pk] if flow else [])
     return job
+
+
+def _new_tasks(job: Job, spec: dict[str, Any]) -> list[Task]:
+    """One unsaved task row per replica of each task group of `spec`."""
+    tasks = []
+    for group in spec["tasks"]:
+        resources = group["resources"]
+        for index in range(group["replicas"]):
+            tasks.append(
+                Task(
+                    job=job,
+                    group=group["name"],
+                    index=index,
+                    cpu=parse_cpu(resources["cpu"]),
+                    memory=parse_memory(resources["memory"]),
+                    gpu=parse_gpu(resources["gpu"]),
+                )
+            )
+    return tasks
+
+
+def _created_with(job: Job, tasks: list[Task]) -> None:
+    """Let `job.tasks.all()` (and each new task's allocations, none yet) answer from what was
+    just written, so that the caller can show the new job without reading it back."""
+    for task in tasks:
+        task._prefetched_objects_cache = {"allocations": []}  # type: ignore[attr-defined]
+    job._prefetched_objects_cache = {"tasks": tasks}  # type: ignore[attr-defined]
 
 
 def create_flow(owner: Any, data: object) -> Flow:
