@@ -1,15 +1,15 @@
-"""What one job submission costs the web process: CPU ms and SQL statements per `POST /api/v1/jobs/`.
+"""What one job submission costs the web process: CPU ms and SQL statements per submit.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/0 \\
         python bench/submit_profile.py --submits 300 [--profile 25]
 
-Creates a fresh database (`--database-name`, dropped at the end), a user with a DRF token (as
-`bench/e2e.py` makes) or a self-service token (`--token-kind api`), and submits the one-GPU job
-of `bench/e2e.py` through Django's test client with the whole middleware stack, after
-`--warmup` unmeasured ones. Prints JSON: per submit, the CPU time of this process
-(`time.process_time`), the wall time, the SQL statements and the time spent inside them, and
-the part of the CPU time spent in the live push after commit (`dashboard.live.publish`).
-`--profile N` prints cProfile's top N functions (cumulative) to stderr.
+Creates a fresh database (`--database-name`, dropped at the end), a user with a DRF token
+(as `bench/e2e.py` makes) or a self-service token (`--token-kind api`), and submits the
+one-GPU job of `bench/e2e.py` (`POST /api/v1/jobs/`) through Django's test client with the
+whole middleware stack, after `--warmup` unmeasured ones. Prints JSON, per submit: the CPU
+time of this process (`time.process_time`), the wall time, the SQL statements (BEGIN and
+COMMIT not counted) and the time inside them, and the CPU time of the live push after commit
+(`dashboard.live.publish`). `--profile N` prints cProfile's top N functions to stderr.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def main() -> None:
     parser.add_argument("--token-kind", choices=["drf", "api"], default="drf")
     parser.add_argument("--repeat", type=int, default=3, help="runs; the median is shown")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="print cProfile's top N functions to stderr (slows the run)")  # fmt: skip
+                        help="print cProfile's top N functions to stderr")  # fmt: skip
     parser.add_argument("--database-name", default="bench_submit_profile")
     args = parser.parse_args()
     if args.submits < 1 or args.repeat < 1:
