@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from scheduler.agent.client import Backoff, Http, ServerError, Unavailable, parse_retry_after
+from scheduler.agent.client import (
+    PROTOCOL,
+    Backoff,
+    Http,
+    ServerError,
+    Unavailable,
+    parse_retry_after,
+)
 from scheduler.agent.runtime import Agent
 from scheduler.agent.sim import SimCluster
 
@@ -77,7 +84,7 @@ def server() -> Iterator[FakeServer]:
         def do_POST(self) -> None:  # noqa: N802 - the http.server name
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
-            assert self.headers["Berth-Agent-Protocol"] == "2"
+            assert self.headers["Berth-Agent-Protocol"] == str(PROTOCOL)
             status, answer = fake.answer(self.path, body)
             data = json.dumps(answer).encode()
             self.send_response(status)
