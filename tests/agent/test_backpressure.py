@@ -47,6 +47,7 @@ class FakeServer:
     orders: list[dict[str, Any]] = field(default_factory=list)
     seen: list[Seen] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    inline: int = 0  # inline_output_bytes announced at registration (0: none)
 
     def answer(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         key = path.removeprefix("/api/v1/agent/")
@@ -61,7 +62,8 @@ class FakeServer:
                 return 200, self.orders.pop(0)
         if key == "register/":
             return 201, {"token": f"token-{body['name']}", "lease_seconds": 0.2,
-                         "kill_grace_seconds": 1, "log_chunk_bytes": 65536}  # fmt: skip
+                         "kill_grace_seconds": 1, "log_chunk_bytes": 65536,
+                         "inline_output_bytes": self.inline}  # fmt: skip
         if key == "lease/":
             time.sleep(0.1)
             return 200, {"start": [], "kill": [], "lease_seconds": 0.2}
