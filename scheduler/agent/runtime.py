@@ -380,6 +380,9 @@ class Agent:
                 text = handle.read(size - task.shipped).decode(errors="replace")
         except OSError:
             return None
+        # The server refuses NUL in a report (only a log upload's `data` may hold it, which
+        # it stores as U+FFFD): do the same here.
+        text = text.replace("\x00", "\ufffd")
         if len(text.encode()) > self.inline_bytes:  # undecodable bytes grow when replaced
             return None
         return {"offset": task.shipped, "data": text}
