@@ -50,31 +50,17 @@ def submit_job(
         lowered_from, spec["priority"] = spec["priority"], queue.priority_cap_for(policy_user)
     elif refusal:
         raise SpecError({"priority": [refusal]})
-    labels = dict(spec["labels"])
-    if flow is not None:
-        labels["berth/flow"] = str(flow.pk)
-    if template is not None:
-        labels["berth/template"] = template.name
-    if step is not None:
-        labels["berth/step"] = step.name
+    labels = _job_labels(spec, flow, template, step)
     if "array" in spec:
         if flow is not None:
             raise SpecError({"array": ["not in a flow step: a step fans out with items"]})
         return submit_array(owner, spec, queue, labels)
     with transaction.atomic():
         job = Job.objects.create(
-            name=spec["name"],
+            **_job_fields(spec),
             owner=owner,
             queue=queue,
-            priority=spec["priority"],
-            preemptible=spec["preemptible"],
-            min_available=spec["min_available"],
-            spec=spec,
             labels=labels,
-            walltime=spec["walltime"],
-            ttl_seconds_after_finished=spec["ttl_seconds_after_finished"],
-            active_deadline_seconds=spec["active_deadline_seconds"],
-            max_retry=spec["max_retry"],
             flow=flow,
             step=step,
             item_index=item_index,
@@ -90,6 +76,27 @@ def submit_job(
                    job=job)  # fmt: skip
         notify.changed(jobs=[job.pk], flows=[flow.pk] if flow else [])
     return job
+
+
+def _job_labels(
+    spec: dict[str, Any], flow: Flow | None, template: JobTemplate | None, step: FlowStep | None
+) -> dict[str, str]:
+    """The spec's labels, and where the job came from (its flow, template and step)."""
+    labels = dict(spec["labels"])
+    if flow is not None:
+        labels["berth/flow"] = str(flow.pk)
+    if template is not None:
+        labels["berth/template"] = template.name
+    if step is not None:
+        labels["berth/step"] = step.name
+    return labels
+
+
+def _job_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    """The job row's fields that come straight from its normalized spec."""
+    names = ("name", "priority", "preemptible", "min_available", "walltime",
+             "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry")  # fmt: skip
+    return {"spec": spec, **{name: spec[name] for name in names}}
 
 
 def _new_tasks(job: Job, spec: dict[str, Any]) -> list[Task]:

@@ -32,7 +32,7 @@ from scheduler.agent.gpus import FAKE_MEMORY, fake_samples
 log = logging.getLogger("berth.simagent")
 AWAIT_OUTPUT_SECONDS = 0.5
 FORGET_ENDED_SECONDS = 600.0
-COUNT_LOG_SECONDS = 10.0  # how often the requests sent so far are logged (when they changed)
+COUNT_LOG_SECONDS = 2.0  # how often the requests sent so far are logged (when they changed)
 
 
 @dataclass
