@@ -13,8 +13,8 @@ over time, and the same load through Slurm (`bench/slurm_peer.py`) with the rati
         --array 10000 > e2e.json
     python bench/plot_timeline.py e2e.json docs/e2e-timeline.svg
 
-Uses a database of its own (DATABASE_URL's server, database `berth_bench`), dropped and
-recreated each run.
+Uses a database of its own (DATABASE_URL's server, database `--database-name`, default
+`berth_bench`), dropped and recreated each run.
 """
 
 from __future__ import annotations
@@ -78,7 +78,11 @@ def parse_args() -> argparse.Namespace:
         default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
     )
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--database-name", default="berth_bench",
+                        help="the bench's own database, dropped and created again")  # fmt: skip
     args = parser.parse_args()
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", args.database_name):
+        parser.error("--database-name: lower-case letters, digits and _")
     for name in ("nodes", "jobs", "clients"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
@@ -116,8 +120,8 @@ class Database:
         return row[0] if row else None
 
     def connections(self) -> int:
-        return int(self.one("SELECT count(*) FROM pg_stat_activity WHERE datname = 'berth_bench'"
-                            " AND application_name <> %s", APP))  # fmt: skip
+        return int(self.one("SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                            " current_database() AND application_name <> %s", APP))  # fmt: skip
 
     def states(self) -> dict[str, int]:
         rows = self.conn.execute("SELECT state, count(*) FROM scheduler_job GROUP BY state")
@@ -203,7 +207,7 @@ def wait_until(check: Any, timeout: float, what: str) -> None:
 def prepare_database(args: argparse.Namespace) -> tuple[str, dict[str, str], Path]:
     """A fresh `berth_bench` database, migrated; the environment of every process."""
     base = args.database.rsplit("/", 1)[0]
-    db_url = f"{base}/berth_bench"
+    db_url = f"{base}/{args.database_name}"
     work = Path(tempfile.mkdtemp(prefix="berth-e2e-"))
     env = {
         **os.environ,
@@ -219,8 +223,8 @@ def prepare_database(args: argparse.Namespace) -> tuple[str, dict[str, str], Pat
     import psycopg
 
     with psycopg.connect(args.database, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS berth_bench WITH (FORCE)")
-        conn.execute("CREATE DATABASE berth_bench")
+        conn.execute(f'DROP DATABASE IF EXISTS "{args.database_name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{args.database_name}"')
     subprocess.run([*MANAGE, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
     return db_url, env, work
 
