@@ -159,22 +159,8 @@ def register(data: object, node_token: str | None = None) -> dict[str, Any]:
     never hands over a node (its tasks, other users' start messages). With a node token, the
     agent of that node registers again (a restart) and keeps its token.
     """
-    if not isinstance(data, dict):
-        raise ProtocolError({"body": ["must be a JSON object"]})
-    errors: dict[str, list[str]] = {}
-    name = data.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        errors.setdefault("name", []).append(f"{name!r} {NAME_RULE}")
-    cpu = _need(errors, data, "cpu", _cpu)
-    memory = _need(errors, data, "memory", parse_memory)
-    labels = data.get("labels") or {}
-    if not isinstance(labels, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
-    ):
-        errors.setdefault("labels", []).append("must be a mapping of strings to strings")
-    devices = _devices(errors, data.get("devices"))
-    if errors:
-        raise ProtocolError(errors)
+    name, cpu, memory, labels, devices = _registration(data)
+    assert isinstance(data, dict)
     now = timezone.now()
     with transaction.atomic():
         if node_token is not None:
@@ -212,6 +198,28 @@ def register(data: object, node_token: str | None = None) -> dict[str, Any]:
         "log_chunk_bytes": settings.BERTH_LOG_CHUNK_BYTES,
         "inline_output_bytes": inline_output_bytes(),
     }
+
+
+def _registration(data: object) -> tuple[str, int, int, dict[str, str], list[dict[str, Any]]]:
+    """A registration's name, cpu, memory, labels and devices, validated whole."""
+    if not isinstance(data, dict):
+        raise ProtocolError({"body": ["must be a JSON object"]})
+    errors: dict[str, list[str]] = {}
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        errors.setdefault("name", []).append(f"{name!r} {NAME_RULE}")
+    cpu = _need(errors, data, "cpu", _cpu)
+    memory = _need(errors, data, "memory", parse_memory)
+    labels = data.get("labels") or {}
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        errors.setdefault("labels", []).append("must be a mapping of strings to strings")
+    devices = _devices(errors, data.get("devices"))
+    if errors:
+        raise ProtocolError(errors)
+    assert isinstance(name, str)
+    return name, cpu, memory, labels, devices
 
 
 def _own_node(node_token: str, name: object) -> Node:
