@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import transaction
+from django.db import models, transaction
+from django.db.models import QuerySet
 
 from scheduler import notify
 from scheduler.arrays import submit_array
 from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
 from scheduler.events import record
-from scheduler.models import Flow, FlowStep, Job, JobTemplate, Queue, Task
+from scheduler.models import Allocation, Flow, FlowStep, Job, JobTemplate, Queue, Task
 from scheduler.specs import (
     SpecError,
     normalize_flow_spec,
@@ -18,6 +19,8 @@ from scheduler.specs import (
     normalize_template_spec,
     step_job_spec,
 )
+
+M = TypeVar("M", bound=models.Model)
 
 
 def submit_job(
@@ -120,10 +123,22 @@ def _new_tasks(job: Job, spec: dict[str, Any]) -> list[Task]:
 
 def _created_with(job: Job, tasks: list[Task]) -> None:
     """Let `job.tasks.all()` (and each new task's allocations, none yet) answer from what was
-    just written, so that the caller can show the new job without reading it back."""
+    just written, as a prefetch would, so that the caller can show the new job without
+    reading it back. A filter on them still queries the database."""
     for task in tasks:
-        task._prefetched_objects_cache = {"allocations": []}  # type: ignore[attr-defined]
-    job._prefetched_objects_cache = {"tasks": tasks}  # type: ignore[attr-defined]
+        task._prefetched_objects_cache = {  # type: ignore[attr-defined]
+            "allocations": _known(Allocation.objects.filter(task=task), [])
+        }
+    job._prefetched_objects_cache = {  # type: ignore[attr-defined]
+        "tasks": _known(Task.objects.filter(job=job), tasks)
+    }
+
+
+def _known(queryset: QuerySet[M], rows: list[M]) -> QuerySet[M]:
+    """`queryset` with `rows` as its result, as Django's prefetch leaves it."""
+    queryset._result_cache = rows
+    queryset._prefetch_done = True  # type: ignore[attr-defined]
+    return queryset
 
 
 def create_flow(owner: Any, data: object) -> Flow:

@@ -61,6 +61,15 @@ def test_a_submission_takes_a_bounded_number_of_statements(
     assert response.status_code == 201, response.content
 
 
+def test_a_submitted_jobs_tasks_answer_like_any_related_rows(owner):
+    from scheduler.submit import submit_job
+
+    job = submit_job(owner, SPEC)
+    assert [t.group for t in job.tasks.all()] == ["main"] * 3 + ["side"]
+    assert job.tasks.filter(group="main").count() == 3  # a filter still asks the database
+    assert job.tasks.exclude(group="main").get().allocations.exists() is False
+
+
 def test_signing_in_takes_one_query_whatever_the_token(key, django_assert_num_queries):
     client = client_with(key)
     client.get("/api/v1/me/")  # a self-service token notes its first use once
