@@ -13,8 +13,8 @@ over time, and the same load through Slurm (`bench/slurm_peer.py`) with the rati
         --array 10000 > e2e.json
     python bench/plot_timeline.py e2e.json docs/e2e-timeline.svg
 
-Uses a database of its own (DATABASE_URL's server, database `berth_bench`), dropped and
-recreated each run.
+Uses a database of its own (DATABASE_URL's server, database `--database-name`, default
+`berth_bench`), dropped and recreated each run.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from processes import free_port, stop_groups  # noqa: E402
 from scheduler.agent.client import Backoff, parse_retry_after  # noqa: E402
 
 FINAL = ("Succeeded", "Failed", "Cancelled")
+MANAGE = [sys.executable, str(ROOT / "manage.py")]
 APP = "berth-bench"  # this script's own PostgreSQL connections, left out of the counts
 
 
@@ -77,7 +78,11 @@ def parse_args() -> argparse.Namespace:
         default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
     )
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--database-name", default="berth_bench",
+                        help="the bench's own database, dropped and created again")  # fmt: skip
     args = parser.parse_args()
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", args.database_name):
+        parser.error("--database-name: lower-case letters, digits and _")
     for name in ("nodes", "jobs", "clients"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
@@ -115,8 +120,8 @@ class Database:
         return row[0] if row else None
 
     def connections(self) -> int:
-        return int(self.one("SELECT count(*) FROM pg_stat_activity WHERE datname = 'berth_bench'"
-                            " AND application_name <> %s", APP))  # fmt: skip
+        return int(self.one("SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                            " current_database() AND application_name <> %s", APP))  # fmt: skip
 
     def states(self) -> dict[str, int]:
         rows = self.conn.execute("SELECT state, count(*) FROM scheduler_job GROUP BY state")
@@ -199,9 +204,10 @@ def wait_until(check: Any, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def run_berth(args: argparse.Namespace) -> dict[str, Any]:
+def prepare_database(args: argparse.Namespace) -> tuple[str, dict[str, str], Path]:
+    """A fresh `berth_bench` database, migrated; the environment of every process."""
     base = args.database.rsplit("/", 1)[0]
-    db_url = f"{base}/berth_bench"
+    db_url = f"{base}/{args.database_name}"
     work = Path(tempfile.mkdtemp(prefix="berth-e2e-"))
     env = {
         **os.environ,
@@ -217,50 +223,96 @@ def run_berth(args: argparse.Namespace) -> dict[str, Any]:
     import psycopg
 
     with psycopg.connect(args.database, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS berth_bench WITH (FORCE)")
-        conn.execute("CREATE DATABASE berth_bench")
-    manage = [sys.executable, str(ROOT / "manage.py")]
-    subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
-    token = subprocess.run(
-        [*manage, "shell", "-c", "from django.contrib.auth.models import User;"
+        conn.execute(f'DROP DATABASE IF EXISTS "{args.database_name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{args.database_name}"')
+    subprocess.run([*MANAGE, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
+    return db_url, env, work
+
+
+def make_token(env: dict[str, str]) -> str:
+    """A user `bench` and its DRF token, as a script's user would have."""
+    return subprocess.run(
+        [*MANAGE, "shell", "-c", "from django.contrib.auth.models import User;"
          "from rest_framework.authtoken.models import Token;"
          "print(Token.objects.create(user=User.objects.create_user('bench')).key)"],
         env=env, cwd=ROOT, check=True, capture_output=True, text=True,
     ).stdout.strip().splitlines()[-1]  # after what the shell says about its imports
 
-    db = Database(db_url)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    procs = Processes(work, env)
-    serve = [str(ROOT / "run"), "serve", "--port", str(port)]
+
+def start_cluster(args: argparse.Namespace, procs: Processes, url: str, db: Database) -> None:
+    """`./run serve`, then the simulated nodes, then the scheduler, each once ready."""
+    serve = [str(ROOT / "run"), "serve", "--port", url.rsplit(":", 1)[1]]
     if args.workers:
         serve += ["--workers", str(args.workers)]
     procs.start("web", serve)
+    say(f"serving on {url}; logs in {procs.work}")
+    wait_until(lambda: _up(url), 60, "the web server")
+    procs.start("simagent", [*MANAGE, "run_simagent", "--server", url, "--nodes",
+                             str(args.nodes), "--gpus", str(args.gpus), "--cpu", args.cpu,
+                             "--memory", args.memory])  # fmt: skip
+    wait_until(lambda: db.one("SELECT count(*) FROM scheduler_node WHERE state = 'Ready'")
+               >= args.nodes, 120, "nodes to register")  # fmt: skip
+    procs.start("scheduler", [*MANAGE, "run_scheduler", "--interval", str(args.interval)])
+
+
+def run_berth(args: argparse.Namespace) -> dict[str, Any]:
+    db_url, env, work = prepare_database(args)
+    token = make_token(env)
+    db = Database(db_url)
+    url = f"http://127.0.0.1:{free_port()}"
+    procs = Processes(work, env)
     try:
-        say(f"serving on {url}; logs in {work}")
-        wait_until(lambda: _up(url), 60, "the web server")
-        procs.start("simagent", [*manage, "run_simagent", "--server", url, "--nodes",
-                                 str(args.nodes), "--gpus", str(args.gpus), "--cpu", args.cpu,
-                                 "--memory", args.memory])  # fmt: skip
-        wait_until(lambda: db.one("SELECT count(*) FROM scheduler_node WHERE state = 'Ready'")
-                   >= args.nodes, 120, "nodes to register")  # fmt: skip
-        procs.start("scheduler", [*manage, "run_scheduler", "--interval", str(args.interval)])
-        say(f"{args.nodes} nodes ready; counting agent requests at rest")
-        rest = _agents_at_rest(db, args.rest_seconds)
-        say(f"{args.clients} clients submit {args.jobs} jobs")
-        result = _load(args, url, token, db)
-        say("every job ended")
-        result["agent_requests_per_s_at_rest"] = rest["requests_per_s"]
-        result["connections"]["at_rest"] = rest["connections"]
-        if args.array:
-            result["array"] = _array(args, url, token, db)
-        time.sleep(5)  # let pools shrink back and idle connections close
-        result["connections"]["after"] = db.connections()
-        result["cycle_ms"] = cycle_phases(procs.log("scheduler"))
-        result["server_5xx_in_log"] = len(re.findall(r'" 5\d\d ', procs.log("web")))
-        return result
+        start_cluster(args, procs, url, db)
+        return measure(args, procs, url, token, db)
     finally:
         procs.stop()
+
+
+def measure(
+    args: argparse.Namespace, procs: Processes, url: str, token: str, db: Database
+) -> dict[str, Any]:
+    """At rest, then the load, then the array; figures from the logs at the end."""
+    say(f"{args.nodes} nodes ready; counting agent requests at rest")
+    rest = _agents_at_rest(db, args.rest_seconds)
+    sent_before = agent_requests(procs)
+    say(f"{args.clients} clients submit {args.jobs} jobs")
+    result = _load(args, url, token, db)
+    say("every job ended")
+    result["agent_requests"] = requests_per_job(
+        sent_before, agent_requests(procs), result, rest["requests_per_s"]
+    )
+    result["agent_requests_per_s_at_rest"] = rest["requests_per_s"]
+    result["connections"]["at_rest"] = rest["connections"]
+    if args.array:
+        result["array"] = _array(args, url, token, db)
+    time.sleep(5)  # let pools shrink back and idle connections close
+    result["connections"]["after"] = db.connections()
+    result["cycle_ms"] = cycle_phases(procs.log("scheduler"))
+    result["server_5xx_in_log"] = len(re.findall(r'" 5\d\d ', procs.log("web")))
+    return result
+
+
+def agent_requests(procs: Processes) -> dict[str, int]:
+    """What the simulated agents sent so far, by kind, from their latest `requests sent:`
+    line (logged every 2 s while it changes; waited for, so it is current)."""
+    time.sleep(2.5)
+    lines = re.findall(r"requests sent: (.*)", procs.log("simagent"))
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", lines[-1])} if lines else {}
+
+
+def requests_per_job(
+    before: dict[str, int], after: dict[str, int], load: dict[str, Any], rest_per_s: float
+) -> dict[str, Any]:
+    """Agent requests while the load ran, by kind and per job; `per_job_beyond_rest` leaves
+    out the lease renewals the nodes would have sent idle over the same time."""
+    sent = {k: after.get(k, 0) - before.get(k, 0) for k in sorted(set(before) | set(after))}
+    jobs = max(1, int(load["accepted"]))
+    idle = rest_per_s * (load["end_to_end_seconds"] + 5.0)  # + the two 2.5 s waits
+    return {
+        "during_load": sent,
+        "per_job": round(sum(sent.values()) / jobs, 2),
+        "per_job_beyond_rest": round(max(0.0, sum(sent.values()) - idle) / jobs, 2),
+    }
 
 
 def _up(url: str) -> bool:
@@ -288,25 +340,34 @@ def _agents_at_rest(db: Database, seconds: float) -> dict[str, Any]:
     return {"requests_per_s": round(renewals / seconds, 2), "connections": db.connections()}
 
 
-def _load(args: argparse.Namespace, url: str, token: str, db: Database) -> dict[str, Any]:
-    submitter = Submitter(url, token)
-    samples: list[dict[str, Any]] = []
-    peak = [0]
-    done = threading.Event()
-    t0 = time.monotonic()
+class QueueSampler:
+    """Twice a second: jobs Pending, Running and finished, and the peak of connections."""
 
-    def sample() -> None:
-        while not done.is_set():
-            states = db.states()
-            peak[0] = max(peak[0], db.connections())
-            samples.append({"t": round(time.monotonic() - t0, 2),
-                            "pending": states.get("Pending", 0),
-                            "running": states.get("Running", 0),
-                            "finished": sum(states.get(s, 0) for s in FINAL)})  # fmt: skip
-            done.wait(0.5)
+    def __init__(self, db: Database) -> None:
+        self.db, self.peak = db, 0
+        self.samples: list[dict[str, Any]] = []
+        self.done = threading.Event()
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    def _run(self) -> None:
+        while not self.done.is_set():
+            states = self.db.states()
+            self.peak = max(self.peak, self.db.connections())
+            self.samples.append({"t": round(time.monotonic() - self.t0, 2),
+                                 "pending": states.get("Pending", 0),
+                                 "running": states.get("Running", 0),
+                                 "finished": sum(states.get(s, 0) for s in FINAL)})  # fmt: skip
+            self.done.wait(0.5)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def _submit_all(args: argparse.Namespace, submitter: Submitter) -> int:
+    """C clients share the J jobs; returns how many were accepted."""
     body = job_body(args.duration)
     per_client = [args.jobs // args.clients + (i < args.jobs % args.clients)
                   for i in range(args.clients)]  # fmt: skip
@@ -316,15 +377,20 @@ def _load(args: argparse.Namespace, url: str, token: str, db: Database) -> dict[
             return sum(1 for _ in range(n) if submitter.post(http, body) is not None)
 
     with ThreadPoolExecutor(args.clients) as pool:
-        accepted = sum(pool.map(client_loop, per_client))
-    submit_s = time.monotonic() - t0
+        return sum(pool.map(client_loop, per_client))
+
+
+def _load(args: argparse.Namespace, url: str, token: str, db: Database) -> dict[str, Any]:
+    submitter = Submitter(url, token)
+    sampler = QueueSampler(db)
+    accepted = _submit_all(args, submitter)
+    submit_s = time.monotonic() - sampler.t0
     say(f"{accepted} accepted in {submit_s:.1f}s; waiting for them to end")
     wait_until(lambda: db.one("SELECT count(*) FROM scheduler_job WHERE state IN "
                               "('Succeeded','Failed','Cancelled')") >= accepted,
                args.timeout, "every job to end")  # fmt: skip
-    total_s = time.monotonic() - t0
-    done.set()
-    sampler.join()
+    total_s = time.monotonic() - sampler.t0
+    sampler.stop()
     rows = db.conn.execute(
         "SELECT extract(epoch FROM started_at - created_at), state FROM scheduler_job"
     ).fetchall()
@@ -341,8 +407,8 @@ def _load(args: argparse.Namespace, url: str, token: str, db: Database) -> dict[
                               "p99": pct(submitter.latencies, 0.99, 1000)},
         "status_codes": dict(submitter.statuses),
         "wait_to_start_s": {"p50": pct(waits, 0.5), "p99": pct(waits, 0.99)},
-        "connections": {"peak": peak[0]},
-        "queue_depth": samples,
+        "connections": {"peak": sampler.peak},
+        "queue_depth": sampler.samples,
     }  # fmt: skip
 
 

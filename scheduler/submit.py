@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import transaction
-from django.db.models import Count
+from django.db import models, transaction
+from django.db.models import Count, QuerySet
 
 from scheduler import notify
 from scheduler.arrays import submit_array
@@ -14,6 +14,7 @@ from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
 from scheduler.core.resources import Resources
 from scheduler.events import record
 from scheduler.models import (
+    Allocation,
     Flow,
     FlowStep,
     Job,
@@ -31,6 +32,8 @@ from scheduler.specs import (
     step_job_spec,
     with_queue_defaults,
 )
+
+M = TypeVar("M", bound=models.Model)
 
 
 def submit_job(
@@ -66,52 +69,25 @@ def submit_job(
         raise SpecError({"priority": [refusal]})
     if flow is None:  # a flow's steps were checked when the flow was submitted
         refuse_never_fits(spec, queue)
-    labels = dict(spec["labels"])
-    if flow is not None:
-        labels["berth/flow"] = str(flow.pk)
-    if template is not None:
-        labels["berth/template"] = template.name
-    if step is not None:
-        labels["berth/step"] = step.name
+    labels = _job_labels(spec, flow, template, step)
     if "array" in spec:
         if flow is not None:
             raise SpecError({"array": ["not in a flow step: a step fans out with items"]})
         return submit_array(owner, spec, queue, labels)
     with transaction.atomic():
         job = Job.objects.create(
-            name=spec["name"],
+            **_job_fields(spec),
             owner=owner,
             queue=queue,
-            priority=spec["priority"],
-            preemptible=spec["preemptible"],
-            min_available=spec["min_available"],
-            spec=spec,
             labels=labels,
-            walltime=spec["walltime"],
-            ttl_seconds_after_finished=spec["ttl_seconds_after_finished"],
-            active_deadline_seconds=spec["active_deadline_seconds"],
-            max_retry=spec["max_retry"],
             flow=flow,
             step=step,
             item_index=item_index,
             template=template,
             hold_reason=hold_reason,
         )
-        tasks = []
-        for group in spec["tasks"]:
-            resources = group["resources"]
-            for index in range(group["replicas"]):
-                tasks.append(
-                    Task(
-                        job=job,
-                        group=group["name"],
-                        index=index,
-                        cpu=parse_cpu(resources["cpu"]),
-                        memory=parse_memory(resources["memory"]),
-                        gpu=parse_gpu(resources["gpu"]),
-                    )
-                )
-        Task.objects.bulk_create(tasks)
+        tasks = Task.objects.bulk_create(_new_tasks(job, spec))
+        _created_with(job, tasks)
         record("JobSubmitted", "Submitted", f"{len(tasks)} tasks in queue {queue.name}", job=job)
         if lowered_from is not None:
             record("PriorityLowered", "PriorityPolicy",
@@ -119,6 +95,66 @@ def submit_job(
                    job=job)  # fmt: skip
         notify.changed(jobs=[job.pk], flows=[flow.pk] if flow else [])
     return job
+
+
+def _job_labels(
+    spec: dict[str, Any], flow: Flow | None, template: JobTemplate | None, step: FlowStep | None
+) -> dict[str, str]:
+    """The spec's labels, and where the job came from (its flow, template and step)."""
+    labels = dict(spec["labels"])
+    if flow is not None:
+        labels["berth/flow"] = str(flow.pk)
+    if template is not None:
+        labels["berth/template"] = template.name
+    if step is not None:
+        labels["berth/step"] = step.name
+    return labels
+
+
+def _job_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    """The job row's fields that come straight from its normalized spec."""
+    names = ("name", "priority", "preemptible", "min_available", "walltime",
+             "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry")  # fmt: skip
+    return {"spec": spec, **{name: spec[name] for name in names}}
+
+
+def _new_tasks(job: Job, spec: dict[str, Any]) -> list[Task]:
+    """One unsaved task row per replica of each task group of `spec`."""
+    tasks = []
+    for group in spec["tasks"]:
+        resources = group["resources"]
+        for index in range(group["replicas"]):
+            tasks.append(
+                Task(
+                    job=job,
+                    group=group["name"],
+                    index=index,
+                    cpu=parse_cpu(resources["cpu"]),
+                    memory=parse_memory(resources["memory"]),
+                    gpu=parse_gpu(resources["gpu"]),
+                )
+            )
+    return tasks
+
+
+def _created_with(job: Job, tasks: list[Task]) -> None:
+    """Let `job.tasks.all()` (and each new task's allocations, none yet) answer from what was
+    just written, as a prefetch would, so that the caller can show the new job without
+    reading it back. A filter on them still queries the database."""
+    for task in tasks:
+        task._prefetched_objects_cache = {  # type: ignore[attr-defined]
+            "allocations": _known(Allocation.objects.filter(task=task), [])
+        }
+    job._prefetched_objects_cache = {  # type: ignore[attr-defined]
+        "tasks": _known(Task.objects.filter(job=job), tasks)
+    }
+
+
+def _known(queryset: QuerySet[M], rows: list[M]) -> QuerySet[M]:
+    """`queryset` with `rows` as its result, as Django's prefetch leaves it."""
+    queryset._result_cache = rows
+    queryset._prefetch_done = True  # type: ignore[attr-defined]
+    return queryset
 
 
 def create_flow(owner: Any, data: object) -> Flow:

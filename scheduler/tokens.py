@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from scheduler.models import ApiToken, hash_token
+from scheduler.models import API_TOKEN_PREFIX, ApiToken, hash_token
 
 MAX_TOKENS_PER_USER = 100
 NAME_MAX = 100
@@ -76,7 +76,12 @@ def user_for_key(key: str, now: datetime | None = None) -> tuple[AbstractBaseUse
     """The user a key signs in as and the token row, or None when no token has this key.
     Raises KeyRefused for an expired token or an inactive user."""
     now = now or timezone.now()
-    token = ApiToken.objects.select_related("user").filter(key_hash=hash_token(key)).first()
+    # Self-service keys all start with API_TOKEN_PREFIX (DRF's are hex): one query either way.
+    token = (
+        ApiToken.objects.select_related("user").filter(key_hash=hash_token(key)).first()
+        if key.startswith(API_TOKEN_PREFIX)
+        else None
+    )
     if token is not None:
         if token.expires_at is not None and token.expires_at <= now:
             raise KeyRefused("token expired")

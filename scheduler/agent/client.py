@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-PROTOCOL = 2  # the agent protocol version this code speaks
+PROTOCOL = 3  # the agent protocol version this code speaks (docs/agents.md)
 PROTOCOL_HEADER = "Berth-Agent-Protocol"
 RETRY_STATUSES = {429, 502, 503, 504}
 MAX_RETRY_AFTER = 300.0  # a server's Retry-After is honoured up to this many seconds

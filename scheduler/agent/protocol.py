@@ -1,14 +1,15 @@
 """The agent protocol, server side: register, report, lease, log upload (docs/agents.md).
 
-Two streams per agent:
-- Reports (`apply_report`) carry every task the agent knows (full state). They are the only
-  requests that change task rows, and an agent sends them one at a time, so they apply in
+Two streams per agent (protocol 3):
+- Reports (`apply_report`) carry every task the agent knows (full state), and the output of
+  an ended task inline when it is short. An agent sends them one at a time, so they apply in
   the order the agent saw things. The server validates the whole report before changing
   anything, moves task rows, releases devices of tasks the agent says have stopped, and
   answers with orders (tasks to start and to kill). A repeated report changes nothing more.
 - Lease renewals (`renew_lease`, `lease_orders`) keep the node alive and deliver orders; the
   web view holds one open until there are orders for the node (scheduler.notify wakes it).
-  They change no task row: an old lease body can never undo a newer report.
+  A lease changes a task row in one way only: an Assigned task it lists as Running has
+  started (so a start costs no report). An old lease body can never undo a newer report.
 
 A task ends on the server only once its output is held: a final report says how many bytes
 of output the attempt produced, and until the server holds them the task stays Running and
@@ -21,11 +22,11 @@ from __future__ import annotations
 import logging
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -46,6 +47,7 @@ FINAL_REPORTS = {"Succeeded": TaskState.SUCCEEDED, "Failed": TaskState.FAILED,
                  "Killed": TaskState.KILLED}  # fmt: skip
 TRUNCATED = "\n[berth: output truncated: the rest of this attempt's output was dropped]\n"
 MAX_OUTPUT_BYTES = 2**62  # a bound for `output_bytes`, far above any real output
+INLINE_OUTPUT_BYTES = 16 * 1024  # output a report may carry inline (at most one log chunk)
 LEASE_JITTER = 0.25  # a lease is held between 1 and 1.25 leases, so renewals spread out
 
 
@@ -158,19 +160,8 @@ def register(data: object, node_token: str | None = None) -> dict[str, Any]:
     never hands over a node (its tasks, other users' start messages). With a node token, the
     agent of that node registers again (a restart) and keeps its token.
     """
-    if not isinstance(data, dict):
-        raise ProtocolError({"body": ["must be a JSON object"]})
-    errors: dict[str, list[str]] = {}
-    name = data.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        errors.setdefault("name", []).append(f"{name!r} {NAME_RULE}")
-    cpu = _need(errors, data, "cpu", _cpu)
-    memory = _need(errors, data, "memory", parse_memory)
-    labels = data.get("labels") or {}
-    errors.update(label_problems(labels))  # the rules REST and the admin apply (Node.clean)
-    devices = _devices(errors, data.get("devices"))
-    if errors:
-        raise ProtocolError(errors)
+    name, cpu, memory, labels, devices = _registration(data)
+    assert isinstance(data, dict)
     now = timezone.now()
     with transaction.atomic():
         if node_token is not None:
@@ -206,7 +197,27 @@ def register(data: object, node_token: str | None = None) -> dict[str, Any]:
         "heartbeat_timeout": settings.BERTH_HEARTBEAT_TIMEOUT,
         "kill_grace_seconds": settings.BERTH_KILL_GRACE_SECONDS,
         "log_chunk_bytes": settings.BERTH_LOG_CHUNK_BYTES,
+        "inline_output_bytes": inline_output_bytes(),
     }
+
+
+def _registration(data: object) -> tuple[str, int, int, dict[str, str], list[dict[str, Any]]]:
+    """A registration's name, cpu, memory, labels and devices, validated whole."""
+    if not isinstance(data, dict):
+        raise ProtocolError({"body": ["must be a JSON object"]})
+    errors: dict[str, list[str]] = {}
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        errors.setdefault("name", []).append(f"{name!r} {NAME_RULE}")
+    cpu = _need(errors, data, "cpu", _cpu)
+    memory = _need(errors, data, "memory", parse_memory)
+    labels = data.get("labels") or {}
+    errors.update(label_problems(labels))  # the rules REST and the admin apply (Node.clean)
+    devices = _devices(errors, data.get("devices"))
+    if errors:
+        raise ProtocolError(errors)
+    assert isinstance(name, str)
+    return name, cpu, memory, labels, devices
 
 
 def _own_node(node_token: str, name: object) -> Node:
@@ -256,6 +267,7 @@ class Report:
     stopping: bool = False  # the agent is already stopping it (no new kill order)
     started_at: float | None = None  # the process's start and end, by the agent's clock
     ended_at: float | None = None
+    output: tuple[int, str] | None = None  # output sent inline: (byte offset, text)
 
 
 def _is_int(value: object) -> bool:
@@ -296,7 +308,34 @@ def _parse_task(item: object, path: str, errors: dict[str, list[str]]) -> Report
         stopping is True,
         parse_unix_time(item, "started_at", path, errors),
         parse_unix_time(item, "ended_at", path, errors),
+        _parse_inline(item.get("output"), f"{path}.output", errors),
     )  # fmt: skip
+
+
+def inline_output_bytes() -> int:
+    """How much output a report may carry inline: the rest goes to `tasks/<id>/log/`."""
+    return min(INLINE_OUTPUT_BYTES, settings.BERTH_LOG_CHUNK_BYTES)
+
+
+def _parse_inline(raw: object, path: str, errors: dict[str, list[str]]) -> tuple[int, str] | None:
+    """A task's `output`: `{"offset": bytes, "data": text}`, the output from that offset on."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        errors[path] = ["must be an object with offset and data"]
+        return None
+    offset, text = raw.get("offset"), raw.get("data")
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < 2**62:
+        errors[f"{path}.offset"] = [f"must be an integer from 0 to {MAX_OUTPUT_BYTES - 1}"]
+        offset = None
+    if not isinstance(text, str):
+        errors[f"{path}.data"] = ["must be a string"]
+        return None
+    text = storable_text(text)
+    if len(text.encode()) > inline_output_bytes():
+        limit = inline_output_bytes()
+        errors[f"{path}.data"] = [f"at most {limit} bytes inline; send more with tasks/<id>/log/"]
+    return None if offset is None else (offset, text)
 
 
 def parse_tasks(data: object) -> tuple[list[Report], dict[str, Any], list[gpu_history.GpuSample]]:
@@ -344,81 +383,102 @@ def _kill_order(task_id: int, attempt: int) -> dict[str, Any]:
     return {"id": task_id, "attempt": attempt, "grace_seconds": settings.BERTH_KILL_GRACE_SECONDS}
 
 
+@dataclass
+class _Outcome:
+    """What applying a report found: jobs that may have changed, orders for the agent."""
+
+    changed_jobs: set[int] = field(default_factory=set)
+    kill: list[dict[str, Any]] = field(default_factory=list)
+    awaiting: list[dict[str, Any]] = field(default_factory=list)
+    reported: set[int] = field(default_factory=set)  # tasks of this node the report lists
+
+
 def apply_report(node: Node, data: object) -> dict[str, Any]:
     """Apply one full-state report from `node`'s agent; answer with orders."""
     reports, usage, _ = parse_tasks(data)  # GPU samples are kept from leases only
     now = timezone.now()
-    changed_jobs: set[int] = set()
-    kill: list[dict[str, Any]] = []
-    awaiting: list[dict[str, Any]] = []
+    outcome = _Outcome()
     with transaction.atomic():
-        tasks = {
-            t.pk: t
-            for t in Task.objects.select_for_update(of=("self",))
-            .select_related("job")
-            .filter(pk__in=[r.id for r in reports])
-        }
-        # The current attempt of a task placed on another node is not this agent's to report
-        # (a node token acts only for its own node). An older attempt is a leftover of a task
-        # that moved on while this node was away: the agent is told to kill it, below.
-        foreign = [
-            r.id
-            for r in reports
-            if r.id in tasks
-            and tasks[r.id].node_id not in (None, node.pk)
-            and tasks[r.id].attempt == r.attempt
-        ]
-        if foreign:
-            raise ProtocolError(
-                {"tasks": [f"task {i} is not assigned to node {node.name}" for i in foreign]}
-            )
-        reported = set()
+        tasks = _lock_reported(node, reports)
         for report in reports:
-            task = tasks.get(report.id)
-            if not _wanted(task, report, node):
-                # Unknown, stale or already over on the server: the agent must stop it.
-                if report.state == "Running" and not report.stopping:
-                    kill.append(_kill_order(report.id, report.attempt))
-                continue
-            assert task is not None
-            reported.add(task.pk)
-            if _apply_one(task, report, now, node, awaiting):
-                changed_jobs.add(task.job_id)
-            if report.state == "Running" and task.kill_requested and not report.stopping:
-                kill.append(_kill_order(task.pk, task.attempt))
-
-        # Tasks the server placed here that the agent did not report. Reports arrive in the
-        # agent's order, and a task becomes Running only through a report, so a Running task
-        # missing from a report is gone from the node.
-        start = []
-        on_node = Task.objects.select_for_update(of=("self",)).select_related("job")
-        for task in on_node.filter(node=node, state__in=TASK_ON_NODE):
-            if task.pk in reported:
-                continue
-            if task.state == TaskState.RUNNING:
-                _finish(task, TaskState.LOST, None, "agent no longer runs it", now, node)
-                changed_jobs.add(task.job_id)
-            elif task.kill_requested:
-                # Its start may be on its way to the agent in a lease answer: the agent
-                # confirms it never ran (or kills it) before its devices are released.
-                kill.append(_kill_order(task.pk, task.attempt))
-            else:
-                start.append(task)
-
+            _apply_reported(node, tasks.get(report.id), report, now, outcome)
+        start = _reconcile_unreported(node, now, outcome)
         was = node.state
         _renew(node, now)
         node.usage = usage
         node.save(update_fields=["last_heartbeat", "state", "usage"])
-        notify.changed(
-            jobs=changed_jobs, nodes=[node.pk] if changed_jobs or was != node.state else []
-        )
+        changed_node = bool(outcome.changed_jobs) or was != node.state
+        notify.changed(jobs=outcome.changed_jobs, nodes=[node.pk] if changed_node else [])
         start_messages = [_start_message(task, node) for task in start]
     return {
         "start": start_messages,
-        "kill": kill,
-        "awaiting_output": awaiting,
+        "kill": outcome.kill,
+        "awaiting_output": outcome.awaiting,
         "lease_seconds": settings.BERTH_HEARTBEAT_INTERVAL,
     }
+
+
+def _lock_reported(node: Node, reports: list[Report]) -> dict[int, Task]:
+    """The reported tasks' rows, locked. The current attempt of a task placed on another node
+    is not this agent's to report (a node token acts only for its own node): refused whole.
+    An older attempt is a leftover of a task that moved on while this node was away: the
+    agent is told to kill it."""
+    tasks = {
+        t.pk: t
+        for t in Task.objects.select_for_update(of=("self",))
+        .select_related("job")
+        .filter(pk__in=[r.id for r in reports])
+    }
+    foreign = [
+        r.id
+        for r in reports
+        if r.id in tasks
+        and tasks[r.id].node_id not in (None, node.pk)
+        and tasks[r.id].attempt == r.attempt
+    ]
+    if foreign:
+        raise ProtocolError(
+            {"tasks": [f"task {i} is not assigned to node {node.name}" for i in foreign]}
+        )
+    return tasks
+
+
+def _apply_reported(
+    node: Node, task: Task | None, report: Report, now: Any, outcome: _Outcome
+) -> None:
+    if not _wanted(task, report, node):
+        # Unknown, stale or already over on the server: the agent must stop it.
+        if report.state == "Running" and not report.stopping:
+            outcome.kill.append(_kill_order(report.id, report.attempt))
+        return
+    assert task is not None
+    outcome.reported.add(task.pk)
+    if _apply_one(task, report, now, node, outcome.awaiting):
+        outcome.changed_jobs.add(task.job_id)
+    if report.state == "Running" and task.kill_requested and not report.stopping:
+        outcome.kill.append(_kill_order(task.pk, task.attempt))
+
+
+def _reconcile_unreported(node: Node, now: Any, outcome: _Outcome) -> list[Task]:
+    """Tasks the server placed here that the report does not list: to start, to kill, or
+    Lost. A Running task missing from a report is gone from the node: a task becomes Running
+    only when the agent lists it (in a report or a lease), and the agent never sends a report
+    that leaves out a task it has listed before the server has taken its end."""
+    start = []
+    on_node = Task.objects.select_for_update(of=("self",)).select_related("job")
+    for task in on_node.filter(node=node, state__in=TASK_ON_NODE):
+        if task.pk in outcome.reported:
+            continue
+        if task.state == TaskState.RUNNING:
+            _finish(task, TaskState.LOST, None, "agent no longer runs it", now, node)
+            outcome.changed_jobs.add(task.job_id)
+        elif task.kill_requested:
+            # Its start may be on its way to the agent in a lease answer: the agent
+            # confirms it never ran (or kills it) before its devices are released.
+            outcome.kill.append(_kill_order(task.pk, task.attempt))
+        else:
+            start.append(task)
+    return start
 
 
 def _renew(node: Node, now: Any) -> None:
@@ -435,7 +495,10 @@ def _apply_one(task: Task, report: Report, now: Any, node: Node,
     """Move one task as its report says; True if its job may have changed."""
     if report.state == "Running":
         return _mark_running(task, now, node, report.started_at)
-    held = _held_bytes(task, report.attempt, report.output_bytes)
+    kept = None
+    if report.output is not None and report.output[1]:
+        kept = _store_chunk(task, report.attempt, *report.output, contiguous=True)  # inline
+    held = _held_bytes(task, report.attempt, report.output_bytes, kept)
     if held < report.output_bytes:
         # The end is known, the output not all here yet: it stays Running until it is.
         awaiting.append({"id": task.pk, "attempt": task.attempt, "have": held,
@@ -462,11 +525,13 @@ def _mark_running(task: Task, now: Any, node: Node, started_at: float | None = N
     return True
 
 
-def _held_bytes(task: Task, attempt: int, wanted: int) -> int:
-    """Output bytes of the attempt the server holds (all of them once the log cap is hit)."""
+def _held_bytes(task: Task, attempt: int, wanted: int, kept: int | None = None) -> int:
+    """Output bytes of the attempt the server holds (all of them once the log cap is hit);
+    `kept` when just stored, else read."""
     if wanted == 0:
         return 0
-    kept = _kept_bytes(task, attempt)
+    if kept is None:
+        kept = _kept_bytes(task, attempt)
     return wanted if kept >= settings.BERTH_LOG_MAX_BYTES else kept
 
 
@@ -494,21 +559,48 @@ def _finish(task: Task, state: str, exit_code: int | None, message: str, now: An
 
 
 def renew_lease(token: str, data: object) -> tuple[Node, list[Report], dict[str, Any]]:
-    """Authenticate, renew the node's lease, keep its GPU samples and read its orders (one
-    short transaction; a malformed body is refused whole before it)."""
+    """Authenticate, confirm the starts the body lists, renew the node's lease, keep its GPU
+    samples and read its orders (one short transaction; a malformed body is refused whole
+    before it)."""
     reports, _, samples = parse_tasks(data)
+    token_hash = hash_token(token) if token else ""
     with transaction.atomic():
-        node = Node.objects.select_for_update().filter(token_hash=hash_token(token)).first()
+        now = timezone.now()
+        started = _confirm_started(token_hash, reports, now)  # task rows locked first
+        node = Node.objects.select_for_update().filter(token_hash=token_hash).first()
         if node is None or not token:
             raise ProtocolError({"detail": ["unknown node token; register again"]}, status=401)
         was = node.state
-        now = timezone.now()
         gpu_history.record_samples(node, samples, now)
         _renew(node, now)
         node.save(update_fields=["last_heartbeat", "state", "gpu_sampled_at"])
-        if was != node.state:
-            notify.changed(nodes=[node.pk])
+        for task in started:
+            record("TaskStarted", "Started", f"{task.group}-{task.index} on {node.name}",
+                   job=task.job, node=node)  # fmt: skip
+        changed = bool(started) or was != node.state
+        notify.changed(jobs={t.job_id for t in started}, nodes=[node.pk] if changed else [])
     return node, reports, lease_orders(node, reports)
+
+
+def _confirm_started(token_hash: str, reports: list[Report], now: Any) -> list[Task]:
+    """Assigned tasks of this node that the body lists as Running: they started. The one
+    change a lease makes to a task row (Assigned -> Running, never back), so that an agent
+    needs no report of its own to say a task started. Locks those rows first, in the same
+    order as a report does (tasks, then the node)."""
+    running = {r.id: r for r in reports if r.state == "Running"}
+    if not running or not token_hash:
+        return []
+    candidates = (
+        Task.objects.select_for_update(of=("self",))
+        .select_related("job")
+        .filter(pk__in=running, state=TaskState.ASSIGNED, node__token_hash=token_hash)
+    )
+    started = [task for task in candidates if task.attempt == running[task.pk].attempt]
+    for task in started:
+        task.state = TaskState.RUNNING  # when the agent says the process started, bounded
+        task.started_at = process_time(running[task.pk].started_at, now, task.assigned_at, "start")
+    Task.objects.bulk_update(started, ["state", "started_at"])
+    return started
 
 
 def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
@@ -618,23 +710,35 @@ def append_log(node: Node, task_id: int, data: object) -> dict[str, Any]:
     task = Task.objects.filter(pk=task_id, node=node).first()
     if task is None:
         raise ProtocolError({"task": [f"task {task_id} is not on node {node.name}"]}, status=404)
-    size = len(text.encode())
     with transaction.atomic():
-        kept = _kept_bytes(task, attempt)
-        if kept >= settings.BERTH_LOG_MAX_BYTES:
-            return {"next_offset": offset + size, "dropped": True}
-        if kept + size > settings.BERTH_LOG_MAX_BYTES:
-            # Keep what fits, then say once that the rest is gone.
-            room = max(settings.BERTH_LOG_MAX_BYTES - kept, 0)
-            text = text.encode()[:room].decode(errors="ignore") + TRUNCATED
-        try:
-            with transaction.atomic():
-                TaskLog.objects.create(task=task, attempt=attempt, offset=offset, data=text)
-        except IntegrityError:
-            return {"next_offset": offset + size}  # the same chunk again (a retried upload)
-        notify.changed(jobs=[task.job_id])
-        _published_log(task, attempt, offset, text)
-    return {"next_offset": offset + size}
+        kept = _store_chunk(task, attempt, offset, text)
+    answer: dict[str, Any] = {"next_offset": offset + len(text.encode())}
+    if kept >= settings.BERTH_LOG_MAX_BYTES:
+        answer["dropped"] = True
+    return answer
+
+
+def _store_chunk(task: Task, attempt: int, offset: int, text: str, contiguous: bool = False) -> int:
+    """Keep one chunk of an attempt's output at byte `offset` (a chunk held already, sent
+    again, is ignored; past BERTH_LOG_MAX_BYTES the rest is dropped, said once; with
+    `contiguous`, a chunk that would leave a gap is not kept). Returns the bytes held now:
+    BERTH_LOG_MAX_BYTES once the cap is hit. Inside a transaction."""
+    size = len(text.encode())
+    kept = _kept_bytes(task, attempt)
+    if kept >= settings.BERTH_LOG_MAX_BYTES or offset + size <= kept:
+        return kept  # over the cap, or held already (a retried upload)
+    if contiguous and offset > kept:
+        return kept  # the agent sends the output from what the server says it has
+    capped = kept + size > settings.BERTH_LOG_MAX_BYTES
+    if capped:  # keep what fits, then say once that the rest is gone
+        room = max(settings.BERTH_LOG_MAX_BYTES - kept, 0)
+        text = text.encode()[:room].decode(errors="ignore") + TRUNCATED
+    # ON CONFLICT DO NOTHING: the same chunk from a concurrent retry, without a savepoint.
+    chunk = TaskLog(task=task, attempt=attempt, offset=offset, data=text)
+    TaskLog.objects.bulk_create([chunk], ignore_conflicts=True)
+    notify.changed(jobs=[task.job_id])
+    _published_log(task, attempt, offset, text)
+    return settings.BERTH_LOG_MAX_BYTES if capped else max(kept, offset + size)
 
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")

@@ -195,6 +195,7 @@ class Agent:
         self.lease = 10.0
         self.grace = 10.0
         self.log_chunk = LOG_CHUNK
+        self.inline_bytes = 0  # output up to this size rides in the final report (register())
         self.tasks: dict[int, RunningTask] = {}
         self.http = Http(self.server, timeout)
         self.lease_http = Http(self.server, timeout)
@@ -249,6 +250,7 @@ class Agent:
         self.lease = float(answer.get("lease_seconds", self.lease))
         self.grace = float(answer.get("kill_grace_seconds", self.grace))
         self.log_chunk = max(256, min(LOG_CHUNK, int(answer.get("log_chunk_bytes", LOG_CHUNK))))
+        self.inline_bytes = max(0, min(self.log_chunk, int(answer.get("inline_output_bytes", 0))))
         self.dirty = True
         self._save()
         log.info("registered as node %s", self.name)
@@ -350,10 +352,13 @@ class Agent:
             return
         self.backoff.reset()
 
-    def _task_list(self) -> list[dict[str, Any]]:
+    def _task_list(self, inline: bool = False) -> list[dict[str, Any]]:
+        """Every task we know, for a report or a lease; with `inline` (a report), the rest of
+        an ended task's output when it is short."""
         with self.lock:
-            return [
-                {
+            items = []
+            for t in self.tasks.values():
+                item = {
                     "id": t.id,
                     "attempt": t.attempt,
                     "state": t.state,
@@ -364,12 +369,36 @@ class Agent:
                     "started_at": t.started_at or None,  # the process's own times
                     "ended_at": t.ended_at or None,
                 }
-                for t in self.tasks.values()
-            ]
+                output = self._inline_output(t) if inline else None
+                if output is not None:
+                    item["output"] = output
+                items.append(item)
+            return items
+
+    def _inline_output(self, task: RunningTask) -> dict[str, Any] | None:
+        """The rest of an ended task's output (`offset`, `data`) when it is short enough to
+        travel in the final report instead of a log upload of its own."""
+        if task.state == "Running" or task.dropped or self.inline_bytes <= 0:
+            return None
+        size = _size(task.output)
+        if not 0 < size - task.shipped <= self.inline_bytes:
+            return None
+        try:
+            with task.output.open("rb") as handle:
+                handle.seek(task.shipped)
+                text = handle.read(size - task.shipped).decode(errors="replace")
+        except OSError:
+            return None
+        # The server refuses NUL in a report (only a log upload's `data` may hold it, which
+        # it stores as U+FFFD): do the same here.
+        text = text.replace("\x00", "\ufffd")
+        if len(text.encode()) > self.inline_bytes:  # undecodable bytes grow when replaced
+            return None
+        return {"offset": task.shipped, "data": text}
 
     def _report(self) -> None:
         self.dirty = False  # a change from here on needs a report of its own
-        reported = self._task_list()
+        reported = self._task_list(inline=True)
         try:
             answer = self._post(
                 "report/",
@@ -451,11 +480,14 @@ class Agent:
             except queue.Empty:
                 return
             try:
-                self._apply_orders(answer)
+                self._apply_orders(answer, by_lease=True)
             finally:
                 done.set()
 
-    def _apply_orders(self, answer: dict[str, Any]) -> None:
+    def _apply_orders(self, answer: dict[str, Any], by_lease: bool = False) -> None:
+        """Carry out orders. A task started on a lease's orders needs no report: the next
+        lease, sent once these are carried out, lists it Running and so confirms its start
+        (protocol 3). A start from a report's answer, or one that failed, is reported."""
         with self.lock:
             for order in answer.get("kill", []):
                 key = (int(order["id"]), int(order["attempt"]))
@@ -475,7 +507,9 @@ class Agent:
                 if key in self.ended or (current is not None and current.attempt == key[1]):
                     continue  # a start repeated by a request that crossed our report
                 self.start(order)
-                self.dirty = True
+                started = self.tasks.get(key[0])
+                if not by_lease or started is None or started.state != "Running":
+                    self.dirty = True
 
     # --- processes -------------------------------------------------------------------
 
@@ -614,6 +648,8 @@ class Agent:
         for task in tasks:
             if task.state == "Running" and not running:
                 continue
+            if self._inline_output(task) is not None:
+                continue  # short: it travels in the final report
             try:
                 self._ship(task)
             except ServerError as exc:

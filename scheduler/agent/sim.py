@@ -7,6 +7,11 @@ Each node keeps one lease request open in a thread of its own (a blocked thread 
 socket and a little memory, nothing else); one clock thread ends fake tasks when they are
 due, and a small pool sends the reports and output, one report at a time per node. At rest
 a node costs one lease renewal per lease; a task's end reaches the server at once.
+
+Protocol 3 keeps a task to two requests: the held lease that brings its start, and its final
+report with its output inline. The lease sent next (it is sent at once, to wait for the next
+orders) lists the task Running and so confirms its start; it waits for any report built
+before the start to be answered, so that no report sent after it leaves the task out.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +32,7 @@ from scheduler.agent.gpus import FAKE_MEMORY, fake_samples
 log = logging.getLogger("berth.simagent")
 AWAIT_OUTPUT_SECONDS = 0.5
 FORGET_ENDED_SECONDS = 600.0
+COUNT_LOG_SECONDS = 2.0  # how often the requests sent so far are logged (when they changed)
 
 
 @dataclass
@@ -56,14 +63,29 @@ class SimNode:
     dirty: bool = True  # a report is due
     reporting: bool = False  # a pool worker is sending this node's reports
     ticks: int = 0  # lease renewals sent: the fake GPUs' clock
+    inline_bytes: int = 0  # output up to this size rides in the final report
+    reports_built: int = 0  # reports whose body was built (under `lock`)
+    reports_done: int = 0  # ... and answered (under `answered`)
+    confirm_after: int = 0  # the next lease waits until this many reports were answered
+    answered: threading.Condition = field(default_factory=threading.Condition)
 
-    def task_list(self) -> list[dict[str, Any]]:
-        return [
-            {"id": t.id, "attempt": t.attempt, "state": t.state,
-             "exit_code": None if t.state == "Running" else t.exit_code,
-             "output_bytes": len(t.output.encode())}
-            for t in self.tasks.values()
-        ]  # fmt: skip
+    def task_list(self, inline: bool = False) -> list[dict[str, Any]]:
+        items = []
+        for t in self.tasks.values():
+            item: dict[str, Any] = {
+                "id": t.id, "attempt": t.attempt, "state": t.state,
+                "exit_code": None if t.state == "Running" else t.exit_code,
+                "output_bytes": len(t.output.encode()),
+            }  # fmt: skip
+            if inline and self.travels_inline(t):
+                item["output"] = {"offset": 0, "data": t.output}
+            items.append(item)
+        return items
+
+    def travels_inline(self, task: SimTask) -> bool:
+        """An ended task's output short enough for its final report (else a log upload)."""
+        size = len(task.output.encode())
+        return task.state != "Running" and not task.logged and 0 < size <= self.inline_bytes
 
     def gpu_samples(self) -> list[dict[str, int]]:
         """Fake utilisation for the lease: busy while a running task holds the GPU."""
@@ -102,6 +124,13 @@ class SimCluster:
         self.seq = itertools.count()
         self.stop = threading.Event()
         self.pool: ThreadPoolExecutor | None = None
+        self.sent: Counter[str] = Counter()  # requests sent, by kind (register, lease, ...)
+        self.sent_lock = threading.Lock()
+
+    def count(self, path: str) -> None:
+        kind = "log" if path.endswith("/log/") else path.rstrip("/")
+        with self.sent_lock:
+            self.sent[kind] += 1
 
     # --- HTTP --------------------------------------------------------------------------
 
@@ -116,6 +145,7 @@ class SimCluster:
         chunk of output is never given up. Raises Unavailable only when stopping."""
         backoff = Backoff()
         while True:
+            self.count(path)
             try:
                 return self._http().post(path, body, auth)
             except Unavailable as exc:
@@ -150,6 +180,7 @@ class SimCluster:
         with node.lock:
             node.token = answer["token"]
             node.lease = float(answer.get("lease_seconds", node.lease))
+            node.inline_bytes = int(answer.get("inline_output_bytes", 0))
 
     # --- reports -----------------------------------------------------------------------
 
@@ -185,14 +216,22 @@ class SimCluster:
             self.register(node)
         auth = f"Node {node.token}"
         with node.lock:
-            unlogged = [t for t in node.tasks.values() if t.state != "Running" and not t.logged]
+            unlogged = [t for t in node.tasks.values() if t.state != "Running" and not t.logged
+                        and not node.travels_inline(t)]  # fmt: skip
         for task in unlogged:  # the output first: the server ends a task only once it has it
             chunk = {"attempt": task.attempt, "offset": 0, "data": task.output}
             self._post(node, f"tasks/{task.id}/log/", chunk, auth)
             task.logged = True
         with node.lock:
-            reported = node.task_list()
-        answer = self._post(node, "report/", {"tasks": reported}, auth)
+            reported = node.task_list(inline=True)
+            node.reports_built += 1
+            built = node.reports_built
+        try:
+            answer = self._post(node, "report/", {"tasks": reported}, auth)
+        finally:
+            with node.answered:
+                node.reports_done = max(node.reports_done, built)
+                node.answered.notify_all()
         awaiting = {(int(a["id"]), int(a["attempt"])) for a in answer.get("awaiting_output", [])}
         now = time.monotonic()
         with node.lock:
@@ -216,8 +255,10 @@ class SimCluster:
 
     # --- orders and fake tasks ---------------------------------------------------------
 
-    def apply_orders(self, node: SimNode, answer: dict[str, Any]) -> None:
-        changed = False
+    def apply_orders(self, node: SimNode, answer: dict[str, Any], by_lease: bool = False) -> None:
+        """Carry out orders. Starts that came with a lease are confirmed by the next lease;
+        any other change is reported."""
+        changed = started = False
         now = time.monotonic()
         with node.lock:
             for order in answer.get("kill", []):
@@ -241,9 +282,21 @@ class SimCluster:
                 task.output = f"simulated task {task.id} on {node.name}: exit {code}\n"
                 node.tasks[key[0]] = task
                 self._due(task.ends_at, node, task)
-                changed = True
+                started = True
+            if started and by_lease:
+                node.confirm_after = node.reports_built
+            changed = changed or (started and not by_lease)
         if changed:
             self.report_soon(node)
+
+    def _wait_for_older_reports(self, node: SimNode) -> None:
+        """Before a lease that lists tasks just started: every report built before they
+        started has been answered, so none that leaves them out arrives after this lease."""
+        with node.answered:
+            node.answered.wait_for(
+                lambda: node.reports_done >= node.confirm_after or self.stop.is_set(),
+                timeout=self.timeout,
+            )
 
     def _due(self, when: float, node: SimNode, task: SimTask) -> None:
         with self.clock_cv:
@@ -252,7 +305,11 @@ class SimCluster:
 
     def _clock_loop(self) -> None:
         """End fake tasks when they are due and report them at once."""
+        logged: dict[str, int] = {}
+        log_at = time.monotonic() + COUNT_LOG_SECONDS
         while not self.stop.is_set():
+            if time.monotonic() >= log_at:
+                logged, log_at = self.log_sent(logged), time.monotonic() + COUNT_LOG_SECONDS
             with self.clock_cv:
                 now = time.monotonic()
                 if not self.clock or self.clock[0][0] > now:
@@ -269,6 +326,14 @@ class SimCluster:
             if ended:
                 self.report_soon(node)
 
+    def log_sent(self, before: dict[str, int]) -> dict[str, int]:
+        """Log the requests sent so far by kind, when they changed (bench/e2e.py reads it)."""
+        with self.sent_lock:
+            now = dict(self.sent)
+        if now != before:
+            log.info("requests sent: %s", " ".join(f"{k}={v}" for k, v in sorted(now.items())))
+        return now
+
     def _lease_loop(self, node: SimNode) -> None:
         backoff = Backoff()
         while not self.stop.is_set():
@@ -276,8 +341,10 @@ class SimCluster:
                 self.report_soon(node)  # registers first
                 self.stop.wait(0.2 if node.reporting else backoff.delay())
                 continue
+            self._wait_for_older_reports(node)
             with node.lock:
                 body = {"tasks": node.task_list(), "usage": {"gpus": node.gpu_samples()}}
+            self.count("lease/")
             try:
                 answer = node.lease_http.post("lease/", body, f"Node {node.token}",
                                               timeout=node.lease * 1.25 + self.timeout)  # fmt: skip
@@ -293,7 +360,7 @@ class SimCluster:
                 continue
             backoff.reset()
             node.lease = float(answer.get("lease_seconds", node.lease))
-            self.apply_orders(node, answer)
+            self.apply_orders(node, answer, by_lease=True)
 
     # --- running -----------------------------------------------------------------------
 

@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from scheduler.agent.client import Backoff, Http, ServerError, Unavailable, parse_retry_after
+from scheduler.agent.client import (
+    PROTOCOL,
+    Backoff,
+    Http,
+    ServerError,
+    Unavailable,
+    parse_retry_after,
+)
 from scheduler.agent.runtime import Agent
 from scheduler.agent.sim import SimCluster
 
@@ -40,6 +47,7 @@ class FakeServer:
     orders: list[dict[str, Any]] = field(default_factory=list)
     seen: list[Seen] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    inline: int = 0  # inline_output_bytes announced at registration (0: none)
 
     def answer(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         key = path.removeprefix("/api/v1/agent/")
@@ -54,7 +62,8 @@ class FakeServer:
                 return 200, self.orders.pop(0)
         if key == "register/":
             return 201, {"token": f"token-{body['name']}", "lease_seconds": 0.2,
-                         "kill_grace_seconds": 1, "log_chunk_bytes": 65536}  # fmt: skip
+                         "kill_grace_seconds": 1, "log_chunk_bytes": 65536,
+                         "inline_output_bytes": self.inline}  # fmt: skip
         if key == "lease/":
             time.sleep(0.1)
             return 200, {"start": [], "kill": [], "lease_seconds": 0.2}
@@ -77,7 +86,7 @@ def server() -> Iterator[FakeServer]:
         def do_POST(self) -> None:  # noqa: N802 - the http.server name
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
-            assert self.headers["Berth-Agent-Protocol"] == "2"
+            assert self.headers["Berth-Agent-Protocol"] == str(PROTOCOL)
             status, answer = fake.answer(self.path, body)
             data = json.dumps(answer).encode()
             self.send_response(status)

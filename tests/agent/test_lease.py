@@ -20,6 +20,7 @@ from django.contrib.auth.models import User
 from django.db import connections
 
 from berth.asgi import application
+from scheduler.agent.client import PROTOCOL
 from scheduler.loop import run_cycle_once
 from scheduler.models import Job, Node, Queue
 from scheduler.states import JobRequest, TaskState
@@ -69,7 +70,8 @@ def _renewed_at(node_id: int) -> Any:
 
 def _hold_lease(token: str, tasks: list[dict[str, Any]]) -> asyncio.Future[Any]:
     body = json.dumps({"tasks": tasks}).encode()
-    headers = [(b"authorization", f"Node {token}".encode()), (b"berth-agent-protocol", b"2"),
+    headers = [(b"authorization", f"Node {token}".encode()),
+               (b"berth-agent-protocol", str(PROTOCOL).encode()),
                (b"content-type", b"application/json"), (b"host", b"127.0.0.1")]  # fmt: skip
     communicator = HttpCommunicator(application, "POST", "/api/v1/agent/lease/", body, headers)
     # An hour's lease: the answer comes within this timeout only if the commit woke it.

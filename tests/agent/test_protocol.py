@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from scheduler.agent.client import PROTOCOL as CURRENT
 from scheduler.models import Allocation, Device, Event, Job, Node, Task, TaskLog
 from scheduler.states import NodeState, TaskState
 from tests.factories import make_job, place
@@ -25,7 +26,7 @@ def join_token(settings):
     settings.BERTH_JOIN_TOKEN = JOIN
 
 
-PROTOCOL = {"HTTP_BERTH_AGENT_PROTOCOL": "2"}
+PROTOCOL = {"HTTP_BERTH_AGENT_PROTOCOL": str(CURRENT)}
 
 
 def register(body=NODE, token=JOIN, scheme="Bearer", **headers):
@@ -458,7 +459,8 @@ def test_it_pushes_new_output_live_after_commit(owner, monkeypatch,
 # --- protocol version --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("headers", "got"), [({}, "1"), ({"HTTP_BERTH_AGENT_PROTOCOL": "3"}, "3")])
+@pytest.mark.parametrize(("headers", "got"), [({}, "1"), ({"HTTP_BERTH_AGENT_PROTOCOL": "2"}, "2"),
+                                               ({"HTTP_BERTH_AGENT_PROTOCOL": "4"}, "4")])
 def test_it_refuses_an_agent_of_another_protocol_at_registration(headers, got):
     client = APIClient()
     body = {**NODE, "version": "berth-agent/1"}
@@ -466,8 +468,8 @@ def test_it_refuses_an_agent_of_another_protocol_at_registration(headers, got):
     response = client.post("/api/v1/agent/register/", body, format="json", **headers)
     assert response.status_code == 426
     assert response.json()["detail"] == [
-        f"agent protocol 2 required, got {got}; upgrade the agent"]  # fmt: skip
-    assert response["Upgrade"] == "berth-agent/2"
+        f"agent protocol {CURRENT} required, got {got}; upgrade the agent"]  # fmt: skip
+    assert response["Upgrade"] == f"berth-agent/{CURRENT}"
     assert not Node.objects.exists()
 
 
@@ -481,7 +483,7 @@ def test_it_refuses_an_old_agent_on_every_call_and_changes_nothing(owner, path):
     old.credentials(HTTP_AUTHORIZATION=f"Node {token}")
     response = old.post(f"/api/v1/agent/{path}", {"tasks": []}, format="json")
     assert response.status_code == 426
-    assert "agent protocol 2 required, got none; upgrade the agent" in str(response.json())
+    assert f"agent protocol {CURRENT} required, got none; upgrade the agent" in str(response.json())
     assert rows() == before
 
 
@@ -542,7 +544,7 @@ def test_a_final_report_must_say_how_much_output_there_was(owner):
 # --- lease -------------------------------------------------------------------------------
 
 
-def test_a_lease_renews_the_node_and_brings_its_orders_without_changing_tasks(owner):
+def test_a_lease_renews_the_node_and_brings_its_orders(owner):
     token = register().json()["token"]
     node = Node.objects.get()
     job, task = _assigned(owner, node)
@@ -557,7 +559,8 @@ def test_a_lease_renews_the_node_and_brings_its_orders_without_changing_tasks(ow
     assert node.state == NodeState.READY
     assert renewed is not None and renewed > timezone.now() - timedelta(seconds=60)
     assert running_job.tasks.get().state == TaskState.RUNNING
-    assert task.state == TaskState.ASSIGNED
+    task.refresh_from_db()
+    assert task.state == TaskState.ASSIGNED  # started only once the agent says so
     # The agent knows the task now: nothing more to say (a short wait, then an empty answer).
     known = [{"id": task.pk, "attempt": 0, "state": "Running"}]
     assert lease(token, known, wait=0.05).json()["start"] == []

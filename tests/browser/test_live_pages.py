@@ -22,6 +22,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 
 from bench.processes import free_port, start_daphne
+from scheduler.agent.client import PROTOCOL
 from scheduler.loop import run_cycle_once
 from scheduler.models import Flow, JobTemplate, Queue
 from scheduler.submit import create_flow
@@ -64,7 +65,7 @@ def _post(url: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json",
                                               "Authorization": auth,
-                                              "Berth-Agent-Protocol": "2"})  # fmt: skip
+                                              "Berth-Agent-Protocol": str(PROTOCOL)})  # fmt: skip
     with urllib.request.urlopen(request, timeout=10) as response:
         return dict(json.loads(response.read()))
 

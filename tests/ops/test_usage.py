@@ -35,7 +35,7 @@ def _agent(name: str = "gpu-01", gpus: int = 2) -> APIClient:
 
 
 def _beat(node: APIClient, reports: list[dict]) -> None:
-    """A full-state report (protocol 2: an ended task says how much output it made)."""
+    """A full-state report (an ended task says how much output it made)."""
     reports = [r if r["state"] == "Running" else {"output_bytes": 0, **r} for r in reports]
     response = node.post("/api/v1/agent/report/", {"tasks": reports}, format="json")
     assert response.status_code == 200, response.content

@@ -1,0 +1,139 @@
+"""What one job submission costs the web process: CPU ms and SQL statements per submit.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/0 \\
+        python bench/submit_profile.py --submits 300 [--profile 25]
+
+Creates a fresh database (`--database-name`, dropped at the end), a user with a DRF token
+(as `bench/e2e.py` makes) or a self-service token (`--token-kind api`), and submits the
+one-GPU job of `bench/e2e.py` (`POST /api/v1/jobs/`) through Django's test client with the
+whole middleware stack, after `--warmup` unmeasured ones. Prints JSON, per submit: the CPU
+time of this process (`time.process_time`), the wall time, the SQL statements (BEGIN and
+COMMIT not counted) and the time inside them, and the CPU time of the live push after commit
+(`dashboard.live.publish`). `--profile N` prints cProfile's top N functions to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "berth.settings")
+os.environ.setdefault("BERTH_SECRET_KEY", "bench-only-secret-key-0123456789abcdefghijklmnop")
+
+import django  # noqa: E402
+from cycle_db import QueryMeter, fresh_database  # noqa: E402
+from e2e import job_body  # noqa: E402
+
+
+class Timer:
+    """Wraps a function and adds up the CPU time spent in it."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn, self.seconds = fn, 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.process_time()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.seconds += time.process_time() - start
+
+
+def make_token(kind: str) -> str:
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    from scheduler.tokens import create_token
+
+    user = User.objects.create_user("bench")
+    if kind == "api":
+        return create_token(user, "bench")[1]
+    return str(Token.objects.create(user=user).key)
+
+
+def submit_loop(client: Any, token: str, n: int, body: dict[str, Any]) -> None:
+    for _ in range(n):
+        response = client.post("/api/v1/jobs/", data=json.dumps(body),
+                               content_type="application/json",
+                               HTTP_AUTHORIZATION=f"Token {token}")  # fmt: skip
+        if response.status_code != 201:
+            raise SystemExit(f"submit answered {response.status_code}: {response.content[:300]!r}")
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from django.db import connection
+    from django.test import Client
+
+    import dashboard.live
+
+    push = Timer(dashboard.live.publish)
+    dashboard.live.publish = push  # type: ignore[assignment]  # notify imports it per call
+    token = make_token(args.token_kind)
+    client = Client(SERVER_NAME="127.0.0.1")
+    body = job_body(0.5)
+    submit_loop(client, token, args.warmup, body)
+    meter = QueryMeter()
+    push.seconds = 0.0
+    profiler = cProfile.Profile() if args.profile else None
+    with connection.execute_wrapper(meter):
+        wall, cpu = time.perf_counter(), time.process_time()
+        if profiler:
+            profiler.enable()
+        submit_loop(client, token, args.submits, body)
+        if profiler:
+            profiler.disable()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    if profiler:
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(args.profile)
+    n = args.submits
+    return {
+        "submits": n,
+        "token": args.token_kind,
+        "cpu_ms_per_submit": round(cpu * 1000 / n, 2),
+        "wall_ms_per_submit": round(wall * 1000 / n, 2),
+        "sql_statements_per_submit": round(meter.queries / n, 2),
+        "in_database_ms_per_submit": round(meter.seconds * 1000 / n, 2),
+        "live_push_cpu_ms_per_submit": round(push.seconds * 1000 / n, 2),
+        "profiled": bool(profiler),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--submits", type=int, default=300, help="measured submissions")
+    parser.add_argument("--warmup", type=int, default=30, help="unmeasured submissions first")
+    parser.add_argument("--token-kind", choices=["drf", "api"], default="drf")
+    parser.add_argument("--repeat", type=int, default=3, help="runs; the median is shown")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print cProfile's top N functions to stderr")  # fmt: skip
+    parser.add_argument("--database-name", default="bench_submit_profile")
+    args = parser.parse_args()
+    if args.submits < 1 or args.repeat < 1:
+        parser.error("--submits and --repeat must be at least 1")
+    if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
+        parser.error("needs PostgreSQL: set DATABASE_URL=postgres://user@host:port/db")
+    django.setup()
+    runs = []
+    for _ in range(args.repeat):
+        with fresh_database(args.database_name):
+            runs.append(measure(args))
+    runs.sort(key=lambda r: r["cpu_ms_per_submit"])
+    result = runs[len(runs) // 2]
+    result["cpu_ms_per_submit_all"] = [r["cpu_ms_per_submit"] for r in runs]
+    result["cpu_ms_median"] = statistics.median(result["cpu_ms_per_submit_all"])
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
