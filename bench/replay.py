@@ -32,7 +32,7 @@ from scheduler.core.model import (  # noqa: E402
     JobInfo,
     NodeInfo,
     QueueInfo,
-    SchedulerConfig,
+    SchedulingPolicy,
     Snapshot,
     TaskInfo,
 )
@@ -82,10 +82,10 @@ def load(path: Path, limit: int | None) -> tuple[list[TraceJob], int]:
     return jobs, skipped
 
 
-def config_for(policy: str) -> SchedulerConfig:
-    presets = {"fcfs": SchedulerConfig.fcfs, "easy": SchedulerConfig.easy}
+def config_for(policy: str) -> SchedulingPolicy:
+    presets = {"fcfs": SchedulingPolicy.fcfs, "easy": SchedulingPolicy.easy}
     if policy == "default":
-        return SchedulerConfig()
+        return SchedulingPolicy()
     return presets[policy]()
 
 

@@ -1,4 +1,5 @@
-"""The actions of a cycle, in order: enqueue, allocate, preempt, reclaim, backfill.
+"""The actions of a cycle, in order: enqueue, allocate, preempt, reclaim, backfill (the last
+in `scheduler.core.backfill`), and placing one job, which allocate and backfill share.
 
 Every loop over jobs isolates each job: a job that fails its predicates, does not fit, or
 whose plugin raises is skipped with its reason recorded, and every later job is still
@@ -10,20 +11,18 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from scheduler.core.model import JobInfo, TaskInfo
-from scheduler.core.plugins import job_request
 from scheduler.core.resources import Resources
-from scheduler.core.session import Evict, Failure, NodeState, Session, Statement
+from scheduler.core.session import Fits, NodeScan, Session
+from scheduler.core.statement import Statement
 from scheduler.core.status import Code, Status
+from scheduler.core.types import Failure, NodeView
 
 log = logging.getLogger("berth.core")
 
-Fits = Callable[[NodeState, TaskInfo], bool]
 
-
-def _guarded(session: Session, job: JobInfo, work: Callable[[], None]) -> None:
+def guarded(session: Session, job: JobInfo, work: Callable[[], None]) -> None:
     """Run one job's work; an exception marks that job and the loop goes on."""
     try:
         work()
@@ -51,10 +50,10 @@ def enqueue(session: Session) -> None:
                 return
             session.queues[job.queue].jobs.append(job)
 
-        _guarded(session, job, admit)
+        guarded(session, job, admit)
 
 
-def _in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[JobInfo]:
+def in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[JobInfo]:
     """Admitted jobs, queue by queue in fair-share order, jobs by priority then age. The
     queue to serve next is chosen after every job, as placements change the shares."""
     cursors = {}
@@ -64,6 +63,10 @@ def _in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[Job
         if jobs:
             cursors[name] = iter(jobs)
             heap.append((session.queue_key(queue), name))
+    if len(heap) == 1:
+        # One queue with work: the order is its own; no shares to compare.
+        yield from cursors[heap[0][1]]
+        return
     heapq.heapify(heap)
     while heap:
         _, name = heapq.heappop(heap)
@@ -77,7 +80,7 @@ def _in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[Job
 # --- placing one job ---------------------------------------------------------------------
 
 
-class _Memo:
+class Memo:
     """Shapes that did not fit, valid while free resources only shrink (within an action).
 
     A shape is (task resources, node selector, queue) of a job whose pending tasks are all
@@ -89,63 +92,38 @@ class _Memo:
 
     def __init__(self) -> None:
         self.max_placeable: dict[tuple[object, ...], tuple[int, Failure]] = {}
-        self.ever_fits: dict[tuple[object, ...], bool] = {}
 
     @staticmethod
-    def shape(job: JobInfo, tasks: list[TaskInfo]) -> tuple[object, ...] | None:
-        if not tasks:
-            return None
-        first = tasks[0]
-        key = (first.resources, tuple(sorted(first.node_selector.items())), job.queue)
-        if any(
-            t.resources != first.resources or t.node_selector != first.node_selector for t in tasks
-        ):
-            return None
-        return key
+    def key(session: Session, job: JobInfo) -> tuple[object, ...] | None:
+        shape = session.shape(job)
+        return None if shape is None else (shape, job.queue)
 
 
 def place(
-    session: Session, job: JobInfo, action: str, memo: _Memo, fits: Fits | None = None
+    session: Session, job: JobInfo, action: str, memo: Memo, fits: Fits | None = None
 ) -> Failure | None:
     """Place the job's tasks all or nothing: the gang's `needed` tasks at once, the rest best
     effort within the queue's capability, in one statement."""
-    tasks = session.pending_tasks(job)
     need = session.needed(job)
     queue = session.queues[job.queue]
     over = session.overused(queue, job)
     if over is not None:
         return Failure(over.code, over.message, False)
-    shape = _Memo.shape(job, tasks)
-    if shape is not None and shape in memo.max_placeable:
-        most, failure = memo.max_placeable[shape]
+    key = Memo.key(session, job)
+    if key is not None and key in memo.max_placeable:
+        most, failure = memo.max_placeable[key]
         if need > most:
             return _failure(
-                session,
-                job,
-                failure.detail,
-                failure.blocked_by_resources,
-                most,
-                memo,
+                session, job, failure.detail, failure.blocked_by_resources, most,
                 failure.node_reasons,
-            )
-    cap = queue.info.capability
-    room = cap - queue.allocated if cap is not None else None
+            )  # fmt: skip
+    if _cannot_fit_in_total(session, job, need):
+        shape = session.shape(job)
+        assert shape is not None
+        first = session.pending_tasks(job)[0]
+        return _failure(session, job, "", bool(session.eligible_nodes(job, first)), 0, {})
     statement = Statement(session)
-    placed = 0
-    first_miss: TaskInfo | None = None
-    for task in tasks:
-        if first_miss is not None and _same_shape(task, first_miss):
-            continue  # resources only shrink: the same shape cannot fit now either
-        if placed >= need and room is not None and not task.resources.fits_in(room):
-            continue  # a task beyond the gang never takes the queue past its capability
-        node = session.find_node(job, task, fits)
-        if node is None:
-            first_miss = first_miss or task
-            continue
-        statement.allocate(job, task, node)
-        if room is not None:
-            room = room - task.resources
-        placed += 1
+    placed, first_miss = _allocate_tasks(session, job, statement, fits)
     if placed and (first_miss is None or session.job_ready(job, placed)):
         statement.commit(action)
         return None
@@ -160,10 +138,52 @@ def place(
         # A running job's extra tasks: they never hold up other jobs.
         code = Code.WAITING_FOR_RESOURCES if could_fit else Code.NEVER_FITS
         return Failure(code, detail, False, 0, detail, counts)
-    failure = _failure(session, job, detail, could_fit, placed, memo, counts)
-    if shape is not None:
-        memo.max_placeable[shape] = (placed, failure)
+    failure = _failure(session, job, detail, could_fit, placed, counts)
+    if key is not None:
+        memo.max_placeable[key] = (placed, failure)
     return failure
+
+
+def _cannot_fit_in_total(session: Session, job: JobInfo, need: int) -> bool:
+    """True if the gang's alike cpu-only tasks need more cpu or memory than all ready nodes
+    have free: the attempt would fail, so it is skipped. Only when failures are not
+    explained (the explanation describes the attempt), and only for tasks without devices
+    (an attempt on devices moves nodes in the index, which later placements see)."""
+    if session.explain_failures or need <= 0 or not session.gang_decides:
+        return False
+    shape = session.shape(job)
+    if shape is None or shape[0].gpu:
+        return False
+    request = shape[0]
+    return request.cpu * need > session.ready_free_cpu or (
+        request.memory * need > session.ready_free_memory
+    )
+
+
+def _allocate_tasks(
+    session: Session, job: JobInfo, statement: Statement, fits: Fits | None
+) -> tuple[int, TaskInfo | None]:
+    """Allocate what fits of the job's pending tasks; how many, and the first that did not."""
+    need = session.needed(job)
+    cap = session.queues[job.queue].info.capability
+    room = cap - session.queues[job.queue].allocated if cap is not None else None
+    scan = NodeScan(session, job, fits)
+    placed = 0
+    first_miss: TaskInfo | None = None
+    for task in session.pending_tasks(job):
+        if first_miss is not None and _same_shape(task, first_miss):
+            continue  # resources only shrink: the same shape cannot fit now either
+        if placed >= need and room is not None and not task.resources.fits_in(room):
+            continue  # a task beyond the gang never takes the queue past its capability
+        node = scan.find(task)
+        if node is None:
+            first_miss = first_miss or task
+            continue
+        statement.allocate(job, task, node)
+        if room is not None:
+            room = room - task.resources
+        placed += 1
+    return placed, first_miss
 
 
 def _same_shape(a: TaskInfo, b: TaskInfo) -> bool:
@@ -176,7 +196,6 @@ def _failure(
     detail: str,
     could_fit: bool,
     placed: int,
-    memo: _Memo,
     counts: dict[str, int],
 ) -> Failure:
     need = session.needed(job)
@@ -184,12 +203,12 @@ def _failure(
         code = Code.WAITING_FOR_RESOURCES if could_fit else Code.NEVER_FITS
         return Failure(code, detail, could_fit, placed, detail, counts)
     if could_fit:
-        key = (_Memo.shape(job, session.pending_tasks(job)), need)
-        ever = memo.ever_fits.get(key) if key[0] is not None else None
+        shape = session.shape(job)
+        ever = session.ever_fits.get((shape, need)) if shape is not None else None
         if ever is None:
             ever = _gang_could_ever_fit(session, job)
-            if key[0] is not None:
-                memo.ever_fits[key] = ever
+            if shape is not None:
+                session.ever_fits[(shape, need)] = ever
         could_fit = ever
     return Failure(
         Code.GANG_INCOMPLETE if could_fit else Code.NEVER_FITS,
@@ -204,27 +223,36 @@ def _failure(
 def _gang_could_ever_fit(session: Session, job: JobInfo) -> bool:
     """Would the gang fit on an empty cluster? If not, no amount of waiting helps."""
     room = {n.name: n.capacity() for n in session.nodes if n.ready}
-    return _simulate(session, job, room) is not None
+    return simulate(session, job, room) is not None
 
 
-def _simulate(
+def simulate(
     session: Session, job: JobInfo, room: dict[str, Resources]
 ) -> dict[str, Resources] | None:
-    """First-fit the job's gang (its `needed` pending tasks) into `room`; usage per node."""
+    """First-fit the job's gang (its `needed` pending tasks) into `room`; usage per node.
+    Alike tasks resume at the node the last one took: room only shrinks as they go."""
     room = dict(room)
     used: dict[str, Resources] = {}
+    previous: TaskInfo | None = None
+    start = 0
+    nodes: list[NodeView] = []
     for task in session.pending_tasks(job)[: session.needed(job)]:
-        for node in session.nodes:
-            free = room.get(node.name)
-            if free is None or not task.resources.fits_in(free):
+        if previous is None or not _same_shape(task, previous):
+            nodes = session.eligible_nodes(job, task)
+            start = 0
+        request = task.resources
+        for i in range(start, len(nodes)):
+            name = nodes[i].name
+            free = room.get(name)
+            if free is None or not request.fits_in(free):
                 continue
-            if session._node_reason(job, task, node) is not None:
-                continue
-            room[node.name] = free - task.resources
-            used[node.name] = used.get(node.name, Resources()) + task.resources
+            room[name] = free - request
+            used[name] = used[name] + request if name in used else request
+            start = i
             break
         else:
             return None
+        previous = task
     return used
 
 
@@ -234,8 +262,8 @@ def _simulate(
 def allocate(session: Session) -> None:
     """Start jobs in order. With strict order, stop at the first job blocked by resources:
     the jobs after it may only start through backfill, which protects its reservation."""
-    memo = _Memo()
-    for job in _in_order(session, skip=lambda j: j.id in session.failures):
+    memo = Memo()
+    for job in in_order(session, skip=lambda j: j.id in session.failures):
         if session.blocked is not None and session.config.strict_order:
             break
 
@@ -248,9 +276,9 @@ def allocate(session: Session) -> None:
             if failure.blocked_by_resources and session.blocked is None:
                 session.blocked = job
 
-        _guarded(session, job, work)
+        guarded(session, job, work)
     if session.blocked is not None and session.config.strict_order:
-        for job in _in_order(
+        for job in in_order(
             session, skip=lambda j: j.id in session.failures or j.id in session.placed
         ):
             session.set_pending(
@@ -275,13 +303,10 @@ def reclaim(session: Session) -> None:
 
 
 MAX_EVICTION_ATTEMPTS = 100
+Select = Callable[[JobInfo, list[JobInfo]], list[JobInfo]]
 
 
-def _evict_for(
-    session: Session,
-    reason: str,
-    select: Callable[[JobInfo, list[JobInfo]], list[JobInfo]],
-) -> None:
+def _evict_for(session: Session, reason: str, select: Select) -> None:
     waiting = [
         session.jobs[i]
         for i, f in session.failures.items()
@@ -293,7 +318,7 @@ def _evict_for(
         def work(job: JobInfo = job) -> None:
             _evict_one(session, job, reason, select)
 
-        _guarded(session, job, work)
+        guarded(session, job, work)
 
 
 def _future_room(session: Session) -> dict[str, Resources]:
@@ -305,14 +330,9 @@ def _future_room(session: Session) -> dict[str, Resources]:
     return room
 
 
-def _evict_one(
-    session: Session,
-    job: JobInfo,
-    reason: str,
-    select: Callable[[JobInfo, list[JobInfo]], list[JobInfo]],
-) -> None:
+def _evict_one(session: Session, job: JobInfo, reason: str, select: Select) -> None:
     room = _future_room(session)
-    placement = _simulate(session, job, room)
+    placement = simulate(session, job, room)
     if placement is not None:
         _pipeline(session, job, placement, [])
         return
@@ -324,7 +344,7 @@ def _evict_one(
     for victim in victims:
         chosen.append(victim)
         _free_into(room, victim, +1)
-        placement = _simulate(session, job, room)
+        placement = simulate(session, job, room)
         if placement is not None:
             break
     if placement is None:
@@ -332,27 +352,16 @@ def _evict_one(
     # Keep only the victims the placement really needs, cheapest set first.
     for victim in list(reversed(chosen[:-1])):
         _free_into(room, victim, -1)
-        trial = _simulate(session, job, room)
+        trial = simulate(session, job, room)
         if trial is None:
             _free_into(room, victim, +1)
         else:
             chosen.remove(victim)
             placement = trial
+    statement = Statement(session)
     for victim in chosen:
-        session.evicted.add(victim.id)
-        message = f"{reason.lower()} by job {job.id} ({job.name}, priority {job.priority})"
-        session.evictions.append(Evict(victim.id, reason, job.id, message))
-        for task in victim.tasks:
-            node = session.node_by_name.get(task.node or "")
-            if node is not None and task.state in ("Assigned", "Running"):
-                node.rel_cpu += task.resources.cpu
-                node.rel_memory += task.resources.memory
-                node.rel_devices += len(task.devices)
-        queue = session.queues.get(victim.queue)
-        if queue is not None:
-            queue.allocated = queue.allocated - job_request(
-                victim, [t for t in victim.tasks if t.state in ("Assigned", "Running")]
-            )
+        statement.evict(victim, reason, job)
+    statement.commit(reason)
     _pipeline(session, job, placement, chosen)
 
 
@@ -376,211 +385,12 @@ def _free_into(room: dict[str, Resources], victim: JobInfo, sign: int) -> None:
 
 
 def _size(job: JobInfo) -> tuple[int, int, int]:
-    held = job_request(job, [t for t in job.tasks if t.state in ("Assigned", "Running")])
+    held = Resources()
+    for task in job.tasks:
+        if task.state in ("Assigned", "Running"):
+            held = held + task.resources
     return (held.gpu, held.cpu, held.memory)
 
 
 def _start(job: JobInfo) -> float:
     return max((t.started_at or 0.0 for t in job.tasks), default=0.0)
-
-
-# --- backfill ----------------------------------------------------------------------------
-
-
-@dataclass
-class Reservation:
-    job: JobInfo
-    start: float | None  # None: resources held by jobs without walltime, start unknown
-    spare: dict[str, Resources]  # per node: what the reserved job will not need at `start`
-    placed: bool = True  # False: it fits nowhere even once everything ends (nominated nodes)
-
-
-def backfill(session: Session) -> None:
-    """EASY backfill: the first job blocked by resources gets a reservation at the earliest
-    time running tasks' walltimes free enough for its whole gang; a later job starts now only
-    if it ends before that time or uses only what the reservation does not need."""
-    # Free resources and the reservation's spare only shrink during backfill, so a shape
-    # that failed stays failed: one memo for unconstrained jobs, one for those that must fit
-    # around the reservation.
-    free_memo, spare_memo = _Memo(), _Memo()
-    delays: dict[object, bool] = {}
-    blocked = session.blocked
-    holder = blocked if blocked is not None and blocked.id not in session.pipelined else None
-    if holder is not None:
-        _reserve(session, holder)
-
-    def skip(job: JobInfo) -> bool:
-        if job.id in session.placed or job.id in session.pipelined or job is holder:
-            return True
-        failure = session.failures.get(job.id)
-        return failure is not None and not failure.blocked_by_resources
-
-    for job in _in_order(session, skip=skip):
-
-        def work(job: JobInfo = job) -> None:
-            nonlocal holder
-            reservation = session.reservation
-            fits = _fits_around(session, job, reservation) if reservation else None
-            failure = place(
-                session, job, "backfill", free_memo if fits is None else spare_memo, fits
-            )
-            if failure is None:
-                if reservation is not None and fits is not None:
-                    _consume_spare(session, job, reservation)
-                return
-            session.failures[job.id] = failure
-            if reservation is None and failure.blocked_by_resources:
-                holder = job
-                _reserve(session, job)
-                return
-            shape = _Memo.shape(job, session.pending_tasks(job))
-            if fits is not None and failure.blocked_by_resources:
-                if shape is None or shape not in delays:
-                    delays[shape] = place_ignoring_reservation(session, job)
-                if delays[shape]:
-                    assert reservation is not None
-                    session.set_pending(
-                        job,
-                        Status(
-                            Code.RESERVED_FOR_OTHER,
-                            f"waiting for job {reservation.job.id} (reservation):"
-                            " starting now would delay it",
-                        ),
-                    )
-                    return
-            session.set_pending(job, failure.status())
-
-        _guarded(session, job, work)
-
-
-def place_ignoring_reservation(session: Session, job: JobInfo) -> bool:
-    """Could the job start now if there were no reservation? (for its pending reason)"""
-    statement = Statement(session)
-    placed = 0
-    for task in session.pending_tasks(job):
-        node = session.find_node(job, task)
-        if node is not None:
-            statement.allocate(job, task, node)
-            placed += 1
-    statement.discard()
-    return session.job_ready(job, placed)
-
-
-def _fits_around(session: Session, job: JobInfo, reservation: Reservation) -> Fits | None:
-    """The extra test a backfilled job's tasks must pass so the reservation is not delayed."""
-    if not reservation.placed:
-        return None  # the reserved job fits nowhere for now: nothing to protect
-    if (
-        reservation.start is not None
-        and job.walltime is not None
-        and session.now + job.walltime <= reservation.start
-    ):
-        return None  # it ends before the reservation starts
-    planned: dict[str, Resources] = {}
-
-    def fits(node: NodeState, task: TaskInfo) -> bool:
-        spare = reservation.spare.get(node.name)
-        if spare is None:
-            return False
-        used = planned.get(node.name, Resources()) + task.resources
-        if not used.fits_in(spare):
-            return False
-        planned[node.name] = used
-        return True
-
-    return fits
-
-
-def _consume_spare(session: Session, job: JobInfo, reservation: Reservation) -> None:
-    """A backfilled job that runs past the reservation's start uses up spare where it runs."""
-    tasks = {t.id: t for t in job.tasks}
-    for bind in reversed(session.binds):
-        if bind.job_id != job.id:
-            break
-        task = tasks[bind.task_id]
-        if bind.node in reservation.spare:
-            reservation.spare[bind.node] = reservation.spare[bind.node] - task.resources
-
-
-def _reserve(session: Session, job: JobInfo) -> None:
-    """Find when the job's gang fits as running tasks end at their walltimes."""
-    room = {n.name: n.free() for n in session.nodes if n.ready and n.name not in session.nominated}
-    ends: list[tuple[float, str, Resources]] = []
-    for node in session.nodes:
-        if node.name not in room:
-            continue
-        for running, task in node.tasks:
-            release = Resources(task.resources.cpu, task.resources.memory, len(task.devices))
-            if task.state == "Releasing" or running.id in session.evicted:
-                ends.append((session.now, node.name, release))
-            elif running.walltime is not None and task.started_at is not None:
-                ends.append(
-                    (max(session.now, task.started_at + running.walltime), node.name, release)
-                )
-    ends.sort(key=lambda e: (e[0], e[1]))
-    need = job_request(job, session.pending_tasks(job)[: session.needed(job)])
-    start: float | None = None
-    placement: dict[str, Resources] | None = None
-    total = Resources()
-    for free in room.values():
-        total = total + free
-    i = 0
-    while i < len(ends):
-        moment = ends[i][0]
-        while i < len(ends) and ends[i][0] == moment:
-            _, name, release = ends[i]
-            room[name] = room[name] + release
-            total = total + release
-            i += 1
-        if not need.fits_in(total):
-            continue
-        placement = _simulate(session, job, room)
-        if placement is not None:
-            start = moment
-            break
-    if placement is None:
-        # Some of what it needs is held by jobs without a walltime: the start is unknown,
-        # but the nodes it would take once everything ends are still kept for it.
-        for node in session.nodes:
-            if node.name in room:
-                for running, task in node.tasks:
-                    if not _has_end(session, running, task):
-                        room[node.name] = room[node.name] + Resources(
-                            task.resources.cpu, task.resources.memory, len(task.devices)
-                        )
-        placement = _simulate(session, job, room)
-    spare = {}
-    if placement is not None:
-        spare = {name: free - placement.get(name, Resources()) for name, free in room.items()}
-    session.reservation = Reservation(job, start, spare, placement is not None)
-    failure = session.failures.get(job.id)
-    counts = dict(failure.node_reasons) if failure is not None else {}
-    if start is None:
-        message = (
-            "waiting for reservation: start unknown, the resources it needs are held by jobs"
-            " without a walltime"
-        )
-        session.set_pending(job, Status(Code.RESERVED, message, counts))
-    else:
-        message = (
-            f"waiting for reservation: expected to start in {start - session.now:.0f}s,"
-            " when running jobs reach their walltime"
-        )
-        session.set_pending(job, Status(Code.RESERVED, message, counts, start))
-
-
-def _has_end(session: Session, running: JobInfo, task: TaskInfo) -> bool:
-    return (
-        task.state == "Releasing"
-        or running.id in session.evicted
-        or (running.walltime is not None and task.started_at is not None)
-    )
-
-
-ACTIONS: dict[str, Callable[[Session], None]] = {
-    "enqueue": enqueue,
-    "allocate": allocate,
-    "preempt": preempt,
-    "reclaim": reclaim,
-    "backfill": backfill,
-}

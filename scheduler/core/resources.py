@@ -22,9 +22,6 @@ class Resources:
     def __sub__(self, other: Resources) -> Resources:
         return Resources(self.cpu - other.cpu, self.memory - other.memory, self.gpu - other.gpu)
 
-    def scaled(self, factor: int) -> Resources:
-        return Resources(self.cpu * factor, self.memory * factor, self.gpu * factor)
-
     def fits_in(self, other: Resources) -> bool:
         return self.cpu <= other.cpu and self.memory <= other.memory and self.gpu <= other.gpu
 
@@ -46,11 +43,3 @@ class Resources:
 
     def to_dict(self) -> dict[str, Any]:
         return {"cpu": format_cpu(self.cpu), "memory": format_memory(self.memory), "gpu": self.gpu}
-
-    def describe(self, dimension: str) -> str:
-        value = getattr(self, dimension)
-        if dimension == "cpu":
-            return format_cpu(value)
-        if dimension == "memory":
-            return format_memory(value)
-        return str(value)
