@@ -17,7 +17,7 @@ from scheduler.core.resources import Resources
 from scheduler.core.session import Fits, NodeScan, Session
 from scheduler.core.statement import Statement
 from scheduler.core.status import Code, Status
-from scheduler.core.types import Failure, NodeView
+from scheduler.core.types import Failure
 
 log = logging.getLogger("berth.core")
 
@@ -117,11 +117,9 @@ def place(
                 session, job, failure.detail, failure.blocked_by_resources, most,
                 failure.node_reasons,
             )  # fmt: skip
-    if _cannot_fit_in_total(session, job, need):
-        shape = session.shape(job)
-        assert shape is not None
-        first = session.pending_tasks(job)[0]
-        return _failure(session, job, "", bool(session.eligible_nodes(job, first)), 0, {})
+    refusal = _refusal_by_total(session, job, need)
+    if refusal is not None:
+        return refusal
     statement = Statement(session)
     placed, first_miss = _allocate_tasks(session, job, statement, fits)
     if placed and (first_miss is None or session.job_ready(job, placed)):
@@ -142,6 +140,22 @@ def place(
     if key is not None:
         memo.max_placeable[key] = (placed, failure)
     return failure
+
+
+def quick_refusal(session: Session, job: JobInfo) -> Failure | None:
+    """The failure `place` would return without trying any node, if it is that simple:
+    the queue is at its capability, or the gang needs more than all ready nodes have free."""
+    over = session.overused(session.queues[job.queue], job)
+    if over is not None:
+        return Failure(over.code, over.message, False)
+    return _refusal_by_total(session, job, session.needed(job))
+
+
+def _refusal_by_total(session: Session, job: JobInfo, need: int) -> Failure | None:
+    if not _cannot_fit_in_total(session, job, need):
+        return None
+    first = session.pending_tasks(job)[0]
+    return _failure(session, job, "", bool(session.eligible_nodes(job, first)), 0, {})
 
 
 def _cannot_fit_in_total(session: Session, job: JobInfo, need: int) -> bool:
@@ -230,29 +244,40 @@ def simulate(
     session: Session, job: JobInfo, room: dict[str, Resources]
 ) -> dict[str, Resources] | None:
     """First-fit the job's gang (its `needed` pending tasks) into `room`; usage per node.
-    Alike tasks resume at the node the last one took: room only shrinks as they go."""
-    room = dict(room)
+    A run of alike tasks fills each node it reaches as far as it can before the next one,
+    which is where task-by-task first fit puts them too (room only shrinks as they go)."""
+    runs = session.gang_runs(job)
+    if len(runs) > 1:
+        room = dict(room)  # later runs see what earlier ones took; one run only reads it
     used: dict[str, Resources] = {}
-    previous: TaskInfo | None = None
-    start = 0
-    nodes: list[NodeView] = []
-    for task in session.pending_tasks(job)[: session.needed(job)]:
-        if previous is None or not _same_shape(task, previous):
-            nodes = session.eligible_nodes(job, task)
-            start = 0
+    for task, count in runs:
         request = task.resources
-        for i in range(start, len(nodes)):
+        cpu, memory, gpu = request.cpu, request.memory, request.gpu
+        nodes = session.eligible_nodes(job, task)
+        i = 0
+        while count:
+            while i < len(nodes):
+                free = room.get(nodes[i].name)
+                if free is not None and cpu <= free.cpu and memory <= free.memory:
+                    if gpu <= free.gpu:
+                        break
+                i += 1
+            else:
+                return None
             name = nodes[i].name
-            free = room.get(name)
-            if free is None or not request.fits_in(free):
-                continue
-            room[name] = free - request
-            used[name] = used[name] + request if name in used else request
-            start = i
-            break
-        else:
-            return None
-        previous = task
+            taken = count
+            if cpu:
+                taken = min(taken, free.cpu // cpu)
+            if memory:
+                taken = min(taken, free.memory // memory)
+            if gpu:
+                taken = min(taken, free.gpu // gpu)
+            block = request if taken == 1 else Resources(cpu * taken, memory * taken, gpu * taken)
+            if len(runs) > 1:
+                room[name] = free - block
+            used[name] = used[name] + block if name in used else block
+            count -= taken
+            i += 1
     return used
 
 

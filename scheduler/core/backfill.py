@@ -3,19 +3,25 @@ job that can start now without delaying it."""
 
 from __future__ import annotations
 
-from scheduler.core.actions import Memo, guarded, in_order, place, simulate
+from typing import Any
+
+from scheduler.core.actions import Memo, guarded, in_order, place, quick_refusal, simulate
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources
 from scheduler.core.session import Fits, NodeScan, Session
 from scheduler.core.statement import Statement
 from scheduler.core.status import Code, Status
-from scheduler.core.types import NodeView, Reservation
+from scheduler.core.types import Failure, NodeView, Reservation
 
 
 def backfill(session: Session) -> None:
     """EASY backfill: the first job blocked by resources gets a reservation at the earliest
     time running tasks' walltimes free enough for its whole gang; a later job starts now only
-    if it ends before that time or uses only what the reservation does not need."""
+    if it ends before that time or uses only what the reservation does not need.
+
+    A session that does not explain failures plans the reservation only when a job might
+    start next to it (it must be planned before anything else starts: that is the state it
+    is planned in); one that explains plans it at once, for the holder's estimated start."""
     # Free resources and the reservation's spare only shrink during backfill, so a shape
     # that failed stays failed: one memo for unconstrained jobs, one for those that must fit
     # around the reservation.
@@ -23,8 +29,9 @@ def backfill(session: Session) -> None:
     delays: dict[object, bool] = {}
     blocked = session.blocked
     holder = blocked if blocked is not None and blocked.id not in session.pipelined else None
+    deferred: JobInfo | None = None
     if holder is not None:
-        _reserve(session, holder)
+        deferred = _hold(session, holder)
 
     def skip(job: JobInfo) -> bool:
         if job.id in session.placed or job.id in session.pipelined or job is holder:
@@ -32,11 +39,24 @@ def backfill(session: Session) -> None:
         failure = session.failures.get(job.id)
         return failure is not None and not failure.blocked_by_resources
 
+    def planned() -> Reservation | None:
+        nonlocal deferred
+        if deferred is not None:
+            _reserve(session, deferred)
+            deferred = None
+        return session.reservation
+
     for job in in_order(session, skip=skip):
 
         def work(job: JobInfo = job) -> None:
-            nonlocal holder
-            reservation = session.reservation
+            nonlocal holder, deferred
+            if deferred is not None:
+                refusal = quick_refusal(session, job)
+                if refusal is not None:
+                    session.failures[job.id] = refusal
+                    session.set_pending(job, refusal.status())
+                    return
+            reservation = planned()
             fits = _fits_around(session, job, reservation) if reservation else None
             failure = place(
                 session, job, "backfill", free_memo if fits is None else spare_memo, fits
@@ -48,26 +68,60 @@ def backfill(session: Session) -> None:
             session.failures[job.id] = failure
             if reservation is None and failure.blocked_by_resources:
                 holder = job
-                _reserve(session, job)
+                deferred = _hold(session, job)
                 return
-            shape = Memo.key(session, job)
-            if fits is not None and failure.blocked_by_resources:
-                if shape is None or shape not in delays:
-                    delays[shape] = place_ignoring_reservation(session, job)
-                if delays[shape]:
-                    assert reservation is not None
-                    session.set_pending(
-                        job,
-                        Status(
-                            Code.RESERVED_FOR_OTHER,
-                            f"waiting for job {reservation.job.id} (reservation):"
-                            " starting now would delay it",
-                        ),
-                    )
-                    return
-            session.set_pending(job, failure.status())
+            _explain_wait(session, job, failure, fits, reservation, delays)
 
         guarded(session, job, work)
+    if deferred is not None and deferred.id not in session.reservation_starts:
+        planned()  # the holder's first reservation: when it was promised to start
+
+
+def _hold(session: Session, job: JobInfo) -> JobInfo | None:
+    """Make the job the reservation's holder; plan it now, or return it to plan later."""
+    if session.explain_failures:
+        _reserve(session, job)
+        return None
+    session.reservation = None
+    session.set_pending(job, Status(Code.RESERVED, "holds the reservation"))
+    return job
+
+
+def _explain_wait(
+    session: Session,
+    job: JobInfo,
+    failure: Failure,
+    fits: Fits | None,
+    reservation: Reservation | None,
+    delays: dict[object, bool],
+) -> None:
+    """Why a job that could not be backfilled waits: for the reservation, if it could start
+    without it, else its own failure."""
+    shape = Memo.key(session, job)
+    if not session.explain_failures and _without_devices(session, job):
+        # Trying it without the reservation changes nothing but this status: skipped when
+        # failures are not explained (with devices it moves nodes in the index: kept).
+        session.set_pending(job, failure.status())
+        return
+    if fits is not None and failure.blocked_by_resources:
+        if shape is None or shape not in delays:
+            delays[shape] = place_ignoring_reservation(session, job)
+        if delays[shape]:
+            assert reservation is not None
+            session.set_pending(
+                job,
+                Status(
+                    Code.RESERVED_FOR_OTHER,
+                    f"waiting for job {reservation.job.id} (reservation):"
+                    " starting now would delay it",
+                ),
+            )
+            return
+    session.set_pending(job, failure.status())
+
+
+def _without_devices(session: Session, job: JobInfo) -> bool:
+    return all(task.resources.gpu == 0 for task in session.pending_tasks(job))
 
 
 def place_ignoring_reservation(session: Session, job: JobInfo) -> bool:
@@ -125,6 +179,8 @@ def _reserve(session: Session, job: JobInfo) -> None:
     their walltimes, and what it leaves spare on each node then."""
     start, spare, placed = _plan_reservation(session, job)
     session.reservation = Reservation(job, start, dict(spare), placed)
+    if start is not None:
+        session.reservation_starts.setdefault(job.id, start)
     failure = session.failures.get(job.id)
     counts = dict(failure.node_reasons) if failure is not None else {}
     if start is None:
@@ -151,17 +207,24 @@ def _plan_reservation(
     cached = session.reservations.get(key)
     if cached is not None and cached[0] >= session.now:
         return cached[1]
-    room = {n.name: n.free() for n in session.nodes if n.ready and n.name not in session.nominated}
-    ends = _ends(session, room)
+    if session.nominated:
+        room = {k: v for k, v in session.ready_free.items() if k not in session.nominated}
+    else:
+        room = dict(session.ready_free)
+    ends: list[tuple[Any, ...]]
+    if session.releasing or session.evicted:
+        ends = sorted(_ends(session, room), key=lambda e: (e[0], e[1]))
+    else:
+        ends = session.walltime_ends  # (end, node, ..., resources), sorted by end
     plan = _earliest(session, job, room, ends)
-    first_end = min((t for t, _n, _r in ends), default=float("inf"))
+    first_end = ends[0][0] if ends else float("inf")
     session.reservations = {key: (first_end, plan)} if first_end > session.now else {}
     return plan
 
 
 def _ends(session: Session, room: dict[str, Resources]) -> list[tuple[float, str, Resources]]:
-    """When each task on the nodes in `room` gives back what it holds, soonest first (not
-    clamped to now: the caller does that)."""
+    """When each task on the nodes in `room` gives back what it holds (not clamped to now:
+    the caller does that)."""
     ends: list[tuple[float, str, Resources]] = []
     for node in session.nodes:
         if node.name not in room:
@@ -182,31 +245,43 @@ def _earliest(
     session: Session,
     job: JobInfo,
     room: dict[str, Resources],
-    ends: list[tuple[float, str, Resources]],
+    ends: list[tuple[Any, ...]],
 ) -> tuple[float | None, dict[str, Resources], bool]:
+    """`ends` (end, node, ..., what it gives back) sorted by end: taken in that order,
+    clamped to now, moment by moment (the order within a moment does not matter, all of it
+    is added before the gang is tried). Totals first: the rooms per node are only brought
+    up to date when the totals say the gang may fit."""
     now = session.now
-    ends = sorted(((max(now, t), name, r) for t, name, r in ends), key=lambda e: (e[0], e[1]))
     need = session.min_request(job)
+    if session.nominated:
+        cpu = memory = gpu = 0
+        for free in room.values():
+            cpu, memory, gpu = cpu + free.cpu, memory + free.memory, gpu + free.gpu
+    else:
+        cpu, memory, gpu = session.ready_free_cpu, session.ready_free_memory, session.ready_free_gpu
+    ends = [e for e in ends if e[1] in room]
+    applied = 0  # ends added to `room` so far
     start: float | None = None
     placement: dict[str, Resources] | None = None
-    cpu = memory = gpu = 0
-    for free in room.values():
-        cpu, memory, gpu = cpu + free.cpu, memory + free.memory, gpu + free.gpu
     i = 0
     while i < len(ends):
-        moment = ends[i][0]
-        while i < len(ends) and ends[i][0] == moment:
-            _, name, release = ends[i]
-            room[name] = room[name] + release
+        moment = max(now, ends[i][0])
+        while i < len(ends) and max(now, ends[i][0]) == moment:
+            release = ends[i][-1]
             cpu, memory, gpu = cpu + release.cpu, memory + release.memory, gpu + release.gpu
             i += 1
         if need.cpu > cpu or need.memory > memory or need.gpu > gpu:
             continue
+        for entry in ends[applied:i]:
+            room[entry[1]] = room[entry[1]] + entry[-1]
+        applied = i
         placement = simulate(session, job, room)
         if placement is not None:
             start = moment
             break
     if placement is None:
+        for entry in ends[applied:]:
+            room[entry[1]] = room[entry[1]] + entry[-1]
         # Some of what it needs is held by jobs without a walltime: the start is unknown,
         # but the nodes it would take once everything ends are still kept for it.
         for node in session.nodes:

@@ -150,9 +150,7 @@ class _Standing(_Path):
         self, now: float, result: ReplayResult
     ) -> dict[int, list[tuple[str, tuple[int, ...]]]]:
         cycle = self.standing.cycle(now)
-        reservation = self.standing.session.reservation
-        if reservation is not None and reservation.start is not None:
-            result.first_reservation.setdefault(reservation.job.id, reservation.start)
+        result.first_reservation = self.standing.session.reservation_starts
         return _started(cycle)
 
 

@@ -15,6 +15,7 @@ cycle decided.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -127,16 +128,30 @@ class Session:
         self._pending_tasks: dict[int, list[TaskInfo]] = {}
         self._shapes: dict[int, Shape | None] = {}
         self._min_requests: dict[int, Resources] = {}
+        self._gang_runs: dict[int, list[tuple[TaskInfo, int]]] = {}
         self._eligible: dict[Shape, list[NodeView]] = {}
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self._load_running()
-        # cpu and memory free on ready nodes, kept as tasks are placed and released
-        self.ready_free_cpu = sum(n.free_cpu for n in self.nodes if n.ready)
-        self.ready_free_memory = sum(n.free_memory for n in self.nodes if n.ready)
+        # What is free on each ready node and in total (cpu, memory), kept as tasks are
+        # placed and released.
+        self.ready_free = {n.name: n.free() for n in self.nodes if n.ready}
+        self.ready_free_cpu = sum(f.cpu for f in self.ready_free.values())
+        self.ready_free_memory = sum(f.memory for f in self.ready_free.values())
+        self.ready_free_gpu = sum(f.gpu for f in self.ready_free.values())
+        # When each task with a walltime gives its resources back: (end, node, task id,
+        # job id, resources), sorted. Releasing tasks are not in it: `releasing` counts them.
+        self.walltime_ends: list[tuple[float, str, int, int, Resources]] = []
+        self.releasing = 0
+        for node in self.nodes:
+            for job, task in node.tasks:
+                self.releasing += task.state == "Releasing"
+                self.add_end(job, task, node.name)
         # Bumped whenever what runs where changes for good (commits, completions): what
         # was computed from it at the same version still holds.
         self.version = 0
         self.reservations: dict[tuple[object, ...], tuple[Any, ...]] = {}
+        # job -> the estimated start of the first reservation it held (with a known start)
+        self.reservation_starts: dict[int, float] = {}
         self.gang_decides = any(p.name == "gang" for p in self.hooks["job_ready"])
         self.index_dirty = True
         self.begin_cycle(snapshot.now)
@@ -199,6 +214,22 @@ class Session:
                 group.add(node)
         self.index_dirty = False
 
+    def add_end(self, job: JobInfo, task: TaskInfo, node: str) -> None:
+        if job.walltime is None or task.started_at is None or task.state == "Releasing":
+            return
+        release = Resources(task.resources.cpu, task.resources.memory, len(task.devices))
+        end = (task.started_at + job.walltime, node, task.id, job.id, release)
+        bisect.insort(self.walltime_ends, end, key=lambda e: e[:3])
+
+    def freed(self, node: NodeView) -> None:
+        """The node's free resources changed."""
+        if node.ready:
+            old, new = self.ready_free[node.name], node.free()
+            self.ready_free[node.name] = new
+            self.ready_free_cpu += new.cpu - old.cpu
+            self.ready_free_memory += new.memory - old.memory
+            self.ready_free_gpu += new.gpu - old.gpu
+
     def move_in_index(self, node: NodeView, old_free: int) -> None:
         """The node's free device count changed from `old_free`."""
         self._groups[node.label_key].move(node, old_free)
@@ -228,6 +259,23 @@ class Session:
         self._shapes[job.id] = shape
         return shape
 
+    def gang_runs(self, job: JobInfo) -> list[tuple[TaskInfo, int]]:
+        """The gang (the first `needed` pending tasks) as runs of consecutive alike tasks:
+        (the first of them, how many)."""
+        runs = self._gang_runs.get(job.id)
+        if runs is None:
+            runs = []
+            for task in self.pending_tasks(job)[: self.needed(job)]:
+                last = runs[-1][0] if runs else None
+                if last is not None and (
+                    task.resources == last.resources and task.node_selector == last.node_selector
+                ):
+                    runs[-1] = (last, runs[-1][1] + 1)
+                else:
+                    runs.append((task, 1))
+            self._gang_runs[job.id] = runs
+        return runs
+
     def min_request(self, job: JobInfo) -> Resources:
         """What the job needs to start: its first `needed` pending tasks."""
         request = self._min_requests.get(job.id)
@@ -243,6 +291,7 @@ class Session:
         self._pending_tasks.pop(job_id, None)
         self._shapes.pop(job_id, None)
         self._min_requests.pop(job_id, None)
+        self._gang_runs.pop(job_id, None)
 
     def needed(self, job: JobInfo) -> int:
         """Pending tasks that must be placed together for the job to (keep) run(ning)."""
@@ -429,7 +478,16 @@ class NodeScan:
                 self._last_task = task
                 return node
         else:
-            scan = session.candidate_nodes(task)
+            # Only nodes with the cpu and memory free now: what a scan can still take only
+            # shrinks until this job's statement ends, and nothing moves within one find.
+            cpu, memory = task.resources.cpu, task.resources.memory
+            scan = iter(
+                [
+                    n
+                    for n in session.candidate_nodes(task)
+                    if n.free_cpu >= cpu and n.free_memory >= memory
+                ]
+            )
         self._scan, self._last_task, self._last_node = scan, task, None
         for node in scan:
             if session.accepts(job, task, node, fits):

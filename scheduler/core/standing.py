@@ -63,18 +63,17 @@ class StandingSession:
                 continue
             node.free_cpu += task.resources.cpu
             node.free_memory += task.resources.memory
-            if node.ready:
-                session.ready_free_cpu += task.resources.cpu
-                session.ready_free_memory += task.resources.memory
             if task.devices:
                 node.free_devices = sorted(node.free_devices + list(task.devices))
                 session.index_dirty = True
+            session.freed(node)
             node.tasks = [held for held in node.tasks if held[1] is not task]
             queue = session.queues.get(job.queue)
             if queue is not None:
                 queue.allocated = queue.allocated - task.resources
             task.state = "Succeeded"
         job.state = "Succeeded"
+        session.walltime_ends = [e for e in session.walltime_ends if e[3] != job_id]
         session.forget_job(job_id)
         session.version += 1
         return job
@@ -100,6 +99,7 @@ class StandingSession:
                 "Running", bind.node, bind.devices, now,
             )  # fmt: skip
             session.node_by_name[bind.node].tasks.append((job, task))
+            session.add_end(job, task, bind.node)
             started[job.id] = job
         if binds:
             session.version += 1

@@ -26,13 +26,11 @@ class Statement:
         old_free = len(node.free_devices)
         node.free_cpu -= request.cpu
         node.free_memory -= request.memory
-        if node.ready:
-            self.session.ready_free_cpu -= request.cpu
-            self.session.ready_free_memory -= request.memory
         if devices:
             chosen = set(devices)
             node.free_devices = [d for d in node.free_devices if d not in chosen]
             self.session.move_in_index(node, old_free)
+        self.session.freed(node)
         self.allocations.append((job, task, node, devices))
         return devices
 
@@ -74,12 +72,10 @@ class Statement:
             old_free = len(node.free_devices)
             node.free_cpu += task.resources.cpu
             node.free_memory += task.resources.memory
-            if node.ready:
-                self.session.ready_free_cpu += task.resources.cpu
-                self.session.ready_free_memory += task.resources.memory
             if devices:
                 node.free_devices = sorted(node.free_devices + list(devices))
                 self.session.move_in_index(node, old_free)
+            self.session.freed(node)
         for victim, _evict in reversed(self.evictions):
             self._release(victim, -1)
             self.session.evicted.discard(victim.id)
