@@ -128,14 +128,14 @@ def place(
     if first_miss is None:
         statement.discard()
         message = f'queue "{queue.info.name}" at capability'
-        return Failure(Code.QUEUE_QUOTA, message, False, placed)
+        return Failure(Code.QUEUE_QUOTA, message, False)
     # Explain while the gang's own placements still stand: that is the state it failed in.
     detail, could_fit, counts = session.explain(job, first_miss)
     statement.discard()
     if need == 0:
         # A running job's extra tasks: they never hold up other jobs.
         code = Code.WAITING_FOR_RESOURCES if could_fit else Code.NEVER_FITS
-        return Failure(code, detail, False, 0, detail, counts)
+        return Failure(code, detail, False, detail, counts)
     failure = _failure(session, job, detail, could_fit, placed, counts)
     if key is not None:
         memo.max_placeable[key] = (placed, failure)
@@ -215,7 +215,7 @@ def _failure(
     need = session.needed(job)
     if placed == 0 and need <= 1:
         code = Code.WAITING_FOR_RESOURCES if could_fit else Code.NEVER_FITS
-        return Failure(code, detail, could_fit, placed, detail, counts)
+        return Failure(code, detail, could_fit, detail, counts)
     if could_fit:
         shape = session.shape(job)
         ever = session.ever_fits.get((shape, need)) if shape is not None else None
@@ -228,7 +228,6 @@ def _failure(
         Code.GANG_INCOMPLETE if could_fit else Code.NEVER_FITS,
         f"gang: {placed}/{need} tasks placeable; {detail}",
         could_fit,
-        placed,
         detail,
         counts,
     )

@@ -100,10 +100,6 @@ class SchedulingPolicy:
             raise ValueError(f"node_order must be binpack or spread, got {self.node_order!r}")
 
     @classmethod
-    def default(cls) -> SchedulingPolicy:
-        return cls()
-
-    @classmethod
     def fcfs(cls) -> SchedulingPolicy:
         """First come, first served: strict order, no backfill, no preemption."""
         return cls(actions=("enqueue", "allocate"))

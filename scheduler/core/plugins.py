@@ -20,13 +20,6 @@ from scheduler.core.types import LabelGroup, NodeView, QueueState
 __all__ = ["Plugin", "default_plugins"]
 
 
-def job_request(job: JobInfo, tasks: list[TaskInfo] | None = None) -> Resources:
-    total = Resources()
-    for task in job.tasks if tasks is None else tasks:
-        total = total + task.resources
-    return total
-
-
 def describe(resources: Resources, dim: str) -> str:
     value = getattr(resources, dim)
     return {"cpu": format_cpu, "memory": format_memory}.get(dim, str)(value)

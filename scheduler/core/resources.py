@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from scheduler.core.quantity import format_cpu, format_memory, parse_cpu, parse_gpu, parse_memory
 
 DIMENSIONS = ("cpu", "memory", "gpu")
 
@@ -31,15 +28,3 @@ class Resources:
     def short_of(self, available: Resources) -> list[str]:
         """The dimensions in which this request exceeds `available`."""
         return [d for d in DIMENSIONS if getattr(self, d) > getattr(available, d)]
-
-    @classmethod
-    def parse(cls, data: dict[str, Any] | None) -> Resources:
-        data = data or {}
-        return cls(
-            cpu=parse_cpu(data.get("cpu", 0)),
-            memory=parse_memory(data.get("memory", 0)),
-            gpu=parse_gpu(data.get("gpu", 0)),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"cpu": format_cpu(self.cpu), "memory": format_memory(self.memory), "gpu": self.gpu}

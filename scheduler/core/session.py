@@ -113,7 +113,7 @@ class Session:
         self.hooks = {hook: _implementing(plugins, hook) for hook in HOOKS}
         orders = self.hooks["node_order"]
         self.static_node_order = all(p.static_node_order for p in orders)
-        self.nodes = [NodeView(n, i) for i, n in enumerate(snapshot.nodes)]
+        self.nodes = [NodeView(n) for n in snapshot.nodes]
         self.node_by_name = {n.name: n for n in self.nodes}
         self.total = Resources()
         for node in self.nodes:

@@ -23,10 +23,9 @@ class NodeView:
     __slots__ = (
         "name", "labels", "state", "allocatable", "free_cpu", "free_memory", "free_devices",
         "rel_cpu", "rel_memory", "rel_devices", "label_key", "tasks", "healthy_devices",
-        "position",
     )  # fmt: skip
 
-    def __init__(self, info: NodeInfo, position: int = 0) -> None:
+    def __init__(self, info: NodeInfo) -> None:
         self.name: str = info.name
         self.labels: dict[str, str] = info.labels
         self.state: str = info.state
@@ -41,18 +40,10 @@ class NodeView:
         self.rel_devices = 0
         self.label_key = tuple(sorted(self.labels.items()))
         self.tasks: list[tuple[JobInfo, TaskInfo]] = []
-        self.position = position  # in the snapshot's node list: the index's tie order
 
     @property
     def ready(self) -> bool:
         return self.state == "Ready"
-
-    def fits_now(self, request: Resources) -> bool:
-        return (
-            request.cpu <= self.free_cpu
-            and request.memory <= self.free_memory
-            and request.gpu <= len(self.free_devices)
-        )
 
     def free(self) -> Resources:
         return Resources(self.free_cpu, self.free_memory, len(self.free_devices))
@@ -104,7 +95,6 @@ class Failure:
     code: Code
     message: str
     blocked_by_resources: bool
-    placeable: int = 0
     detail: str = ""  # the node count explanation alone
     node_reasons: dict[str, int] = field(default_factory=dict)
 
