@@ -11,7 +11,7 @@ from scheduler.core.resources import Resources
 from scheduler.core.session import Fits, NodeScan, Session
 from scheduler.core.statement import Statement
 from scheduler.core.status import Code, Status
-from scheduler.core.types import Failure, NodeView, Reservation
+from scheduler.core.types import Failure, NodeView, Reservation, Spare
 
 
 def backfill(session: Session) -> None:
@@ -170,15 +170,14 @@ def _consume_spare(session: Session, job: JobInfo, reservation: Reservation) -> 
         if bind.job_id != job.id:
             break
         task = tasks[bind.task_id]
-        if bind.node in reservation.spare:
-            reservation.spare[bind.node] = reservation.spare[bind.node] - task.resources
+        reservation.spare.take(bind.node, task.resources)
 
 
 def _reserve(session: Session, job: JobInfo) -> None:
     """Give the job the reservation: the earliest time its gang fits as running tasks end at
     their walltimes, and what it leaves spare on each node then."""
     start, spare, placed = _plan_reservation(session, job)
-    session.reservation = Reservation(job, start, dict(spare), placed)
+    session.reservation = Reservation(job, start, spare.copy(), placed)
     if start is not None:
         session.reservation_starts.setdefault(job.id, start)
     failure = session.failures.get(job.id)
@@ -197,9 +196,7 @@ def _reserve(session: Session, job: JobInfo) -> None:
         session.set_pending(job, Status(Code.RESERVED, message, counts, start))
 
 
-def _plan_reservation(
-    session: Session, job: JobInfo
-) -> tuple[float | None, dict[str, Resources], bool]:
+def _plan_reservation(session: Session, job: JobInfo) -> tuple[float | None, Spare, bool]:
     """The reservation's start, spare and whether it places at all. The same as last time if
     nothing started or ended since, for the same job, and no walltime end has passed (the
     ends then are the same moments)."""
@@ -207,10 +204,11 @@ def _plan_reservation(
     cached = session.reservations.get(key)
     if cached is not None and cached[0] >= session.now:
         return cached[1]
+    free = session.free_on_ready_nodes()
     if session.nominated:
-        room = {k: v for k, v in session.ready_free.items() if k not in session.nominated}
+        room = {k: v for k, v in free.items() if k not in session.nominated}
     else:
-        room = dict(session.ready_free)
+        room = dict(free)
     ends: list[tuple[Any, ...]]
     if session.releasing or session.evicted:
         ends = sorted(_ends(session, room), key=lambda e: (e[0], e[1]))
@@ -246,7 +244,7 @@ def _earliest(
     job: JobInfo,
     room: dict[str, Resources],
     ends: list[tuple[Any, ...]],
-) -> tuple[float | None, dict[str, Resources], bool]:
+) -> tuple[float | None, Spare, bool]:
     """`ends` (end, node, ..., what it gives back) sorted by end: taken in that order,
     clamped to now, moment by moment (the order within a moment does not matter, all of it
     is added before the gang is tried). Totals first: the rooms per node are only brought
@@ -292,12 +290,7 @@ def _earliest(
                             task.resources.cpu, task.resources.memory, len(task.devices)
                         )
         placement = simulate(session, job, room)
-    spare: dict[str, Resources] = {}
-    if placement is not None:
-        spare = dict(room)
-        for name, used in placement.items():
-            spare[name] = room[name] - used
-    return start, spare, placement is not None
+    return start, Spare(room, placement or {}), placement is not None
 
 
 def _has_end(session: Session, running: JobInfo, task: TaskInfo) -> bool:

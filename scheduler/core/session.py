@@ -15,7 +15,6 @@ cycle decided.
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -142,10 +141,10 @@ class Session:
         # job id, resources), sorted. Releasing tasks are not in it: `releasing` counts them.
         self.walltime_ends: list[tuple[float, str, int, int, Resources]] = []
         self.releasing = 0
+        self._stale_free: set[NodeView] = set()
         for node in self.nodes:
-            for job, task in node.tasks:
-                self.releasing += task.state == "Releasing"
-                self.add_end(job, task, node.name)
+            self.releasing += sum(task.state == "Releasing" for _job, task in node.tasks)
+            self.add_ends([(job, task, node.name) for job, task in node.tasks])
         # Bumped whenever what runs where changes for good (commits, completions): what
         # was computed from it at the same version still holds.
         self.version = 0
@@ -214,21 +213,32 @@ class Session:
                 group.add(node)
         self.index_dirty = False
 
-    def add_end(self, job: JobInfo, task: TaskInfo, node: str) -> None:
-        if job.walltime is None or task.started_at is None or task.state == "Releasing":
-            return
-        release = Resources(task.resources.cpu, task.resources.memory, len(task.devices))
-        end = (task.started_at + job.walltime, node, task.id, job.id, release)
-        bisect.insort(self.walltime_ends, end, key=lambda e: e[:3])
+    def add_ends(self, started: list[tuple[JobInfo, TaskInfo, str]]) -> None:
+        """Tasks started on nodes: when their walltimes give their resources back."""
+        for job, task, node in started:
+            if job.walltime is None or task.started_at is None or task.state == "Releasing":
+                continue
+            release = Resources(task.resources.cpu, task.resources.memory, len(task.devices))
+            # (end, node, task id) is unique: sorting never compares further.
+            self.walltime_ends.append(
+                (task.started_at + job.walltime, node, task.id, job.id, release)
+            )
+        self.walltime_ends.sort()
 
-    def freed(self, node: NodeView) -> None:
-        """The node's free resources changed."""
+    def freed(self, node: NodeView, cpu: int, memory: int, gpu: int) -> None:
+        """The node's free resources changed by (cpu, memory, gpu)."""
         if node.ready:
-            old, new = self.ready_free[node.name], node.free()
-            self.ready_free[node.name] = new
-            self.ready_free_cpu += new.cpu - old.cpu
-            self.ready_free_memory += new.memory - old.memory
-            self.ready_free_gpu += new.gpu - old.gpu
+            self.ready_free_cpu += cpu
+            self.ready_free_memory += memory
+            self.ready_free_gpu += gpu
+            self._stale_free.add(node)
+
+    def free_on_ready_nodes(self) -> dict[str, Resources]:
+        """What is free on each ready node now."""
+        for node in self._stale_free:
+            self.ready_free[node.name] = node.free()
+        self._stale_free.clear()
+        return self.ready_free
 
     def move_in_index(self, node: NodeView, old_free: int) -> None:
         """The node's free device count changed from `old_free`."""

@@ -66,7 +66,7 @@ class StandingSession:
             if task.devices:
                 node.free_devices = sorted(node.free_devices + list(task.devices))
                 session.index_dirty = True
-            session.freed(node)
+            session.freed(node, task.resources.cpu, task.resources.memory, len(task.devices))
             node.tasks = [held for held in node.tasks if held[1] is not task]
             queue = session.queues.get(job.queue)
             if queue is not None:
@@ -90,6 +90,7 @@ class StandingSession:
         session = self.session
         started: dict[int, JobInfo] = {}
         tasks: dict[int, TaskInfo] = {}
+        placed: list[tuple[JobInfo, TaskInfo, str]] = []
         for bind in binds:
             job = session.jobs[bind.job_id]
             if job.id not in started:
@@ -99,9 +100,10 @@ class StandingSession:
                 "Running", bind.node, bind.devices, now,
             )  # fmt: skip
             session.node_by_name[bind.node].tasks.append((job, task))
-            session.add_end(job, task, bind.node)
+            placed.append((job, task, bind.node))
             started[job.id] = job
         if binds:
+            session.add_ends(placed)
             session.version += 1
         for job in started.values():
             session.forget_job(job.id)

@@ -30,7 +30,7 @@ class Statement:
             chosen = set(devices)
             node.free_devices = [d for d in node.free_devices if d not in chosen]
             self.session.move_in_index(node, old_free)
-        self.session.freed(node)
+        self.session.freed(node, -request.cpu, -request.memory, -len(devices))
         self.allocations.append((job, task, node, devices))
         return devices
 
@@ -75,7 +75,7 @@ class Statement:
             if devices:
                 node.free_devices = sorted(node.free_devices + list(devices))
                 self.session.move_in_index(node, old_free)
-            self.session.freed(node)
+            self.session.freed(node, task.resources.cpu, task.resources.memory, len(devices))
         for victim, _evict in reversed(self.evictions):
             self._release(victim, -1)
             self.session.evicted.discard(victim.id)

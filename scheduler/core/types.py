@@ -109,11 +109,42 @@ class QueueState:
     jobs: list[JobInfo] = field(default_factory=list)  # admitted candidates, in order
 
 
+class Spare:
+    """Per node, what the reserved job will not need at its start: what the node has then
+    (`room`) less what the reserved job takes there (`taken`), less what backfilled jobs
+    that run past the start took since. Worked out per node when asked."""
+
+    __slots__ = ("room", "taken", "changed")
+
+    def __init__(self, room: dict[str, Resources], taken: dict[str, Resources]) -> None:
+        self.room = room
+        self.taken = taken
+        self.changed: dict[str, Resources] = {}
+
+    def get(self, node: str) -> Resources | None:
+        spare = self.changed.get(node)
+        if spare is not None:
+            return spare
+        room = self.room.get(node)
+        if room is None or node not in self.taken:
+            return room
+        return room - self.taken[node]
+
+    def take(self, node: str, used: Resources) -> None:
+        spare = self.get(node)
+        if spare is not None:
+            self.changed[node] = spare - used
+
+    def copy(self) -> Spare:
+        """The same spare with nothing taken since (the room and taken are shared)."""
+        return Spare(self.room, self.taken)
+
+
 @dataclass
 class Reservation:
     """EASY's one reservation: the first job blocked by resources and when it can start."""
 
     job: JobInfo
     start: float | None  # None: resources held by jobs without walltime, start unknown
-    spare: dict[str, Resources]  # per node: what the reserved job will not need at `start`
+    spare: Spare
     placed: bool = True  # False: it fits nowhere even once everything ends (nominated nodes)
