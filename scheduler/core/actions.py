@@ -117,7 +117,7 @@ def place(
                 session, job, failure.detail, failure.blocked_by_resources, most,
                 failure.node_reasons,
             )  # fmt: skip
-    refusal = _refusal_by_total(session, job, need)
+    refusal = _refusal_by_total(session, job)
     if refusal is not None:
         return refusal
     statement = Statement(session)
@@ -148,19 +148,33 @@ def quick_refusal(session: Session, job: JobInfo) -> Failure | None:
     over = session.overused(session.queues[job.queue], job)
     if over is not None:
         return Failure(over.code, over.message, False)
-    return _refusal_by_total(session, job, session.needed(job))
+    return _refusal_by_total(session, job)
 
 
-def _refusal_by_total(session: Session, job: JobInfo, need: int) -> Failure | None:
-    if not _cannot_fit_in_total(session, job, need):
+def _refusal_by_total(session: Session, job: JobInfo) -> Failure | None:
+    return total_refusal(session, job, session.ready_free_cpu, session.ready_free_memory)
+
+
+def total_refusal(session: Session, job: JobInfo, cpu: int, memory: int) -> Failure | None:
+    """The failure of a job whose gang of alike tasks without devices needs more than `cpu`
+    or `memory` in total, if it is one and failures are not explained."""
+    need = session.needed(job)
+    if not _cannot_fit_in(session, job, need, cpu, memory):
         return None
-    first = session.pending_tasks(job)[0]
-    return _failure(session, job, "", bool(session.eligible_nodes(job, first)), 0, {})
+    # Nothing in it depends on what is free: the same for every job of this shape and need.
+    key = (session.shape(job), need)
+    refusal = session.refusals.get(key)
+    if refusal is None:
+        first = session.pending_tasks(job)[0]
+        could_fit = bool(session.eligible_nodes(job, first))
+        refusal = session.refusals[key] = _failure(session, job, "", could_fit, 0, {})
+    return refusal
 
 
-def _cannot_fit_in_total(session: Session, job: JobInfo, need: int) -> bool:
-    """True if the gang's alike cpu-only tasks need more cpu or memory than all ready nodes
-    have free: the attempt would fail, so it is skipped. Only when failures are not
+def _cannot_fit_in(session: Session, job: JobInfo, need: int, cpu: int, memory: int) -> bool:
+    """True if the gang's alike cpu-only tasks need more cpu or memory than there is (on all
+    ready nodes, or in all of the reservation's spare): the attempt would fail, so it is
+    skipped. Only when failures are not
     explained (the explanation describes the attempt), and only for tasks without devices
     (an attempt on devices moves nodes in the index, which later placements see)."""
     if session.explain_failures or need <= 0 or not session.gang_decides:
@@ -169,9 +183,7 @@ def _cannot_fit_in_total(session: Session, job: JobInfo, need: int) -> bool:
     if shape is None or shape[0].gpu:
         return False
     request = shape[0]
-    return request.cpu * need > session.ready_free_cpu or (
-        request.memory * need > session.ready_free_memory
-    )
+    return request.cpu * need > cpu or request.memory * need > memory
 
 
 def _allocate_tasks(
@@ -274,7 +286,9 @@ def simulate(
             block = request if taken == 1 else Resources(cpu * taken, memory * taken, gpu * taken)
             if len(runs) > 1:
                 room[name] = free - block
-            used[name] = used[name] + block if name in used else block
+                used[name] = used[name] + block if name in used else block
+            else:
+                used[name] = block  # one run visits each node once
             count -= taken
             i += 1
     return used

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.core.actions import Memo, guarded, in_order, place, quick_refusal, simulate
+from scheduler.core.actions import (
+    Memo,
+    guarded,
+    in_order,
+    place,
+    quick_refusal,
+    simulate,
+    total_refusal,
+)
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources
 from scheduler.core.session import Fits, NodeScan, Session
@@ -58,6 +66,13 @@ def backfill(session: Session) -> None:
                     return
             reservation = planned()
             fits = _fits_around(session, job, reservation) if reservation else None
+            if fits is not None:
+                assert reservation is not None
+                refusal = _refusal_by_spare(session, job, reservation)
+                if refusal is not None:
+                    session.failures[job.id] = refusal
+                    session.set_pending(job, refusal.status())
+                    return
             failure = place(
                 session, job, "backfill", free_memo if fits is None else spare_memo, fits
             )
@@ -75,6 +90,14 @@ def backfill(session: Session) -> None:
         guarded(session, job, work)
     if deferred is not None and deferred.id not in session.reservation_starts:
         planned()  # the holder's first reservation: when it was promised to start
+
+
+def _refusal_by_spare(session: Session, job: JobInfo, reservation: Reservation) -> Failure | None:
+    """The failure `place` would return for a job that must fit in the reservation's spare,
+    when its gang needs more cpu or memory than all of the spare (only where `place` itself
+    would skip the attempt: alike tasks without devices, failures not explained)."""
+    spare = reservation.spare.total
+    return total_refusal(session, job, spare.cpu, spare.memory)
 
 
 def _hold(session: Session, job: JobInfo) -> JobInfo | None:
@@ -290,7 +313,15 @@ def _earliest(
                             task.resources.cpu, task.resources.memory, len(task.devices)
                         )
         placement = simulate(session, job, room)
-    return start, Spare(room, placement or {}), placement is not None
+    if start is not None:  # the room then is what the totals counted; the gang takes `need`
+        total = Resources(cpu, memory, gpu) - need
+    else:
+        total = Resources()
+        for free in room.values():
+            total = total + free
+        for used in (placement or {}).values():
+            total = total - used
+    return start, Spare(room, placement or {}, total), placement is not None
 
 
 def _has_end(session: Session, running: JobInfo, task: TaskInfo) -> bool:

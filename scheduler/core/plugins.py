@@ -153,6 +153,7 @@ class PredicatesPlugin(Plugin):
     """Node Ready and node selector; resources are checked by the session's index."""
 
     name = "predicates"
+    implied_by_index = True
 
     def predicate(
         self, session: Session, job: JobInfo, task: TaskInfo, node: NodeView

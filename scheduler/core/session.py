@@ -46,6 +46,9 @@ class Plugin:
     # True if `node_order` depends on nodes' free devices only (not on free cpu or memory),
     # so a node scan may resume after placing a task without devices.
     static_node_order = False
+    # True if `predicate` only says what the node index already guarantees of the nodes it
+    # offers for placing (Ready, labels matching the selector): not asked when placing.
+    implied_by_index = False
 
     def open(self, session: Session) -> None:
         """Called once when the session opens."""
@@ -110,6 +113,8 @@ class Session:
         # False: failures say only their code (no per-node counts); decisions are the same.
         self.explain_failures = explain
         self.hooks = {hook: _implementing(plugins, hook) for hook in HOOKS}
+        # Predicates asked when placing: not those the node index already answers.
+        self.placing_predicates = [p for p in self.hooks["predicate"] if not p.implied_by_index]
         orders = self.hooks["node_order"]
         self.static_node_order = all(p.static_node_order for p in orders)
         self.nodes = [NodeView(n) for n in snapshot.nodes]
@@ -130,6 +135,7 @@ class Session:
         self._gang_runs: dict[int, list[tuple[TaskInfo, int]]] = {}
         self._eligible: dict[Shape, list[NodeView]] = {}
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
+        self.refusals: dict[tuple[Shape | None, int], Failure] = {}
         self._load_running()
         # What is free on each ready node and in total (cpu, memory), kept as tasks are
         # placed and released.
@@ -399,7 +405,7 @@ class Session:
             and node.name not in self.nominated
             and request.cpu <= node.free_cpu
             and request.memory <= node.free_memory
-            and self.predicate(job, task, node) is None
+            and all(p.predicate(self, job, task, node) is None for p in self.placing_predicates)
             and (fits is None or fits(node, task))
         )
 

@@ -23,6 +23,7 @@ from scheduler.core.model import (
     TaskInfo,
 )
 from scheduler.core.plugins import default_plugins
+from scheduler.core.resources import Resources
 from scheduler.core.session import Session, grows, need_of
 from scheduler.core.types import HOLDS_RESOURCES, Bind
 
@@ -57,6 +58,7 @@ class StandingSession:
         session.candidates = [j for j in session.candidates if j is not job]
         session.need.pop(job_id, None)
         session.running = [j for j in session.running if j is not job]
+        held = Resources()
         for task in job.tasks:
             node = session.node_by_name.get(task.node or "")
             if task.state not in HOLDS_RESOURCES or node is None:
@@ -68,10 +70,11 @@ class StandingSession:
                 session.index_dirty = True
             session.freed(node, task.resources.cpu, task.resources.memory, len(task.devices))
             node.tasks = [held for held in node.tasks if held[1] is not task]
-            queue = session.queues.get(job.queue)
-            if queue is not None:
-                queue.allocated = queue.allocated - task.resources
+            held = held + task.resources
             task.state = "Succeeded"
+        queue = session.queues.get(job.queue)
+        if queue is not None:
+            queue.allocated = queue.allocated - held
         job.state = "Succeeded"
         session.walltime_ends = [e for e in session.walltime_ends if e[3] != job_id]
         session.forget_job(job_id)

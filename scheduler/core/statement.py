@@ -88,18 +88,22 @@ class Statement:
         if self.allocations or self.evictions:
             session.version += 1
         session.evictions.extend(evict for _victim, evict in self.evictions)
-        binds = []
-        for job, task, node, devices in self.allocations:
-            bind = Bind(job.id, task.id, node.name, devices, action)
-            binds.append(bind)
-            session.binds.append(bind)
+        binds = [
+            Bind(job.id, task.id, node.name, devices, action)
+            for job, task, node, devices in self.allocations
+        ]
+        session.binds.extend(binds)
+        if self.allocations:
+            job = self.allocations[0][0]  # a statement is one job's
+            cpu = memory = gpu = 0
+            for _job, task, _node, _devices in self.allocations:
+                request = task.resources
+                cpu, memory, gpu = cpu + request.cpu, memory + request.memory, gpu + request.gpu
             queue = session.queues.get(job.queue)
             if queue is not None:
-                queue.allocated = queue.allocated + task.resources
-        if self.allocations:
-            job_id = self.allocations[0][0].id
-            session.placed.add(job_id)
-            session.pending.pop(job_id, None)
+                queue.allocated = queue.allocated + Resources(cpu, memory, gpu)
+            session.placed.add(job.id)
+            session.pending.pop(job.id, None)
         self.allocations.clear()
         self.evictions.clear()
         return binds

@@ -114,12 +114,16 @@ class Spare:
     (`room`) less what the reserved job takes there (`taken`), less what backfilled jobs
     that run past the start took since. Worked out per node when asked."""
 
-    __slots__ = ("room", "taken", "changed")
+    __slots__ = ("room", "taken", "changed", "initial", "total")
 
-    def __init__(self, room: dict[str, Resources], taken: dict[str, Resources]) -> None:
+    def __init__(
+        self, room: dict[str, Resources], taken: dict[str, Resources], total: Resources
+    ) -> None:
         self.room = room
         self.taken = taken
         self.changed: dict[str, Resources] = {}
+        self.initial = total  # summed over the nodes
+        self.total = total
 
     def get(self, node: str) -> Resources | None:
         spare = self.changed.get(node)
@@ -134,10 +138,11 @@ class Spare:
         spare = self.get(node)
         if spare is not None:
             self.changed[node] = spare - used
+            self.total = self.total - used
 
     def copy(self) -> Spare:
         """The same spare with nothing taken since (the room and taken are shared)."""
-        return Spare(self.room, self.taken)
+        return Spare(self.room, self.taken, self.initial)
 
 
 @dataclass
