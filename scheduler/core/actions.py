@@ -315,7 +315,7 @@ def allocate(session: Session) -> None:
                 session.blocked = job
 
         guarded(session, job, work)
-    if session.blocked is not None and session.config.strict_order:
+    if session.blocked is not None and session.config.strict_order and session.explain_failures:
         for job in in_order(
             session, skip=lambda j: j.id in session.failures or j.id in session.placed
         ):

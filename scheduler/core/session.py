@@ -133,6 +133,7 @@ class Session:
         self._shapes: dict[int, Shape | None] = {}
         self._min_requests: dict[int, Resources] = {}
         self._gang_runs: dict[int, list[tuple[TaskInfo, int]]] = {}
+        self._job_keys: dict[int, tuple[Any, ...]] = {}
         self._eligible: dict[Shape, list[NodeView]] = {}
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
@@ -309,6 +310,10 @@ class Session:
         self._min_requests.pop(job_id, None)
         self._gang_runs.pop(job_id, None)
 
+    def forget_key(self, job_id: int) -> None:
+        """The job is gone: its order key is no longer needed."""
+        self._job_keys.pop(job_id, None)
+
     def needed(self, job: JobInfo) -> int:
         """Pending tasks that must be placed together for the job to (keep) run(ning)."""
         need = self.need.get(job.id)
@@ -317,10 +322,13 @@ class Session:
     # --- combined plugin functions ---------------------------------------------------
 
     def job_key(self, job: JobInfo) -> tuple[Any, ...]:
-        key: tuple[Any, ...] = ()
-        for plugin in self.hooks["job_key"]:
-            key += plugin.job_key(self, job)
-        return key + (job.id,)
+        key = self._job_keys.get(job.id)
+        if key is None:
+            key = ()
+            for plugin in self.hooks["job_key"]:
+                key += plugin.job_key(self, job)
+            key = self._job_keys[job.id] = key + (job.id,)
+        return key
 
     def queue_key(self, queue: QueueState) -> tuple[Any, ...]:
         key: tuple[Any, ...] = ()

@@ -78,6 +78,7 @@ class StandingSession:
         job.state = "Succeeded"
         session.walltime_ends = [e for e in session.walltime_ends if e[3] != job_id]
         session.forget_job(job_id)
+        session.forget_key(job_id)
         session.version += 1
         return job
 
