@@ -37,7 +37,14 @@ def guarded(session: Session, job: JobInfo, work: Callable[[], None]) -> None:
 
 
 def enqueue(session: Session) -> None:
-    """Admit candidate jobs whose queue exists, is open and could ever hold them."""
+    """Admit candidate jobs whose queue exists, is open and could ever hold them. A standing
+    session admits each job once, when it arrives (`StandingSession.submit`): here it only
+    records again why the jobs it could not admit wait."""
+    if session.standing:
+        for job_id, problem in session.refused.items():
+            session.set_pending(session.jobs[job_id], problem)
+            session.failures[job_id] = Failure(problem.code, problem.message, False)
+        return
     for job in sorted(session.candidates, key=session.job_key):
 
         def admit(job: JobInfo = job) -> None:
@@ -55,13 +62,15 @@ def enqueue(session: Session) -> None:
 
 def in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[JobInfo]:
     """Admitted jobs, queue by queue in fair-share order, jobs by priority then age. The
-    queue to serve next is chosen after every job, as placements change the shares."""
+    queue to serve next is chosen after every job, as placements change the shares.
+
+    `skip` is asked as each job comes up: the callers' skips change only for the job that
+    was just yielded, so asking late skips the same jobs as asking first."""
     cursors = {}
     heap = []
     for name, queue in session.queues.items():
-        jobs = [j for j in queue.jobs if not skip(j)]
-        if jobs:
-            cursors[name] = iter(jobs)
+        if queue.jobs:
+            cursors[name] = (j for j in queue.jobs if not skip(j))
             heap.append((session.queue_key(queue), name))
     if len(heap) == 1:
         # One queue with work: the order is its own; no shares to compare.

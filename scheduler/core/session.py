@@ -160,6 +160,10 @@ class Session:
         self.reservation_starts: dict[int, float] = {}
         self.gang_decides = any(p.name == "gang" for p in self.hooks["job_ready"])
         self.index_dirty = True
+        # A standing session keeps its queues' admitted jobs between cycles, and why it
+        # refused the others (job -> status).
+        self.standing = False
+        self.refused: dict[int, Status] = {}
         self.begin_cycle(snapshot.now)
         self.max_devices = max((n.healthy_devices for n in self.nodes), default=0)
         for plugin in self.plugins:
@@ -179,8 +183,9 @@ class Session:
         self.blocked: JobInfo | None = None  # first job strict allocate could not start
         self.reservation: Reservation | None = None
         self.stats: Counter[str] = Counter()
-        for queue in self.queues.values():
-            queue.jobs = []
+        if not self.standing:
+            for queue in self.queues.values():
+                queue.jobs = []
         if self.index_dirty:
             self._build_index()
 

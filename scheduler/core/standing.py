@@ -13,6 +13,8 @@ and plugins are opened once, not once per cycle.
 
 from __future__ import annotations
 
+import bisect
+
 from scheduler.core.cycle import CycleResult, run_actions
 from scheduler.core.model import (
     JobInfo,
@@ -39,6 +41,7 @@ class StandingSession:
         config = config or SchedulingPolicy()
         self.session = Session(Snapshot(0.0, nodes, queues, []), config, default_plugins(config))
         self.session.explain_failures = explain
+        self.session.standing = True
 
     def submit(self, job: JobInfo) -> None:
         """A new pending job. The session owns it from now on and updates its tasks."""
@@ -50,12 +53,24 @@ class StandingSession:
         session.jobs[job.id] = job
         session.candidates.append(job)
         session.need[job.id] = need_of(job)
+        self._admit(job)
+
+    def _admit(self, job: JobInfo) -> None:
+        """Into its queue in order, or refused with the reason (as `enqueue` decides)."""
+        session = self.session
+        problem = session.job_valid(job)
+        if problem is not None:
+            session.refused[job.id] = problem
+        elif session.pending_tasks(job):
+            bisect.insort(session.queues[job.queue].jobs, job, key=session.job_key)
 
     def finish(self, job_id: int) -> JobInfo:
         """The job ended: its tasks give back what they hold."""
         session = self.session
         job = session.jobs.pop(job_id)
         session.candidates = [j for j in session.candidates if j is not job]
+        session.refused.pop(job_id, None)
+        self._leave_queue(job)
         session.need.pop(job_id, None)
         session.running = [j for j in session.running if j is not job]
         held = Resources()
@@ -119,3 +134,9 @@ class StandingSession:
             else:
                 session.candidates = [j for j in session.candidates if j is not job]
                 session.need.pop(job.id, None)
+                self._leave_queue(job)
+
+    def _leave_queue(self, job: JobInfo) -> None:
+        queue = self.session.queues.get(job.queue)
+        if queue is not None and any(j is job for j in queue.jobs):
+            queue.jobs = [j for j in queue.jobs if j is not job]
