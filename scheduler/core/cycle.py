@@ -52,9 +52,10 @@ def run_actions(session: Session, timings: dict[str, float] | None = None) -> Cy
         tick = time.perf_counter()
         ACTION_FUNCTIONS[name](session)
         timings[name] = time.perf_counter() - tick
-    for job in session.candidates:
+    # Only a job with no pending task (nothing to place) can be neither placed nor pending
+    # after the actions; a standing session holds none such.
+    for job in [] if session.standing else session.candidates:
         if job.id not in session.placed and job.id not in session.pending:
-            # Only a job with no pending task (nothing to place) can get here.
             session.set_pending(job, Status(Code.NOTHING_TO_PLACE, "no pending task to place"))
     timings["total"] = time.perf_counter() - started
     session.stats["binds"] = len(session.binds)
