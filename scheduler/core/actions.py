@@ -273,18 +273,19 @@ def simulate(
     for task, count in runs:
         request = task.resources
         cpu, memory, gpu = request.cpu, request.memory, request.gpu
-        nodes = session.eligible_nodes(job, task)
+        names = session.eligible_names(job, task)
+        last = len(names)
         i = 0
         while count:
-            while i < len(nodes):
-                free = room.get(nodes[i].name)
+            while i < last:
+                free = room.get(names[i])
                 if free is not None and cpu <= free.cpu and memory <= free.memory:
                     if gpu <= free.gpu:
                         break
                 i += 1
             else:
                 return None
-            name = nodes[i].name
+            name = names[i]
             taken = count
             if cpu:
                 taken = min(taken, free.cpu // cpu)

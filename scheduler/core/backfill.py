@@ -280,18 +280,26 @@ def _earliest(
             cpu, memory, gpu = cpu + free.cpu, memory + free.memory, gpu + free.gpu
     else:
         cpu, memory, gpu = session.ready_free_cpu, session.ready_free_memory, session.ready_free_gpu
-    ends = [e for e in ends if e[1] in room]
+    if session.nominated or not session.all_ready:
+        ends = [e for e in ends if e[1] in room]
     applied = 0  # ends added to `room` so far
     start: float | None = None
     placement: dict[str, Resources] | None = None
+    need_cpu, need_memory, need_gpu = need
+    count = len(ends)
     i = 0
-    while i < len(ends):
-        moment = max(now, ends[i][0])
-        while i < len(ends) and max(now, ends[i][0]) == moment:
-            release = ends[i][-1]
+    while i < count:
+        moment = ends[i][0]
+        if moment < now:
+            moment = now
+        while i < count:
+            entry = ends[i]
+            if entry[0] > moment:
+                break
+            release = entry[-1]
             cpu, memory, gpu = cpu + release.cpu, memory + release.memory, gpu + release.gpu
             i += 1
-        if need.cpu > cpu or need.memory > memory or need.gpu > gpu:
+        if need_cpu > cpu or need_memory > memory or need_gpu > gpu:
             continue
         for entry in ends[applied:i]:
             room[entry[1]] = room[entry[1]] + entry[-1]

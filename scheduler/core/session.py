@@ -135,6 +135,8 @@ class Session:
         self._gang_runs: dict[int, list[tuple[TaskInfo, int]]] = {}
         self._job_keys: dict[int, tuple[Any, ...]] = {}
         self._eligible: dict[Shape, list[NodeView]] = {}
+        self._eligible_names: dict[Shape, list[str]] = {}
+        self.all_ready = all(n.ready for n in self.nodes)
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
         self._load_running()
@@ -431,6 +433,14 @@ class Session:
             nodes = [n for n in self.nodes if self.node_reason(job, task, n) is None]
             self._eligible[shape] = nodes
         return nodes
+
+    def eligible_names(self, job: JobInfo, task: TaskInfo) -> list[str]:
+        """The names of `eligible_nodes`."""
+        shape = task_shape(task)
+        names = self._eligible_names.get(shape)
+        if names is None:
+            names = self._eligible_names[shape] = [n.name for n in self.eligible_nodes(job, task)]
+        return names
 
     def node_reason(self, job: JobInfo, task: TaskInfo, node: NodeView) -> str | None:
         """Why the node can never take this task as it stands (None: only resources)."""
