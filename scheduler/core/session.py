@@ -226,6 +226,7 @@ class Session:
                     group = self._groups[node.label_key] = LabelGroup(node.labels)
                 group.add(node)
         self.index_dirty = False
+        self._orders: dict[tuple[object, ...], list[NodeView]] = {}
 
     def add_ends(self, started: list[tuple[JobInfo, TaskInfo, str]]) -> None:
         """Tasks started on nodes: when their walltimes give their resources back."""
@@ -258,6 +259,7 @@ class Session:
         """The node's free device count changed from `old_free`."""
         self._groups[node.label_key].move(node, old_free)
         self.index_dirty = True  # buckets are no longer in snapshot order
+        self._orders = {}
 
     # --- per job, cached while its pending tasks do not change ---------------------------
 
@@ -386,6 +388,15 @@ class Session:
             if order is not None:
                 return order
         return (n for g in groups for b in sorted(g.buckets) for n in list(g.buckets[b].values()))
+
+    def ordered_nodes(self, task: TaskInfo) -> list[NodeView]:
+        """`candidate_nodes` as a list, kept until a node moves in the index (only for an
+        order that depends on free devices alone, which only such a move changes)."""
+        key = (tuple(sorted(task.node_selector.items())), task.resources.gpu)
+        nodes = self._orders.get(key)
+        if nodes is None:
+            nodes = self._orders[key] = list(self.candidate_nodes(task))
+        return nodes
 
     def _matching_groups(self, selector: dict[str, str]) -> list[LabelGroup]:
         key = tuple(sorted(selector.items()))
@@ -520,13 +531,12 @@ class NodeScan:
             # Only nodes with the cpu and memory free now: what a scan can still take only
             # shrinks until this job's statement ends, and nothing moves within one find.
             cpu, memory = task.resources.cpu, task.resources.memory
-            scan = iter(
-                [
-                    n
-                    for n in session.candidate_nodes(task)
-                    if n.free_cpu >= cpu and n.free_memory >= memory
-                ]
+            order = (
+                session.ordered_nodes(task)
+                if session.static_node_order
+                else session.candidate_nodes(task)
             )
+            scan = iter([n for n in order if n.free_cpu >= cpu and n.free_memory >= memory])
         self._scan, self._last_task, self._last_node = scan, task, None
         for node in scan:
             if session.accepts(job, task, node, fits):
