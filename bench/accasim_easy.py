@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def main() -> None:
@@ -22,48 +23,8 @@ def main() -> None:
     parser.add_argument("swf", type=Path)
     parser.add_argument("--nodes", type=int, default=100)
     args = parser.parse_args()
-    # AccaSim 1.1.3 imports `collections.Mapping`, which Python 3.10 removed; give it the
-    # same class under the old name rather than patch AccaSim.
-    import collections
-    import collections.abc
-
-    collections.Mapping = collections.abc.Mapping  # type: ignore[attr-defined]
-    try:
-        from accasim.base.allocator_class import FirstFit
-        from accasim.base.scheduler_class import EASYBackfilling
-        from accasim.base.simulator_class import Simulator
-    except ImportError as exc:
-        sys.exit(f"AccaSim is not importable from {sys.executable}: {exc}")
     with tempfile.TemporaryDirectory() as work:
-        config = Path(work) / "system.config"
-        # One single-core node per processor, as bench/replay.py models the SP2.
-        config.write_text(
-            json.dumps(
-                {
-                    "groups": {"sp2": {"core": 1, "mem": 1 << 30}},
-                    "resources": {"sp2": args.nodes},
-                    "equivalence": {"processor": {"core": 1}},
-                    "start_time": 0,
-                }
-            )
-        )
-        simulator = Simulator(
-            str(args.swf),
-            str(config),
-            EASYBackfilling(FirstFit()),
-            RESULTS_FOLDER_PATH=work,
-            SCHEDULE_OUTPUT={
-                "format": "{job_id};{queue_time};{start_time}",
-                "attributes": {
-                    "job_id": ("id", "str"),
-                    "queue_time": ("queued_time", "int"),
-                    "start_time": ("start_time", "int"),
-                },
-            },
-            scheduling_output=True,
-            statistics_output=False,
-            show_statistics=False,
-        )
+        simulator = _simulator(args.swf, args.nodes, Path(work))
         started, cpu_started = time.perf_counter(), time.process_time()
         simulator.start_simulation()
         wall = time.perf_counter() - started
@@ -79,6 +40,50 @@ def main() -> None:
                 "mean_wait_s": round(sum(waits) / len(waits), 1) if waits else None,
             }
         )
+    )
+
+
+def _simulator(swf: Path, nodes: int, work: Path) -> Any:
+    # AccaSim 1.1.3 imports `collections.Mapping`, which Python 3.10 removed; give it the
+    # same class under the old name rather than patch AccaSim.
+    import collections
+    import collections.abc
+
+    collections.Mapping = collections.abc.Mapping  # type: ignore[attr-defined]
+    try:
+        from accasim.base.allocator_class import FirstFit
+        from accasim.base.scheduler_class import EASYBackfilling
+        from accasim.base.simulator_class import Simulator
+    except ImportError as exc:
+        sys.exit(f"AccaSim is not importable from {sys.executable}: {exc}")
+    config = work / "system.config"
+    # One single-core node per processor, as bench/replay.py models the SP2.
+    config.write_text(
+        json.dumps(
+            {
+                "groups": {"sp2": {"core": 1, "mem": 1 << 30}},
+                "resources": {"sp2": nodes},
+                "equivalence": {"processor": {"core": 1}},
+                "start_time": 0,
+            }
+        )
+    )
+    return Simulator(
+        str(swf),
+        str(config),
+        EASYBackfilling(FirstFit()),
+        RESULTS_FOLDER_PATH=str(work),
+        SCHEDULE_OUTPUT={
+            "format": "{job_id};{queue_time};{start_time}",
+            "attributes": {
+                "job_id": ("id", "str"),
+                "queue_time": ("queued_time", "int"),
+                "start_time": ("start_time", "int"),
+            },
+        },
+        scheduling_output=True,
+        statistics_output=False,
+        show_statistics=False,
     )
 
 

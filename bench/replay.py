@@ -180,6 +180,16 @@ def main() -> None:
 
     jobs, skipped, rows = load(args.trace, args.jobs)
     results = [run(jobs, policy, args.full_cycles) for policy in policies]
+    print(json.dumps(summarise(args, jobs, skipped, rows, results), indent=1))
+
+
+def summarise(
+    args: argparse.Namespace,
+    jobs: list[TraceJob],
+    skipped: int,
+    rows: list[list[str]],
+    results: list[dict[str, Any]],
+) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "trace": args.trace.name,
         "jobs": len(jobs),
@@ -204,7 +214,7 @@ def main() -> None:
                 "wall_ratio": round(easy["wall_seconds"] / accasim["wall_seconds"], 3),
                 "cpu_ratio": round(easy["cpu_seconds"] / accasim["cpu_seconds"], 3),
             }
-    print(json.dumps(summary, indent=1))
+    return summary
 
 
 if __name__ == "__main__":

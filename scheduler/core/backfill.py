@@ -3,6 +3,7 @@ job that can start now without delaying it."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from scheduler.core.actions import (
@@ -30,66 +31,73 @@ def backfill(session: Session) -> None:
     A session that does not explain failures plans the reservation only when a job might
     start next to it (it must be planned before anything else starts: that is the state it
     is planned in); one that explains plans it at once, for the holder's estimated start."""
-    # Free resources and the reservation's spare only shrink during backfill, so a shape
-    # that failed stays failed: one memo for unconstrained jobs, one for those that must fit
-    # around the reservation.
-    free_memo, spare_memo = Memo(), Memo()
-    delays: dict[object, bool] = {}
-    blocked = session.blocked
-    holder = blocked if blocked is not None and blocked.id not in session.pipelined else None
-    deferred: JobInfo | None = None
-    if holder is not None:
-        deferred = _hold(session, holder)
+    run = _Backfill(session)
+    for job in in_order(session, skip=run.skip):
+        guarded(session, job, partial(run.one, job))
+    if run.deferred is not None and run.deferred.id not in session.reservation_starts:
+        run.planned()  # the holder's first reservation: when it was promised to start
 
-    def skip(job: JobInfo) -> bool:
-        if job.id in session.placed or job.id in session.pipelined or job is holder:
+
+class _Backfill:
+    """One backfill pass: its memos, the reservation's holder, and a plan not made yet."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        # Free resources and the reservation's spare only shrink during backfill, so a
+        # shape that failed stays failed: one memo for unconstrained jobs, one for those
+        # that must fit around the reservation.
+        self.free_memo, self.spare_memo = Memo(), Memo()
+        self.delays: dict[object, bool] = {}
+        blocked = session.blocked
+        self.holder = (
+            blocked if blocked is not None and blocked.id not in session.pipelined else None
+        )
+        self.deferred: JobInfo | None = None
+        if self.holder is not None:
+            self.deferred = _hold(session, self.holder)
+
+    def skip(self, job: JobInfo) -> bool:
+        session = self.session
+        if job.id in session.placed or job.id in session.pipelined or job is self.holder:
             return True
         failure = session.failures.get(job.id)
         return failure is not None and not failure.blocked_by_resources
 
-    def planned() -> Reservation | None:
-        nonlocal deferred
-        if deferred is not None:
-            _reserve(session, deferred)
-            deferred = None
-        return session.reservation
+    def planned(self) -> Reservation | None:
+        if self.deferred is not None:
+            _reserve(self.session, self.deferred)
+            self.deferred = None
+        return self.session.reservation
 
-    for job in in_order(session, skip=skip):
-
-        def work(job: JobInfo = job) -> None:
-            nonlocal holder, deferred
-            if deferred is not None:
-                refusal = quick_refusal(session, job)
-                if refusal is not None:
-                    session.failures[job.id] = refusal
-                    session.set_pending(job, refusal.status())
-                    return
-            reservation = planned()
-            fits = _fits_around(session, job, reservation) if reservation else None
-            if fits is not None:
-                assert reservation is not None
-                refusal = _refusal_by_spare(session, job, reservation)
-                if refusal is not None:
-                    session.failures[job.id] = refusal
-                    session.set_pending(job, refusal.status())
-                    return
-            failure = place(
-                session, job, "backfill", free_memo if fits is None else spare_memo, fits
-            )
-            if failure is None:
-                if reservation is not None and fits is not None:
-                    _consume_spare(session, job, reservation)
+    def one(self, job: JobInfo) -> None:
+        session = self.session
+        if self.deferred is not None and self._refused(job, quick_refusal(session, job)):
+            return
+        reservation = self.planned()
+        fits = _fits_around(session, job, reservation) if reservation else None
+        if fits is not None:
+            assert reservation is not None
+            if self._refused(job, _refusal_by_spare(session, job, reservation)):
                 return
-            session.failures[job.id] = failure
-            if reservation is None and failure.blocked_by_resources:
-                holder = job
-                deferred = _hold(session, job)
-                return
-            _explain_wait(session, job, failure, fits, reservation, delays)
+        memo = self.free_memo if fits is None else self.spare_memo
+        failure = place(session, job, "backfill", memo, fits)
+        if failure is None:
+            if reservation is not None and fits is not None:
+                _consume_spare(session, job, reservation)
+            return
+        session.failures[job.id] = failure
+        if reservation is None and failure.blocked_by_resources:
+            self.holder = job
+            self.deferred = _hold(session, job)
+            return
+        _explain_wait(session, job, failure, fits, reservation, self.delays)
 
-        guarded(session, job, work)
-    if deferred is not None and deferred.id not in session.reservation_starts:
-        planned()  # the holder's first reservation: when it was promised to start
+    def _refused(self, job: JobInfo, refusal: Failure | None) -> bool:
+        if refusal is None:
+            return False
+        self.session.failures[job.id] = refusal
+        self.session.set_pending(job, refusal.status())
+        return True
 
 
 def _refusal_by_spare(session: Session, job: JobInfo, reservation: Reservation) -> Failure | None:
@@ -272,8 +280,6 @@ def _earliest(
     clamped to now, moment by moment (the order within a moment does not matter, all of it
     is added before the gang is tried). Totals first: the rooms per node are only brought
     up to date when the totals say the gang may fit."""
-    now = session.now
-    need = session.min_request(job)
     if session.nominated:
         cpu = memory = gpu = 0
         for free in room.values():
@@ -282,54 +288,51 @@ def _earliest(
         cpu, memory, gpu = session.ready_free_cpu, session.ready_free_memory, session.ready_free_gpu
     if session.nominated or not session.all_ready:
         ends = [e for e in ends if e[1] in room]
+    need = session.min_request(job)
     applied = 0  # ends added to `room` so far
-    start: float | None = None
-    placement: dict[str, Resources] | None = None
-    need_cpu, need_memory, need_gpu = need
-    count = len(ends)
-    i = 0
+    count, i, now = len(ends), 0, session.now
     while i < count:
-        moment = ends[i][0]
-        if moment < now:
-            moment = now
-        while i < count:
-            entry = ends[i]
-            if entry[0] > moment:
-                break
-            release = entry[-1]
+        moment = max(now, ends[i][0])
+        while i < count and ends[i][0] <= moment:
+            release = ends[i][-1]
             cpu, memory, gpu = cpu + release.cpu, memory + release.memory, gpu + release.gpu
             i += 1
-        if need_cpu > cpu or need_memory > memory or need_gpu > gpu:
+        if need.cpu > cpu or need.memory > memory or need.gpu > gpu:
             continue
-        for entry in ends[applied:i]:
-            room[entry[1]] = room[entry[1]] + entry[-1]
+        _release_into(room, ends[applied:i])
         applied = i
         placement = simulate(session, job, room)
         if placement is not None:
-            start = moment
-            break
-    if placement is None:
-        for entry in ends[applied:]:
-            room[entry[1]] = room[entry[1]] + entry[-1]
-        # Some of what it needs is held by jobs without a walltime: the start is unknown,
-        # but the nodes it would take once everything ends are still kept for it.
-        for node in session.nodes:
-            if node.name in room:
-                for running, task in node.tasks:
-                    if not _has_end(session, running, task):
-                        room[node.name] = room[node.name] + Resources(
-                            task.resources.cpu, task.resources.memory, len(task.devices)
-                        )
-        placement = simulate(session, job, room)
-    if start is not None:  # the room then is what the totals counted; the gang takes `need`
-        total = Resources(cpu, memory, gpu) - need
-    else:
-        total = Resources()
-        for free in room.values():
-            total = total + free
-        for used in (placement or {}).values():
-            total = total - used
-    return start, Spare(room, placement or {}, total), placement is not None
+            # The room then is what the totals counted; the gang takes `need` of it.
+            return moment, Spare(room, placement, Resources(cpu, memory, gpu) - need), True
+    _release_into(room, ends[applied:])
+    return _unknown_start(session, job, room)
+
+
+def _release_into(room: dict[str, Resources], ends: list[tuple[Any, ...]]) -> None:
+    for entry in ends:
+        room[entry[1]] = room[entry[1]] + entry[-1]
+
+
+def _unknown_start(
+    session: Session, job: JobInfo, room: dict[str, Resources]
+) -> tuple[float | None, Spare, bool]:
+    """Some of what it needs is held by jobs without a walltime: the start is unknown, but
+    the nodes it would take once everything ends are still kept for it."""
+    for node in session.nodes:
+        if node.name in room:
+            for running, task in node.tasks:
+                if not _has_end(session, running, task):
+                    room[node.name] = room[node.name] + Resources(
+                        task.resources.cpu, task.resources.memory, len(task.devices)
+                    )
+    placement = simulate(session, job, room)
+    total = Resources()
+    for free in room.values():
+        total = total + free
+    for used in (placement or {}).values():
+        total = total - used
+    return None, Spare(room, placement or {}, total), placement is not None
 
 
 def _has_end(session: Session, running: JobInfo, task: TaskInfo) -> bool:

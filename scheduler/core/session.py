@@ -115,10 +115,12 @@ class Session:
         self.hooks = {hook: _implementing(plugins, hook) for hook in HOOKS}
         # Predicates asked when placing: not those the node index already answers.
         self.placing_predicates = [p for p in self.hooks["predicate"] if not p.implied_by_index]
-        orders = self.hooks["node_order"]
-        self.static_node_order = all(p.static_node_order for p in orders)
+        self.static_node_order = all(p.static_node_order for p in self.hooks["node_order"])
+        self.gang_decides = any(p.name == "gang" for p in self.hooks["job_ready"])
         self.nodes = [NodeView(n) for n in snapshot.nodes]
         self.node_by_name = {n.name: n for n in self.nodes}
+        self.all_ready = all(n.ready for n in self.nodes)
+        self.max_devices = max((n.healthy_devices for n in self.nodes), default=0)
         self.total = Resources()
         for node in self.nodes:
             self.total = self.total + node.capacity()
@@ -129,6 +131,20 @@ class Session:
         self.candidates = [j for j in snapshot.jobs if j.is_candidate or grows(j)]
         self.need = {j.id: need_of(j) for j in self.candidates}
         self.running = [j for j in snapshot.jobs if j.state == "Running"]
+        self._open_caches()
+        self._load_running()
+        self._open_totals()
+        # A standing session keeps its queues' admitted jobs between cycles, and why it
+        # refused the others (job -> status).
+        self.standing = False
+        self.refused: dict[int, Status] = {}
+        self.index_dirty = True
+        self.begin_cycle(snapshot.now)
+        for plugin in self.plugins:
+            plugin.open(self)
+
+    def _open_caches(self) -> None:
+        """What is worked out once per job or task shape and kept."""
         self._pending_tasks: dict[int, list[TaskInfo]] = {}
         self._shapes: dict[int, Shape | None] = {}
         self._min_requests: dict[int, Resources] = {}
@@ -136,40 +152,30 @@ class Session:
         self._job_keys: dict[int, tuple[Any, ...]] = {}
         self._eligible: dict[Shape, list[NodeView]] = {}
         self._eligible_names: dict[Shape, list[str]] = {}
-        self.all_ready = all(n.ready for n in self.nodes)
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
-        self._load_running()
-        # What is free on each ready node and in total (cpu, memory), kept as tasks are
-        # placed and released.
-        self.ready_free = {n.name: n.free() for n in self.nodes if n.ready}
-        self.ready_free_cpu = sum(f.cpu for f in self.ready_free.values())
-        self.ready_free_memory = sum(f.memory for f in self.ready_free.values())
-        self.ready_free_gpu = sum(f.gpu for f in self.ready_free.values())
-        # When each task with a walltime gives its resources back: (end, node, task id,
-        # job id, resources), sorted. Releasing tasks are not in it: `releasing` counts them.
-        self.walltime_ends: list[tuple[float, str, int, int, Resources]] = []
-        self.releasing = 0
-        self._stale_free: set[NodeView] = set()
-        for node in self.nodes:
-            self.releasing += sum(task.state == "Releasing" for _job, task in node.tasks)
-            self.add_ends([(job, task, node.name) for job, task in node.tasks])
         # Bumped whenever what runs where changes for good (commits, completions): what
         # was computed from it at the same version still holds.
         self.version = 0
         self.reservations: dict[tuple[object, ...], tuple[Any, ...]] = {}
         # job -> the estimated start of the first reservation it held (with a known start)
         self.reservation_starts: dict[int, float] = {}
-        self.gang_decides = any(p.name == "gang" for p in self.hooks["job_ready"])
-        self.index_dirty = True
-        # A standing session keeps its queues' admitted jobs between cycles, and why it
-        # refused the others (job -> status).
-        self.standing = False
-        self.refused: dict[int, Status] = {}
-        self.begin_cycle(snapshot.now)
-        self.max_devices = max((n.healthy_devices for n in self.nodes), default=0)
-        for plugin in self.plugins:
-            plugin.open(self)
+
+    def _open_totals(self) -> None:
+        """What is free on each ready node and in total, kept as tasks are placed and
+        released; when each task with a walltime gives its resources back: (end, node, task
+        id, job id, resources), sorted (Releasing tasks are not in it: `releasing` counts
+        them)."""
+        self.ready_free = {n.name: n.free() for n in self.nodes if n.ready}
+        self.ready_free_cpu = sum(f.cpu for f in self.ready_free.values())
+        self.ready_free_memory = sum(f.memory for f in self.ready_free.values())
+        self.ready_free_gpu = sum(f.gpu for f in self.ready_free.values())
+        self._stale_free: set[NodeView] = set()
+        self.walltime_ends: list[tuple[float, str, int, int, Resources]] = []
+        self.releasing = 0
+        for node in self.nodes:
+            self.releasing += sum(task.state == "Releasing" for _job, task in node.tasks)
+            self.add_ends([(job, task, node.name) for job, task in node.tasks])
 
     def begin_cycle(self, now: float) -> None:
         """Forget what the last cycle decided; keep the cluster as it stands."""
