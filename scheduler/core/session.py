@@ -16,7 +16,7 @@ cycle decided.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
@@ -534,15 +534,16 @@ class NodeScan:
                 self._last_task = task
                 return node
         else:
-            # Only nodes with the cpu and memory free now: what a scan can still take only
-            # shrinks until this job's statement ends, and nothing moves within one find.
+            # Nodes without the cpu or memory free are passed over before `accepts` (which
+            # would refuse them the same); without devices anywhere, nothing ever moves in
+            # the index and the order is kept as a list.
             cpu, memory = task.resources.cpu, task.resources.memory
-            order = (
+            order: Iterable[NodeView] = (
                 session.ordered_nodes(task)
-                if session.static_node_order
+                if session.max_devices == 0 and session.static_node_order
                 else session.candidate_nodes(task)
             )
-            scan = iter([n for n in order if n.free_cpu >= cpu and n.free_memory >= memory])
+            scan = (n for n in order if n.free_cpu >= cpu and n.free_memory >= memory)
         self._scan, self._last_task, self._last_node = scan, task, None
         for node in scan:
             if session.accepts(job, task, node, fits):
