@@ -286,13 +286,13 @@ def simulate(
             else:
                 return None
             name = names[i]
-            taken = count
-            if cpu:
-                taken = min(taken, free.cpu // cpu)
-            if memory:
-                taken = min(taken, free.memory // memory)
-            if gpu:
-                taken = min(taken, free.gpu // gpu)
+            taken = count  # as many as fit, at most the rest of the run
+            if cpu and free.cpu // cpu < taken:
+                taken = free.cpu // cpu
+            if memory and free.memory // memory < taken:
+                taken = free.memory // memory
+            if gpu and free.gpu // gpu < taken:
+                taken = free.gpu // gpu
             block = request if taken == 1 else Resources(cpu * taken, memory * taken, gpu * taken)
             if len(runs) > 1:
                 room[name] = free - block
