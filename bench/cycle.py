@@ -27,7 +27,7 @@ from scheduler.core.model import (  # noqa: E402
     JobInfo,
     NodeInfo,
     QueueInfo,
-    SchedulerConfig,
+    SchedulingPolicy,
     Snapshot,
     TaskInfo,
 )
@@ -150,7 +150,7 @@ def measure(
     best: dict[str, Any] | None = None
     for _ in range(repeat):
         started = time.perf_counter()
-        result = run_cycle(snapshot, SchedulerConfig())
+        result = run_cycle(snapshot, SchedulingPolicy())
         total = time.perf_counter() - started
         if best is None or total < best["total_s"]:
             best = {

@@ -5,7 +5,7 @@
 
 Creates a fresh database (`--database-name`, dropped at the end), fills it with `--nodes`
 Ready nodes of `--gpus` devices each and `--jobs` pending one-task, one-GPU jobs, and runs
-full cycles through `scheduler.loop.run_cycle_once`:
+full cycles through `scheduler.loop.run_scheduler_cycle`:
 
 - `place`: the first cycle, which places the backlog (as many jobs as there are GPUs);
 - `steady`: the median of `--steady` cycles in which nothing changes;
@@ -113,14 +113,14 @@ def measure(meter: QueryMeter) -> dict[str, Any]:
     from django.db import connection
     from django.utils import timezone
 
-    from scheduler.loop import run_cycle_once
+    from scheduler.loop import run_scheduler_cycle
     from scheduler.models import Node
 
     Node.objects.update(last_heartbeat=timezone.now())  # the agents are alive, as in a cluster
     meter.queries, meter.seconds = 0, 0.0
     with connection.execute_wrapper(meter):
         start = time.perf_counter()
-        report = run_cycle_once()
+        report = run_scheduler_cycle()
         total = time.perf_counter() - start
     ms: dict[str, float] = dict.fromkeys(PHASES, 0.0)
     queries: dict[str, int] = {}

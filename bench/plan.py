@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cycle import NOW, build  # noqa: E402
 from scheduler.core.cycle import run_cycle  # noqa: E402
-from scheduler.core.model import JobInfo, SchedulerConfig, Snapshot, TaskInfo  # noqa: E402
+from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo  # noqa: E402
 from scheduler.core.plan import DEFAULT_DEPTH, fingerprint, plan_starts  # noqa: E402
 from scheduler.core.resources import Resources  # noqa: E402
 
@@ -60,7 +60,7 @@ def measure(nodes: int, gpus: int, jobs: int, depth: int, full: bool, seed: int)
     snapshot = build(nodes, gpus, jobs, seed, 4)
     if full:
         fill(snapshot, seed)
-    config = SchedulerConfig()
+    config = SchedulingPolicy()
     started = time.perf_counter()
     result = run_cycle(snapshot, config)
     cycle_s = time.perf_counter() - started

@@ -1,6 +1,6 @@
 """The scheduler cycle: snapshot -> core -> decisions -> commit -> flows -> lifecycle.
 
-`run_cycle_once` is one unit of work, called by `manage.py run_scheduler`, by `manage.py up`
+`run_scheduler_cycle` is one unit of work, called by `manage.py run_scheduler`, by `manage.py up`
 and directly by tests. A failure in one phase is logged and the other phases still run, so
 one bad flow or job never stops placement for everyone else.
 """
@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from scheduler import arrays, gpu_history, lifecycle, notify, planning, store
 from scheduler.core.cycle import run_cycle
-from scheduler.core.model import SchedulerConfig
+from scheduler.core.model import SchedulingPolicy
 
 log = logging.getLogger("berth.scheduler")
 
@@ -143,7 +143,7 @@ def _flows_ttl() -> Any:
     return cleanup_flows(timezone.now())
 
 
-def run_cycle_once(config: SchedulerConfig | None = None) -> CycleReport:
+def run_scheduler_cycle(config: SchedulingPolicy | None = None) -> CycleReport:
     """One full cycle. Returns what it did and where its time went, for the log line, tests
     and benchmarks. Everything the cycle changed is published once, at its end."""
     report = CycleReport()
@@ -160,8 +160,8 @@ def run_cycle_once(config: SchedulerConfig | None = None) -> CycleReport:
     return report
 
 
-def _cycle(report: CycleReport, config: SchedulerConfig | None) -> None:
-    config = config or SchedulerConfig()
+def _cycle(report: CycleReport, config: SchedulingPolicy | None) -> None:
+    config = config or SchedulingPolicy()
     # User requests first, so a cancel or suspend takes effect before placement. Array
     # elements asked to stop are cancelled in bulk first, not one transaction each.
     report.counts["requests"] = (

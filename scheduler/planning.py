@@ -17,7 +17,7 @@ from django.db import transaction
 
 from scheduler import notify
 from scheduler.core.cycle import CycleResult
-from scheduler.core.model import SchedulerConfig
+from scheduler.core.model import SchedulingPolicy
 from scheduler.core.plan import Plan, fingerprint, plan_positions, plan_starts
 from scheduler.models import Job
 from scheduler.setbased import CHUNK, chunks, update_rows
@@ -39,7 +39,7 @@ def plan_interval() -> float:
     return float(getattr(settings, "BERTH_PLAN_INTERVAL", 10))
 
 
-def annotate(loaded: Loaded, result: CycleResult, config: SchedulerConfig | None) -> Plan:
+def annotate(loaded: Loaded, result: CycleResult, config: SchedulingPolicy | None) -> Plan:
     """Plan the waiting jobs and set each one's estimate on its pending status. When
     nothing the plan depends on changed since the last cycle, the last plan is reused; a
     full plan is made at most every `BERTH_PLAN_INTERVAL` seconds (as Slurm's backfill runs

@@ -12,7 +12,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from scheduler import lifecycle
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Event, Job, Task
 from scheduler.states import TASK_ON_NODE, JobRequest, JobState, TaskState
 from scheduler.submit import submit_job
@@ -59,7 +59,7 @@ def test_the_limit_holds_while_elements_run_and_finish(owner):
     parent = submit_array(owner, "0-9%3")
     finished: list[int] = []
     for _ in range(30):
-        run_cycle_once()
+        run_scheduler_cycle()
         assert len(on_node(parent)) <= 3
         active = elements(parent).filter(
             state__in=(JobState.PENDING, JobState.RUNNING), hold_reason=""
@@ -84,9 +84,9 @@ def test_the_limit_holds_while_elements_run_and_finish(owner):
 def test_held_elements_say_why_and_the_parent_summarises(owner, api):
     make_node("big", cpu=64_000, memory=256 * 2**30)
     parent = submit_array(owner, "0-9%2")
-    run_cycle_once()
+    run_scheduler_cycle()
     agent_runs_assigned()
-    run_cycle_once()
+    run_scheduler_cycle()
     held = api(owner).get(f"/api/v1/jobs/{elements(parent).last().pk}/").json()
     assert held["pending_reasons"][0] == "array limit: 2/2 active"
     body = api(owner).get(f"/api/v1/jobs/{parent.pk}/").json()
@@ -100,27 +100,27 @@ def test_held_elements_say_why_and_the_parent_summarises(owner, api):
 def test_the_parent_is_never_a_scheduling_candidate(owner):
     make_node("big", cpu=64_000, memory=256 * 2**30)
     parent = submit_array(owner, "0-1")
-    report = run_cycle_once()
+    report = run_scheduler_cycle()
     assert report.counts["placed"] == 2 and not report.errors
     parent.refresh_from_db()
     assert parent.pending_message == "" and not parent.tasks.exists()
     agent_runs_assigned()
-    run_cycle_once()
+    run_scheduler_cycle()
     parent.refresh_from_db()
     assert parent.state == JobState.RUNNING and parent.started_at is not None
-    assert run_cycle_once().counts["placed"] == 0  # a Running parent holds nothing either
+    assert run_scheduler_cycle().counts["placed"] == 0  # a Running parent holds nothing either
 
 
 def test_cancel_on_the_parent_cancels_pending_elements_in_bulk_and_stops_running_ones(owner):
     make_node("small", cpu=2_000, memory=8 * 2**30)
     parent = submit_array(owner, "0-499")
-    run_cycle_once()
+    run_scheduler_cycle()
     agent_runs_assigned()
     assert on_node(parent) == {0, 1}
     client = APIClient()
     client.force_authenticate(owner)
     assert client.post(f"/api/v1/jobs/{parent.pk}/cancel/").status_code == 202
-    run_cycle_once()
+    run_scheduler_cycle()
     counts = Counter(elements(parent).values_list("state", flat=True))
     assert counts == {JobState.CANCELLED: 498, JobState.TERMINATING: 2}
     # Running elements get the usual kill request; nothing new is placed.
@@ -132,7 +132,7 @@ def test_cancel_on_the_parent_cancels_pending_elements_in_bulk_and_stops_running
     assert parent.state == JobState.RUNNING  # not final while two elements still stop
     for index in (0, 1):
         agent_finishes(parent, index, TaskState.KILLED)
-    run_cycle_once()
+    run_scheduler_cycle()
     parent.refresh_from_db()
     assert parent.state == JobState.CANCELLED and parent.reason == "Cancelled"
     assert set(elements(parent).values_list("state", flat=True)) == {JobState.CANCELLED}
@@ -141,16 +141,16 @@ def test_cancel_on_the_parent_cancels_pending_elements_in_bulk_and_stops_running
 def test_one_failed_element_fails_the_array_once_all_have_finished(owner):
     make_node("big", cpu=64_000, memory=256 * 2**30)
     parent = submit_array(owner, "0-2")
-    run_cycle_once()
+    run_scheduler_cycle()
     agent_runs_assigned()
     agent_finishes(parent, 0)
     agent_finishes(parent, 1, TaskState.FAILED)
-    run_cycle_once()
+    run_scheduler_cycle()
     parent.refresh_from_db()
     assert parent.state == JobState.RUNNING
     agent_finishes(parent, 2)
-    run_cycle_once()
-    run_cycle_once()
+    run_scheduler_cycle()
+    run_scheduler_cycle()
     parent.refresh_from_db()
     assert (parent.state, parent.reason) == (JobState.FAILED, "ElementFailed")
     assert "1 failed, 2 succeeded" in parent.message
@@ -159,18 +159,18 @@ def test_one_failed_element_fails_the_array_once_all_have_finished(owner):
 def test_a_resumed_element_cannot_break_the_limit(owner):
     make_node("big", cpu=64_000, memory=256 * 2**30)
     parent = submit_array(owner, "0-3%1")
-    run_cycle_once()
+    run_scheduler_cycle()
     agent_runs_assigned()
     held = elements(parent).get(array_index=3)
     held.requested_action = JobRequest.SUSPEND
     held.save()
-    run_cycle_once()  # suspended: the lifecycle clears its hold
+    run_scheduler_cycle()  # suspended: the lifecycle clears its hold
     held.refresh_from_db()
     assert held.state == JobState.SUSPENDED and held.hold_reason == ""
     held.requested_action = JobRequest.RESUME
     held.save()
     for _ in range(3):
-        run_cycle_once()
+        run_scheduler_cycle()
         agent_runs_assigned()
         assert len(on_node(parent)) <= 1
     assert on_node(parent) == {0}
@@ -179,16 +179,16 @@ def test_a_resumed_element_cannot_break_the_limit(owner):
 def test_elements_go_with_their_own_ttl_and_the_parent_after_the_last(owner):
     make_node("big", cpu=64_000, memory=256 * 2**30)
     parent = submit_array(owner, "0-1", ttl_seconds_after_finished=60)
-    run_cycle_once()
+    run_scheduler_cycle()
     agent_runs_assigned()
     agent_finishes(parent, 0)
-    run_cycle_once()
+    run_scheduler_cycle()
     later = timezone.now() + timedelta(seconds=120)
     assert lifecycle.cleanup_ttl(later) == 1  # element 0; element 1 and the parent stay
     assert list(elements(parent).values_list("array_index", flat=True)) == [1]
     agent_finishes(parent, 1)
-    run_cycle_once()
-    run_cycle_once()
+    run_scheduler_cycle()
+    run_scheduler_cycle()
     parent.refresh_from_db()
     assert parent.state == JobState.SUCCEEDED
     assert parent.array_counts["states"] == {"Succeeded": 1}
@@ -202,7 +202,7 @@ def test_each_elements_tasks_start_with_its_index(owner, settings):
     token = register(node, token="join-secret").json()["token"]
     parent = submit_array(owner, "3,5,7", replicas=2)
     plain = submit_job(owner, {"name": "plain", "tasks": [{"command": "true"}]})
-    run_cycle_once()
+    run_scheduler_cycle()
     starts = beat(token).json()["start"]
     by_job: dict[int, set[tuple[str, ...]]] = {}
     for start in starts:

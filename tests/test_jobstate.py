@@ -23,7 +23,7 @@ from scheduler.jobstate import (
     sources,
     target,
 )
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Event, Job, Node, Task
 from scheduler.operations import OperationError
 from scheduler.states import TASK_ON_NODE, JobState, TaskState
@@ -133,7 +133,7 @@ def _request(action: str):
 
 
 ACTIONS = {
-    "cycle": lambda job: run_cycle_once(),
+    "cycle": lambda job: run_scheduler_cycle(),
     "start": _start,
     "succeed": _succeed,
     "fail": _fail,

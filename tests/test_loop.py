@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from scheduler.loop import PHASES, run_cycle_once
+from scheduler.loop import PHASES, run_scheduler_cycle
 from scheduler.models import Task
 from scheduler.states import TaskState
 from tests.factories import make_job, make_node
@@ -18,7 +18,7 @@ def test_it_reports_each_phase_with_its_queries(owner):
     make_node("gpu-1", gpus=1)
     job = make_job(owner, gpu=1)
 
-    report = run_cycle_once()
+    report = run_scheduler_cycle()
     assert Task.objects.get(job=job).state == TaskState.ASSIGNED
     assert list(report.phases)[: len(PHASES)] == list(PHASES)
     assert report.phases["load"].queries >= 6
@@ -32,7 +32,7 @@ def test_it_reports_each_phase_with_its_queries(owner):
 def test_its_log_line_shows_every_phase_in_ms(owner):
     make_node("gpu-1", gpus=1)
     make_job(owner, gpu=1)
-    line = run_cycle_once().line()
+    line = run_scheduler_cycle().line()
     for name in (*PHASES, "total", "db"):
         assert re.search(rf" {name}=\d+\.\dms", line), (name, line)
     assert re.search(r" queries=\d+ ", line)

@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 from django.urls import reverse
 
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import JobTemplate, Node, Queue
 from tests.factories import make_job, make_node
 
@@ -80,7 +80,7 @@ def test_an_admin_edit_that_would_break_the_snapshot_is_refused_and_jobs_still_r
     default.refresh_from_db()
     assert default.capability is None
     job = make_job(owner)
-    run_cycle_once()
+    run_scheduler_cycle()
     assert job.tasks.get().node is not None  # placed: the snapshot was fine
 
 

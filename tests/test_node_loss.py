@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Allocation, Event, Job, Node, Task
 from scheduler.states import JobRequest, JobState, TaskState
 from tests.factories import make_job, make_node, place
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 
 def cycle_until(job: Job, *states: str, cycles: int = 5) -> Job:
     for _ in range(cycles):
-        run_cycle_once()
+        run_scheduler_cycle()
         job.refresh_from_db()
         if job.state in states:
             break
@@ -36,10 +36,10 @@ def test_a_job_with_a_retry_left_runs_again_on_another_node(api, owner, staff):
     assert task.state == TaskState.LOST and task.message == "node gpu-01 was deleted by admin"
     assert not Allocation.objects.exists()
 
-    run_cycle_once()  # the job follows its retry policy: back to Pending, a new attempt
+    run_scheduler_cycle()  # the job follows its retry policy: back to Pending, a new attempt
     job.refresh_from_db()
     assert (job.state, job.retries) == (JobState.PENDING, 1)
-    run_cycle_once()  # and is placed on the node that is left
+    run_scheduler_cycle()  # and is placed on the node that is left
     task.refresh_from_db()
     assert (task.state, task.node_id, task.attempt) == (TaskState.ASSIGNED, second.pk, 1)
     assert Allocation.objects.get().device.node_id == second.pk
@@ -64,7 +64,7 @@ def test_a_terminating_job_on_a_deleted_node_ends(api, owner, staff):
     job = make_job(owner)
     place(job, node)
     assert api(owner).post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 202
-    run_cycle_once()
+    run_scheduler_cycle()
     job.refresh_from_db()
     assert job.state == JobState.TERMINATING  # waiting for the agent to confirm the kill
 

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Allocation, Job, Task
 from scheduler.states import JobState
 from tests.factories import make_job, make_node, place
@@ -37,7 +37,7 @@ def _started(job: Job) -> datetime:
 
 def test_positions_and_estimates_are_stored_and_shown(api, owner, busy):
     running, (a, b, c) = busy
-    report = run_cycle_once()
+    report = run_scheduler_cycle()
     assert report.counts["planned"] == 3 and "plan" in report.phases
     frees = _started(running) + timedelta(seconds=600)
     rows = {j.name: j for j in Job.objects.filter(pk__in=[a.pk, b.pk, c.pk])}
@@ -57,17 +57,17 @@ def test_positions_and_estimates_are_stored_and_shown(api, owner, busy):
 
 
 def test_nothing_is_written_again_when_nothing_changed(owner, busy):
-    run_cycle_once()
-    report = run_cycle_once()
+    run_scheduler_cycle()
+    report = run_scheduler_cycle()
     assert report.counts["plan_changed"] == 0
     assert report.phases["plan"].queries == 1  # reading the stored positions, no write
 
 
 def test_positions_move_up_when_a_job_leaves_the_queue(owner, busy):
     running, (a, b, c) = busy
-    run_cycle_once()
+    run_scheduler_cycle()
     Job.objects.filter(pk=a.pk).update(state=JobState.CANCELLED)
-    report = run_cycle_once()
+    report = run_scheduler_cycle()
     assert report.counts["plan_changed"] == 3  # a leaves, b and c move up
     positions = dict(Job.objects.values_list("name", "queue_position"))
     assert positions == {"running": None, "a": None, "b": 1, "c": 2}
@@ -78,11 +78,11 @@ def test_positions_move_up_when_a_job_leaves_the_queue(owner, busy):
 
 def test_a_placed_job_loses_its_position(owner, busy):
     running, (a, b, c) = busy
-    run_cycle_once()
+    run_scheduler_cycle()
     Job.objects.filter(pk=running.pk).update(state=JobState.SUCCEEDED)
     Task.objects.filter(job=running).update(state="Succeeded")
     Allocation.objects.filter(task__job=running).delete()
-    run_cycle_once()
+    run_scheduler_cycle()
     a.refresh_from_db()
     assert a.queue_position is None and a.estimated_start_at is None
     assert Job.objects.get(pk=b.pk).queue_position == 1
@@ -92,17 +92,17 @@ def test_between_full_plans_positions_move_and_estimates_are_kept(settings, owne
     """A full plan is made at most every BERTH_PLAN_INTERVAL seconds; in between a cycle only
     recomputes positions, and a waiting job keeps the estimate the last plan gave it."""
     running, (a, b, c) = busy
-    run_cycle_once()
+    run_scheduler_cycle()
     b.refresh_from_db()
     planned = b.estimated_start_at
     settings.BERTH_PLAN_INTERVAL = 3600
     Job.objects.filter(pk=a.pk).update(state=JobState.CANCELLED)
-    run_cycle_once()
+    run_scheduler_cycle()
     b.refresh_from_db()
     assert b.queue_position == 1  # moved up at once
     assert b.estimated_start_at == planned  # not re-planned yet: a full plan would move it
     settings.BERTH_PLAN_INTERVAL = 0
-    run_cycle_once()
+    run_scheduler_cycle()
     b.refresh_from_db()
     frees = _started(running) + timedelta(seconds=600)
     assert abs((b.estimated_start_at - frees).total_seconds()) < 1

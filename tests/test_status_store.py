@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from scheduler import notify
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Job, Node
 from scheduler.states import JobState
 from tests.factories import make_job, make_node, place
@@ -28,7 +28,7 @@ def cycle(django_capture_on_commit_callbacks) -> Iterator[Callable[[], set[int]]
     def run() -> set[int]:
         seen.clear()
         with django_capture_on_commit_callbacks(execute=True):
-            run_cycle_once()
+            run_scheduler_cycle()
         return set(seen)
 
     notify.connect(listener)
@@ -41,7 +41,7 @@ def cycle(django_capture_on_commit_callbacks) -> Iterator[Callable[[], set[int]]
 def test_it_stores_the_code_message_and_node_reasons(owner, api):
     make_node("small", gpus=1)
     job = make_job(owner, gpu=2)
-    run_cycle_once()
+    run_scheduler_cycle()
     job.refresh_from_db()
     assert job.pending_code == "NeverFits"
     assert job.pending_node_reasons == {"insufficient gpu": 1}
@@ -106,7 +106,7 @@ def test_a_job_that_fit_says_never_fits_once_the_cluster_shrinks(owner, api, cyc
 )  # fmt: skip
 def test_jobs_held_outside_the_core_say_so(owner, api, fields, code, message):
     job = make_job(owner, **fields)
-    run_cycle_once()
+    run_scheduler_cycle()
     status = api(owner).get(f"/api/v1/jobs/{job.pk}/").json()["status"]
     assert status == {"code": code, "message": message, "node_reasons": {}}
 

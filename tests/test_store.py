@@ -8,8 +8,8 @@ from django.test.utils import CaptureQueriesContext
 
 from scheduler import store
 from scheduler.core.cycle import run_cycle
-from scheduler.core.model import SchedulerConfig
-from scheduler.loop import run_cycle_once
+from scheduler.core.model import SchedulingPolicy
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Allocation, Event, Job, Node, Queue, Task
 from scheduler.states import JobRequest, JobState, NodeState, TaskState
 from tests.factories import GI, make_job, make_node, place
@@ -21,7 +21,7 @@ def test_it_places_a_job_on_a_node_with_its_devices(owner):
     make_node("gpu-1", gpus=4)
     job = make_job(owner, gpu=2)
 
-    report = run_cycle_once()
+    report = run_scheduler_cycle()
     task = Task.objects.get(job=job)
     assert task.state == TaskState.ASSIGNED
     assert task.node_id == Node.objects.get(name="gpu-1").pk
@@ -51,7 +51,7 @@ def test_it_loads_the_snapshot_in_a_fixed_number_of_queries(owner):
 def test_it_records_why_a_job_waits(owner):
     make_node("cpu-only")
     job = make_job(owner, gpu=1)
-    run_cycle_once()
+    run_scheduler_cycle()
     job.refresh_from_db()
     assert job.state == JobState.PENDING
     assert (job.pending_code, job.pending_message) == (
@@ -65,7 +65,7 @@ def test_it_places_the_jobs_after_one_with_an_impossible_selector(owner):
     make_node("plain", gpus=2)
     bad = make_job(owner, "bad", node_selector={"gpu-model": "h100"}, priority=10)
     good = [make_job(owner, f"good-{i}", gpu=1) for i in range(2)]
-    run_cycle_once()
+    run_scheduler_cycle()
     assert Task.objects.filter(job__in=good, state=TaskState.ASSIGNED).count() == 2
     bad.refresh_from_db()
     assert bad.pending_code == "NeverFits"
@@ -77,7 +77,7 @@ def test_a_stale_decision_fails_alone(owner):
     cancelled = make_job(owner, "cancelled", gpu=1)
     fine = make_job(owner, "fine", gpu=1)
     loaded = store.load_snapshot()
-    result = run_cycle(loaded.snapshot, SchedulerConfig())
+    result = run_cycle(loaded.snapshot, SchedulingPolicy())
     assert len(result.binds) == 2
     # Between snapshot and commit, the user cancels one job.
     Job.objects.filter(pk=cancelled.pk).update(requested_action=JobRequest.CANCEL)
@@ -94,7 +94,7 @@ def test_it_never_double_books_a_device_taken_since_the_snapshot(owner):
     node = make_node("gpu-1", gpus=1)
     first = make_job(owner, "first", gpu=1)
     loaded = store.load_snapshot()
-    result = run_cycle(loaded.snapshot, SchedulerConfig())
+    result = run_cycle(loaded.snapshot, SchedulingPolicy())
     # Another scheduler placed a job on the device meanwhile.
     other = make_job(owner, "other", gpu=1)
     place(other, node, devices=1)
@@ -109,7 +109,7 @@ def test_it_does_not_place_on_a_node_cordoned_since_the_snapshot(owner):
     make_node("n1")
     job = make_job(owner)
     loaded = store.load_snapshot()
-    result = run_cycle(loaded.snapshot, SchedulerConfig())
+    result = run_cycle(loaded.snapshot, SchedulingPolicy())
     Node.objects.update(state=NodeState.CORDONED, admin_state=NodeState.CORDONED)
     assert store.apply_decisions(loaded, result).stale == 1
     assert Task.objects.get(job=job).state == TaskState.PENDING
@@ -121,7 +121,7 @@ def test_it_preempts_a_lower_priority_job_and_suspends_it(owner):
     place(low, node, devices=1)
     high = make_job(owner, "high", gpu=1, priority=50)
 
-    report = run_cycle_once()
+    report = run_scheduler_cycle()
     low.refresh_from_db()
     high.refresh_from_db()
     assert report.counts["preempted"] == 1
@@ -132,7 +132,7 @@ def test_it_preempts_a_lower_priority_job_and_suspends_it(owner):
     assert "waiting for preempted jobs" in high.pending_message
 
     # A second cycle while the victim still stops evicts nothing more.
-    assert run_cycle_once().counts["preempted"] == 0
+    assert run_scheduler_cycle().counts["preempted"] == 0
 
 
 def test_it_respects_queue_capability(owner):
@@ -140,7 +140,7 @@ def test_it_respects_queue_capability(owner):
     make_node("gpu-1", gpus=4)
     first = make_job(owner, "first", gpu=1, queue="small")
     second = make_job(owner, "second", gpu=1, queue="small")
-    run_cycle_once()
+    run_scheduler_cycle()
     assert Task.objects.get(job=first).state == TaskState.ASSIGNED
     second.refresh_from_db()
     assert (second.pending_code, second.pending_message) == (
@@ -153,7 +153,7 @@ def test_it_leaves_held_and_user_suspended_jobs_alone(owner):
     make_node("n1")
     held = make_job(owner, "held", hold_reason="waiting for a parallelism slot")
     suspended = make_job(owner, "suspended", state=JobState.SUSPENDED, reason="UserSuspended")
-    run_cycle_once()
+    run_scheduler_cycle()
     assert Task.objects.get(job=held).state == TaskState.PENDING
     assert Task.objects.get(job=suspended).state == TaskState.PENDING
 
@@ -165,8 +165,8 @@ def test_a_queue_with_a_misshapen_capability_harms_only_itself(owner):
     stuck = make_job(owner, "stuck", gpu=1, queue="broken")
     fine = make_job(owner, "fine", gpu=1)
 
-    report = run_cycle_once()
-    run_cycle_once()
+    report = run_scheduler_cycle()
+    run_scheduler_cycle()
     assert report.errors == []
     assert Task.objects.get(job=fine).state == TaskState.ASSIGNED
     assert Task.objects.get(job=stuck).state == TaskState.PENDING
@@ -188,8 +188,8 @@ def test_a_job_with_a_broken_spec_harms_only_itself(owner):
     Job.objects.filter(pk=listed.pk).update(spec=["not", "a", "spec"])
     fine = make_job(owner, "fine", gpu=1)
 
-    report = run_cycle_once()
-    run_cycle_once()
+    report = run_scheduler_cycle()
+    run_scheduler_cycle()
     assert report.errors == []
     assert Task.objects.get(job=fine).state == TaskState.ASSIGNED
     for job in (broken, listed):
@@ -206,8 +206,8 @@ def test_a_node_with_broken_labels_takes_no_task_and_harms_no_other(owner):
     good = make_node("good", gpus=1)
     job = make_job(owner, gpu=1)
 
-    report = run_cycle_once()
-    run_cycle_once()
+    report = run_scheduler_cycle()
+    run_scheduler_cycle()
     assert report.errors == []
     assert Task.objects.get(job=job).node_id == good.pk
     assert Event.objects.filter(node=bad, kind="NodeInvalid").count() == 1
@@ -218,7 +218,7 @@ def test_a_device_taken_since_the_snapshot_drops_only_its_job(owner):
     first = make_job(owner, "first", gpu=1)
     second = make_job(owner, "second", gpu=1)
     loaded = store.load_snapshot()
-    result = run_cycle(loaded.snapshot, SchedulerConfig())
+    result = run_cycle(loaded.snapshot, SchedulingPolicy())
     taken = next(b for b in result.binds if b.job_id == first.pk)
     # Another scheduler placed a job on exactly that device meanwhile.
     other = make_job(owner, "other", gpu=1)
@@ -240,6 +240,6 @@ def test_it_writes_decisions_in_a_fixed_number_of_queries(owner):
         make_node(f"{prefix}-node", gpus=jobs, cpu=jobs * 1000, memory=jobs * GI)
         for i in range(jobs):
             make_job(owner, f"{prefix}-{i}", gpu=1)
-        return run_cycle_once().phases["commit"].queries
+        return run_scheduler_cycle().phases["commit"].queries
 
     assert commit_queries(3, "few") == commit_queries(40, "many")

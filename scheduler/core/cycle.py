@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from scheduler.core.actions import ACTIONS
-from scheduler.core.model import SchedulerConfig, Snapshot
+from scheduler.core.actions import allocate, enqueue, preempt, reclaim
+from scheduler.core.backfill import backfill
+from scheduler.core.model import SchedulingPolicy, Snapshot
 from scheduler.core.plugins import default_plugins
-from scheduler.core.session import Bind, Evict, Session
+from scheduler.core.session import Session
 from scheduler.core.status import Code, Status
+from scheduler.core.types import Bind, Evict
 
-__all__ = ["Bind", "CycleResult", "Code", "Evict", "Status", "run_cycle"]
+__all__ = ["Bind", "CycleResult", "Code", "Evict", "Status", "run_actions", "run_cycle"]
+
+ACTION_FUNCTIONS: dict[str, Callable[[Session], None]] = {
+    "enqueue": enqueue,
+    "allocate": allocate,
+    "preempt": preempt,
+    "reclaim": reclaim,
+    "backfill": backfill,
+}
 
 
 @dataclass
@@ -24,20 +35,27 @@ class CycleResult:
     stats: Counter[str] = field(default_factory=Counter)
 
 
-def run_cycle(snapshot: Snapshot, config: SchedulerConfig | None = None) -> CycleResult:
+def run_cycle(snapshot: Snapshot, config: SchedulingPolicy | None = None) -> CycleResult:
     """Decide what to bind, evict and why jobs wait. The snapshot is not modified; the same
     snapshot always gives the same decisions."""
-    config = config or SchedulerConfig()
+    config = config or SchedulingPolicy()
     started = time.perf_counter()
     session = Session(snapshot, config, default_plugins(config))
-    timings: dict[str, float] = {"open": time.perf_counter() - started}
-    for name in config.actions:
+    return run_actions(session, {"open": time.perf_counter() - started})
+
+
+def run_actions(session: Session, timings: dict[str, float] | None = None) -> CycleResult:
+    """Run the policy's actions on an open session and collect what they decided."""
+    timings = dict(timings or {})
+    started = time.perf_counter() - sum(timings.values())
+    for name in session.config.actions:
         tick = time.perf_counter()
-        ACTIONS[name](session)
+        ACTION_FUNCTIONS[name](session)
         timings[name] = time.perf_counter() - tick
-    for job in session.candidates:
+    # Only a job with no pending task (nothing to place) can be neither placed nor pending
+    # after the actions; a standing session holds none such.
+    for job in [] if session.standing else session.candidates:
         if job.id not in session.placed and job.id not in session.pending:
-            # Only a job with no pending task (nothing to place) can get here.
             session.set_pending(job, Status(Code.NOTHING_TO_PLACE, "no pending task to place"))
     timings["total"] = time.perf_counter() - started
     session.stats["binds"] = len(session.binds)

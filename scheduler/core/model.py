@@ -80,9 +80,10 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
-    """Which actions run and how. `strict_order`: allocate stops at the first job that is
-    blocked by resources (later jobs may only start through backfill, if it runs)."""
+class SchedulingPolicy:
+    """How the core schedules: which actions run and how. `strict_order`: allocate stops at
+    the first job that is blocked by resources (later jobs may only start through backfill,
+    if it runs)."""
 
     actions: tuple[str, ...] = ACTIONS
     node_order: str = "binpack"  # binpack | spread
@@ -99,15 +100,11 @@ class SchedulerConfig:
             raise ValueError(f"node_order must be binpack or spread, got {self.node_order!r}")
 
     @classmethod
-    def default(cls) -> SchedulerConfig:
-        return cls()
-
-    @classmethod
-    def fcfs(cls) -> SchedulerConfig:
+    def fcfs(cls) -> SchedulingPolicy:
         """First come, first served: strict order, no backfill, no preemption."""
         return cls(actions=("enqueue", "allocate"))
 
     @classmethod
-    def easy(cls) -> SchedulerConfig:
+    def easy(cls) -> SchedulingPolicy:
         """EASY backfill: strict order plus one reservation, no preemption."""
         return cls(actions=("enqueue", "allocate", "backfill"))

@@ -30,11 +30,13 @@ from math import nextafter
 
 from scheduler.core.actions import enqueue
 from scheduler.core.cycle import Bind, CycleResult
-from scheduler.core.model import JobInfo, SchedulerConfig, Snapshot, TaskInfo
-from scheduler.core.plugins import default_plugins, job_request
-from scheduler.core.session import NodeState, Session
+from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
+from scheduler.core.plugins import default_plugins
+from scheduler.core.resources import Resources
+from scheduler.core.session import Session
 from scheduler.core.status import Code, Status
 from scheduler.core.timeline import INF, Free, Timeline, as_free
+from scheduler.core.types import NodeView
 
 DEFAULT_DEPTH = 500
 # A gang not placed after this many tries at moments where enough is free at that instant
@@ -63,7 +65,7 @@ class Plan:
 def plan_starts(
     snapshot: Snapshot,
     result: CycleResult,
-    config: SchedulerConfig | None = None,
+    config: SchedulingPolicy | None = None,
     depth: int = DEFAULT_DEPTH,
 ) -> Plan:
     """Positions and start estimates of every job still waiting after `result`."""
@@ -82,22 +84,22 @@ def plan_starts(
 
 
 def plan_positions(
-    snapshot: Snapshot, result: CycleResult, config: SchedulerConfig | None = None
+    snapshot: Snapshot, result: CycleResult, config: SchedulingPolicy | None = None
 ) -> dict[int, int]:
     """Only the queue positions (cheap: one ordering, no planning)."""
     return queue_positions(_waiting_session(snapshot, result, config))
 
 
 def _waiting_session(
-    snapshot: Snapshot, result: CycleResult, config: SchedulerConfig | None
+    snapshot: Snapshot, result: CycleResult, config: SchedulingPolicy | None
 ) -> Session:
-    config = config or SchedulerConfig()
+    config = config or SchedulingPolicy()
     session = Session(after_cycle(snapshot, result), config, default_plugins(config))
     enqueue(session)
     return session
 
 
-def fingerprint(snapshot: Snapshot, result: CycleResult, config: SchedulerConfig | None) -> int:
+def fingerprint(snapshot: Snapshot, result: CycleResult, config: SchedulingPolicy | None) -> int:
     """Everything a plan depends on except the passing of time: two cycles with the same
     fingerprint (and close enough in time) have the same plan, so it need not be made again."""
     return hash(
@@ -176,7 +178,7 @@ def _plan_order(session: Session) -> Iterator[JobInfo]:
             continue
         yield job
         queue = session.queues[name]
-        queue.allocated = queue.allocated + job_request(job, _gang(session, job))
+        queue.allocated = queue.allocated + _total(_gang(session, job))
         heapq.heappush(heap, (session.queue_key(queue), name))
 
 
@@ -188,7 +190,7 @@ def _gang(session: Session, job: JobInfo) -> list[TaskInfo]:
 class _Planner:
     """The resource-time profile of every Ready node, and the jobs placed on it so far."""
 
-    def __init__(self, session: Session, pending: dict[int, Status], config: SchedulerConfig):
+    def __init__(self, session: Session, pending: dict[int, Status], config: SchedulingPolicy):
         self.session = session
         self.pending = pending
         self.nodes = [n for n in session.nodes if n.ready]
@@ -200,7 +202,7 @@ class _Planner:
         self.in_order = config.strict_order and "backfill" not in config.actions
         self.binpack = config.node_order == "binpack"
         self.floor = session.now
-        self._eligible: dict[tuple[object, ...], list[NodeState]] = {}
+        self._eligible: dict[tuple[object, ...], list[NodeView]] = {}
 
     def place(self, job: JobInfo) -> float | None:
         """Plan the job at its earliest start and return it (None: unknown)."""
@@ -371,7 +373,7 @@ class _Planner:
         for name, amount in placement:
             self.lines[name].hold(self.session.now, INF, amount)
 
-    def eligible(self, job: JobInfo, task: TaskInfo) -> list[NodeState]:
+    def eligible(self, job: JobInfo, task: TaskInfo) -> list[NodeView]:
         """Ready nodes that could ever take the task, in node order (cached per shape: the
         core's predicates depend on the task and the node only)."""
         key = (task.resources, tuple(sorted(task.node_selector.items())))
@@ -400,7 +402,7 @@ def _how_many(free: Free, shape: Free) -> int:
     return max(0, most)
 
 
-def _releases(session: Session, node: NodeState) -> list[tuple[float, Free]]:
+def _releases(session: Session, node: NodeView) -> list[tuple[float, Free]]:
     """When each task on the node gives back what it holds: now if it is stopping, at its
     walltime if it has one, never (INF) otherwise."""
     out = []
@@ -413,3 +415,10 @@ def _releases(session: Session, node: NodeState) -> list[tuple[float, Free]]:
         else:
             out.append((INF, amount))
     return out
+
+
+def _total(tasks: list[TaskInfo]) -> Resources:
+    total = Resources()
+    for task in tasks:
+        total = total + task.resources
+    return total

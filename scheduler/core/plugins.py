@@ -2,75 +2,22 @@
 
 A hook that has nothing to say returns the neutral value (an empty key, None, True, the
 victims unchanged). `default_plugins` is what a cycle runs with; tests and deployments add
-their own through `SchedulerConfig.extra_plugins`.
+their own through `SchedulingPolicy.extra_plugins`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from scheduler.core.model import JobInfo, SchedulerConfig, TaskInfo
+from scheduler.core.model import JobInfo, SchedulingPolicy, TaskInfo
 from scheduler.core.quantity import format_cpu, format_memory
 from scheduler.core.resources import DIMENSIONS, Resources
+from scheduler.core.session import Plugin, Session
 from scheduler.core.status import Code, Status
+from scheduler.core.types import LabelGroup, NodeView, QueueState
 
-if TYPE_CHECKING:
-    from scheduler.core.session import NodeState, QueueState, Session, _LabelGroup
-
-
-class Plugin:
-    name = "plugin"
-
-    def open(self, session: Session) -> None:
-        """Called once when the session opens."""
-
-    def job_key(self, session: Session, job: JobInfo) -> tuple[Any, ...]:
-        return ()
-
-    def queue_key(self, session: Session, queue: QueueState) -> tuple[Any, ...]:
-        return ()
-
-    def job_valid(self, session: Session, job: JobInfo) -> Status | None:
-        return None
-
-    def overused(self, session: Session, queue: QueueState, job: JobInfo) -> Status | None:
-        return None
-
-    def predicate(
-        self, session: Session, job: JobInfo, task: TaskInfo, node: NodeState
-    ) -> str | None:
-        return None
-
-    def job_ready(self, session: Session, job: JobInfo, placed: int) -> bool:
-        return True
-
-    def preemptable(
-        self, session: Session, preemptor: JobInfo, victims: list[JobInfo]
-    ) -> list[JobInfo]:
-        return victims
-
-    def reclaimable(
-        self, session: Session, reclaimer: JobInfo, victims: list[JobInfo]
-    ) -> list[JobInfo]:
-        return victims
-
-    def node_order(
-        self, session: Session, task: TaskInfo, groups: list[_LabelGroup]
-    ) -> Iterator[NodeState] | None:
-        return None
-
-
-def job_request(job: JobInfo, tasks: list[TaskInfo] | None = None) -> Resources:
-    total = Resources()
-    for task in job.tasks if tasks is None else tasks:
-        total = total + task.resources
-    return total
-
-
-def min_request(session: Session, job: JobInfo) -> Resources:
-    """What the job needs to start: its first `min_available` pending tasks."""
-    return job_request(job, session.pending_tasks(job)[: session.needed(job)])
+__all__ = ["Plugin", "default_plugins"]
 
 
 def describe(resources: Resources, dim: str) -> str:
@@ -166,7 +113,7 @@ class CapabilityPlugin(Plugin):
             return Status(Code.QUEUE_CLOSED, f'queue "{job.queue}" is closed')
         cap = queue.info.capability
         if cap is not None:
-            need = min_request(session, job)
+            need = session.min_request(job)
             for dim in DIMENSIONS:
                 if getattr(cap, dim) is not None and getattr(need, dim) > getattr(cap, dim):
                     return Status(
@@ -180,7 +127,7 @@ class CapabilityPlugin(Plugin):
         cap = queue.info.capability
         if cap is None:
             return None
-        need = min_request(session, job)
+        need = session.min_request(job)
         for dim in DIMENSIONS:
             limit = getattr(cap, dim)
             used = getattr(queue.allocated, dim)
@@ -206,9 +153,10 @@ class PredicatesPlugin(Plugin):
     """Node Ready and node selector; resources are checked by the session's index."""
 
     name = "predicates"
+    implied_by_index = True
 
     def predicate(
-        self, session: Session, job: JobInfo, task: TaskInfo, node: NodeState
+        self, session: Session, job: JobInfo, task: TaskInfo, node: NodeView
     ) -> str | None:
         if not node.ready:
             return "node not ready"
@@ -223,10 +171,11 @@ class BinpackPlugin(Plugin):
     free nodes stay free for large jobs, and a job's tasks land on as few nodes as possible."""
 
     name = "binpack"
+    static_node_order = True
 
     def node_order(
-        self, session: Session, task: TaskInfo, groups: list[_LabelGroup]
-    ) -> Iterator[NodeState]:
+        self, session: Session, task: TaskInfo, groups: list[LabelGroup]
+    ) -> Iterator[NodeView]:
         for free in range(task.resources.gpu, session.max_devices + 1):
             for group in groups:
                 bucket = group.buckets.get(free)
@@ -240,8 +189,8 @@ class SpreadPlugin(Plugin):
     name = "spread"
 
     def node_order(
-        self, session: Session, task: TaskInfo, groups: list[_LabelGroup]
-    ) -> Iterator[NodeState]:
+        self, session: Session, task: TaskInfo, groups: list[LabelGroup]
+    ) -> Iterator[NodeView]:
         nodes = [n for g in groups for b in g.buckets.values() for n in b.values()]
         nodes.sort(
             key=lambda n: (
@@ -253,7 +202,7 @@ class SpreadPlugin(Plugin):
         return iter(nodes)
 
 
-def default_plugins(config: SchedulerConfig) -> list[Plugin]:
+def default_plugins(config: SchedulingPolicy) -> list[Plugin]:
     plugins: list[Plugin] = [
         PriorityPlugin(),
         PreemptablePlugin(),

@@ -1,135 +1,126 @@
-"""A session over one snapshot: the mutable view actions work on, and the statement.
+"""A session over the cluster: the mutable view actions work on, the plugin interface and the
+combined plugin functions.
 
 Nodes that can take tasks are indexed by label set and by free-device count, so finding a node
 for a task looks at a few candidates instead of every node. Actions never call plugins
 directly: they call the session's combined functions (`job_key`, `queue_key`, `predicate`,
 `job_ready`, `preemptable`, `reclaimable`, `overused`, `candidate_nodes`), which ask every
-registered plugin.
+plugin that implements the hook.
+
+A session usually lives for one cycle (`run_cycle`). A standing session (`StandingSession`
+in `scheduler.core.standing`) keeps it between cycles and applies arrivals, completions and
+its own binds to it, so nothing is rebuilt that did not change; `begin_cycle` clears what one
+cycle decided.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
-from scheduler.core.model import JobInfo, QueueInfo, SchedulerConfig, Snapshot, TaskInfo
+from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
 from scheduler.core.resources import DIMENSIONS, Resources
-from scheduler.core.status import Code, Status
+from scheduler.core.status import Status
+from scheduler.core.types import (
+    HOLDS_RESOURCES,
+    Bind,
+    Evict,
+    Failure,
+    LabelGroup,
+    NodeView,
+    QueueState,
+    Reservation,
+)
 
-if TYPE_CHECKING:
-    from scheduler.core.plugins import Plugin
-
-ON_NODE = ("Assigned", "Running", "Releasing")
-
-
-class NodeState:
-    """A node as the session sees it: what is free now and what is being released."""
-
-    __slots__ = (
-        "name", "labels", "state", "allocatable", "free_cpu", "free_memory", "free_devices",
-        "rel_cpu", "rel_memory", "rel_devices", "label_key", "tasks", "healthy_devices",
-    )  # fmt: skip
-
-    def __init__(self, info: Any) -> None:
-        self.name: str = info.name
-        self.labels: dict[str, str] = info.labels
-        self.state: str = info.state
-        self.allocatable: Resources = info.allocatable
-        healthy = sorted(d.index for d in info.devices if d.healthy)
-        self.healthy_devices = len(healthy)
-        self.free_cpu = info.allocatable.cpu
-        self.free_memory = info.allocatable.memory
-        self.free_devices: list[int] = healthy
-        self.rel_cpu = 0
-        self.rel_memory = 0
-        self.rel_devices = 0
-        self.label_key = tuple(sorted(self.labels.items()))
-        self.tasks: list[tuple[JobInfo, TaskInfo]] = []
-
-    @property
-    def ready(self) -> bool:
-        return self.state == "Ready"
-
-    def fits_now(self, request: Resources) -> bool:
-        return (
-            request.cpu <= self.free_cpu
-            and request.memory <= self.free_memory
-            and request.gpu <= len(self.free_devices)
-        )
-
-    def free(self) -> Resources:
-        return Resources(self.free_cpu, self.free_memory, len(self.free_devices))
-
-    def releasing(self) -> Resources:
-        return Resources(self.rel_cpu, self.rel_memory, self.rel_devices)
-
-    def capacity(self) -> Resources:
-        return Resources(self.allocatable.cpu, self.allocatable.memory, self.healthy_devices)
+Fits = Callable[[NodeView, TaskInfo], bool]
+Shape = tuple[Resources, tuple[tuple[str, str], ...]]
 
 
-class _LabelGroup:
-    """Ready nodes with one label set, bucketed by how many devices they have free."""
+class Plugin:
+    """What a plugin may say; a hook with nothing to say returns the neutral value (an empty
+    key, None, True, the victims unchanged). Keys and predicates must depend only on the job
+    or task, the node, and the queue's own state: the session caches them on that basis."""
 
-    def __init__(self, labels: dict[str, str]) -> None:
-        self.labels = labels
-        self.buckets: dict[int, dict[str, NodeState]] = {}
+    name = "plugin"
+    # True if `node_order` depends on nodes' free devices only (not on free cpu or memory),
+    # so a node scan may resume after placing a task without devices.
+    static_node_order = False
+    # True if `predicate` only says what the node index already guarantees of the nodes it
+    # offers for placing (Ready, labels matching the selector): not asked when placing.
+    implied_by_index = False
 
-    def add(self, node: NodeState) -> None:
-        self.buckets.setdefault(len(node.free_devices), {})[node.name] = node
+    def open(self, session: Session) -> None:
+        """Called once when the session opens."""
 
-    def move(self, node: NodeState, old_free: int) -> None:
-        del self.buckets[old_free][node.name]
-        self.add(node)
+    def job_key(self, session: Session, job: JobInfo) -> tuple[Any, ...]:
+        return ()
+
+    def queue_key(self, session: Session, queue: QueueState) -> tuple[Any, ...]:
+        return ()
+
+    def job_valid(self, session: Session, job: JobInfo) -> Status | None:
+        return None
+
+    def overused(self, session: Session, queue: QueueState, job: JobInfo) -> Status | None:
+        return None
+
+    def predicate(
+        self, session: Session, job: JobInfo, task: TaskInfo, node: NodeView
+    ) -> str | None:
+        return None
+
+    def job_ready(self, session: Session, job: JobInfo, placed: int) -> bool:
+        return True
+
+    def preemptable(
+        self, session: Session, preemptor: JobInfo, victims: list[JobInfo]
+    ) -> list[JobInfo]:
+        return victims
+
+    def reclaimable(
+        self, session: Session, reclaimer: JobInfo, victims: list[JobInfo]
+    ) -> list[JobInfo]:
+        return victims
+
+    def node_order(
+        self, session: Session, task: TaskInfo, groups: list[LabelGroup]
+    ) -> Iterator[NodeView] | None:
+        return None
 
 
-@dataclass(frozen=True)
-class Bind:
-    job_id: int
-    task_id: int
-    node: str
-    devices: tuple[int, ...]
-    action: str
+HOOKS = (
+    "job_key", "queue_key", "job_valid", "overused", "predicate", "job_ready", "preemptable",
+    "reclaimable", "node_order",
+)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Evict:
-    job_id: int
-    reason: str  # Preempted | Reclaimed
-    preemptor_job_id: int
-    message: str
-
-
-@dataclass
-class Failure:
-    """Why a job could not be placed, and whether freeing resources could ever help."""
-
-    code: Code
-    message: str
-    blocked_by_resources: bool
-    placeable: int = 0
-    detail: str = ""  # the node count explanation alone
-    node_reasons: dict[str, int] = field(default_factory=dict)
-
-    def status(self) -> Status:
-        return Status(self.code, self.message, dict(self.node_reasons))
-
-
-@dataclass
-class QueueState:
-    info: QueueInfo
-    allocated: Resources = field(default_factory=Resources)
-    jobs: list[JobInfo] = field(default_factory=list)  # admitted candidates, in order
+def _implementing(plugins: list[Plugin], hook: str) -> list[Plugin]:
+    return [p for p in plugins if getattr(type(p), hook, None) is not getattr(Plugin, hook)]
 
 
 class Session:
-    def __init__(self, snapshot: Snapshot, config: SchedulerConfig, plugins: list[Plugin]) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        config: SchedulingPolicy,
+        plugins: list[Plugin],
+        explain: bool = True,
+    ) -> None:
         self.now = snapshot.now
         self.config = config
         self.plugins = plugins
-        self.nodes = [NodeState(n) for n in snapshot.nodes]
+        # False: failures say only their code (no per-node counts); decisions are the same.
+        self.explain_failures = explain
+        self.hooks = {hook: _implementing(plugins, hook) for hook in HOOKS}
+        # Predicates asked when placing: not those the node index already answers.
+        self.placing_predicates = [p for p in self.hooks["predicate"] if not p.implied_by_index]
+        self.static_node_order = all(p.static_node_order for p in self.hooks["node_order"])
+        self.gang_decides = any(p.name == "gang" for p in self.hooks["job_ready"])
+        self.nodes = [NodeView(n) for n in snapshot.nodes]
         self.node_by_name = {n.name: n for n in self.nodes}
+        self.all_ready = all(n.ready for n in self.nodes)
+        self.max_devices = max((n.healthy_devices for n in self.nodes), default=0)
         self.total = Resources()
         for node in self.nodes:
             self.total = self.total + node.capacity()
@@ -137,9 +128,58 @@ class Session:
         self.jobs = {j.id: j for j in snapshot.jobs}
         # A Running job with pending tasks left (a gang started with min_available) is a
         # candidate for the rest, unless it is being stopped.
-        self.candidates = [j for j in snapshot.jobs if j.is_candidate or _grows(j)]
-        self.need = {j.id: _need(j) for j in self.candidates}
+        self.candidates = [j for j in snapshot.jobs if j.is_candidate or grows(j)]
+        self.need = {j.id: need_of(j) for j in self.candidates}
         self.running = [j for j in snapshot.jobs if j.state == "Running"]
+        self._open_caches()
+        self._load_running()
+        self._open_totals()
+        # A standing session keeps its queues' admitted jobs between cycles, and why it
+        # refused the others (job -> status).
+        self.standing = False
+        self.refused: dict[int, Status] = {}
+        self.index_dirty = True
+        self.begin_cycle(snapshot.now)
+        for plugin in self.plugins:
+            plugin.open(self)
+
+    def _open_caches(self) -> None:
+        """What is worked out once per job or task shape and kept."""
+        self._pending_tasks: dict[int, list[TaskInfo]] = {}
+        self._shapes: dict[int, Shape | None] = {}
+        self._min_requests: dict[int, Resources] = {}
+        self._gang_runs: dict[int, list[tuple[TaskInfo, int]]] = {}
+        self._job_keys: dict[int, tuple[Any, ...]] = {}
+        self._eligible: dict[Shape, list[NodeView]] = {}
+        self._eligible_names: dict[Shape, list[str]] = {}
+        self.ever_fits: dict[tuple[Shape, int], bool] = {}
+        self.refusals: dict[tuple[Shape | None, int], Failure] = {}
+        # Bumped whenever what runs where changes for good (commits, completions): what
+        # was computed from it at the same version still holds.
+        self.version = 0
+        self.reservations: dict[tuple[object, ...], tuple[Any, ...]] = {}
+        # job -> the estimated start of the first reservation it held (with a known start)
+        self.reservation_starts: dict[int, float] = {}
+
+    def _open_totals(self) -> None:
+        """What is free on each ready node and in total, kept as tasks are placed and
+        released; when each task with a walltime gives its resources back: (end, node, task
+        id, job id, resources), sorted (Releasing tasks are not in it: `releasing` counts
+        them)."""
+        self.ready_free = {n.name: n.free() for n in self.nodes if n.ready}
+        self.ready_free_cpu = sum(f.cpu for f in self.ready_free.values())
+        self.ready_free_memory = sum(f.memory for f in self.ready_free.values())
+        self.ready_free_gpu = sum(f.gpu for f in self.ready_free.values())
+        self._stale_free: set[NodeView] = set()
+        self.walltime_ends: list[tuple[float, str, int, int, Resources]] = []
+        self.releasing = 0
+        for node in self.nodes:
+            self.releasing += sum(task.state == "Releasing" for _job, task in node.tasks)
+            self.add_ends([(job, task, node.name) for job, task in node.tasks])
+
+    def begin_cycle(self, now: float) -> None:
+        """Forget what the last cycle decided; keep the cluster as it stands."""
+        self.now = now
         self.pending: dict[int, Status] = {}
         self.binds: list[Bind] = []
         self.evictions: list[Evict] = []
@@ -149,25 +189,19 @@ class Session:
         self.nominated: set[str] = set()
         self.failures: dict[int, Failure] = {}
         self.blocked: JobInfo | None = None  # first job strict allocate could not start
-        self.reservation: Any = None
+        self.reservation: Reservation | None = None
         self.stats: Counter[str] = Counter()
-        self._groups: dict[tuple[tuple[str, str], ...], _LabelGroup] = {}
-        self._selector_groups: dict[tuple[tuple[str, str], ...], list[_LabelGroup]] = {}
-        self._load_running()
-        for node in self.nodes:
-            if node.ready:
-                key = node.label_key
-                if key not in self._groups:
-                    self._groups[key] = _LabelGroup(node.labels)
-                self._groups[key].add(node)
-        self.max_devices = max((n.healthy_devices for n in self.nodes), default=0)
-        self._bootstrap_plugins()
+        if not self.standing:
+            for queue in self.queues.values():
+                queue.jobs = []
+        if self.index_dirty:
+            self._build_index()
 
     def _load_running(self) -> None:
         for job in self.jobs.values():
             held = Resources()
             for task in job.tasks:
-                if task.state not in ON_NODE or task.node is None:
+                if task.state not in HOLDS_RESOURCES or task.node is None:
                     continue
                 node = self.node_by_name.get(task.node)
                 if node is None:
@@ -187,74 +221,190 @@ class Session:
             if queue is not None and not held.is_zero():
                 queue.allocated = queue.allocated + held
 
-    def _bootstrap_plugins(self) -> None:
-        for plugin in self.plugins:
-            plugin.open(self)
+    def _build_index(self) -> None:
+        """Ready nodes by label set, then by free devices, each bucket in snapshot order."""
+        self._groups: dict[tuple[tuple[str, str], ...], LabelGroup] = {}
+        self._selector_groups: dict[tuple[tuple[str, str], ...], list[LabelGroup]] = {}
+        for node in self.nodes:
+            if node.ready:
+                group = self._groups.get(node.label_key)
+                if group is None:
+                    group = self._groups[node.label_key] = LabelGroup(node.labels)
+                group.add(node)
+        self.index_dirty = False
+        self._orders: dict[tuple[object, ...], list[NodeView]] = {}
 
-    # --- combined plugin functions ---------------------------------------------------
+    def add_ends(self, started: list[tuple[JobInfo, TaskInfo, str]]) -> None:
+        """Tasks started on nodes: when their walltimes give their resources back."""
+        for job, task, node in started:
+            if job.walltime is None or task.started_at is None or task.state == "Releasing":
+                continue
+            release = Resources(task.resources.cpu, task.resources.memory, len(task.devices))
+            # (end, node, task id) is unique: sorting never compares further.
+            self.walltime_ends.append(
+                (task.started_at + job.walltime, node, task.id, job.id, release)
+            )
+        self.walltime_ends.sort()
 
-    def job_key(self, job: JobInfo) -> tuple[Any, ...]:
-        key: tuple[Any, ...] = ()
-        for plugin in self.plugins:
-            key += plugin.job_key(self, job)
-        return key + (job.id,)
+    def freed(self, node: NodeView, cpu: int, memory: int, gpu: int) -> None:
+        """The node's free resources changed by (cpu, memory, gpu)."""
+        if node.ready:
+            self.ready_free_cpu += cpu
+            self.ready_free_memory += memory
+            self.ready_free_gpu += gpu
+            self._stale_free.add(node)
 
-    def queue_key(self, queue: QueueState) -> tuple[Any, ...]:
-        key: tuple[Any, ...] = ()
-        for plugin in self.plugins:
-            key += plugin.queue_key(self, queue)
-        return key + (queue.info.name,)
+    def free_on_ready_nodes(self) -> dict[str, Resources]:
+        """What is free on each ready node now."""
+        for node in self._stale_free:
+            self.ready_free[node.name] = node.free()
+        self._stale_free.clear()
+        return self.ready_free
 
-    def job_valid(self, job: JobInfo) -> Status | None:
-        for plugin in self.plugins:
-            problem = plugin.job_valid(self, job)
-            if problem is not None:
-                return problem
-        return None
+    def move_in_index(self, node: NodeView, old_free: int) -> None:
+        """The node's free device count changed from `old_free`."""
+        self._groups[node.label_key].move(node, old_free)
+        self.index_dirty = True  # buckets are no longer in snapshot order
+        self._orders = {}
 
-    def overused(self, queue: QueueState, job: JobInfo) -> Status | None:
-        for plugin in self.plugins:
-            problem = plugin.overused(self, queue, job)
-            if problem is not None:
-                return problem
-        return None
+    # --- per job, cached while its pending tasks do not change ---------------------------
 
-    def predicate(self, job: JobInfo, task: TaskInfo, node: NodeState) -> str | None:
-        """None if the node may run the task (resources aside), else the reason it may not."""
-        for plugin in self.plugins:
-            problem = plugin.predicate(self, job, task, node)
-            if problem is not None:
-                return problem
-        return None
+    def pending_tasks(self, job: JobInfo) -> list[TaskInfo]:
+        tasks = self._pending_tasks.get(job.id)
+        if tasks is None:
+            tasks = self._pending_tasks[job.id] = [t for t in job.tasks if t.state == "Pending"]
+        return tasks
+
+    def shape(self, job: JobInfo) -> Shape | None:
+        """(resources, node selector) of the job's pending tasks if they are all alike."""
+        if job.id in self._shapes:
+            return self._shapes[job.id]
+        tasks = self.pending_tasks(job)
+        shape: Shape | None = None
+        if tasks:
+            first = tasks[0]
+            if all(
+                t.resources == first.resources and t.node_selector == first.node_selector
+                for t in tasks
+            ):
+                shape = task_shape(first)
+        self._shapes[job.id] = shape
+        return shape
+
+    def gang_runs(self, job: JobInfo) -> list[tuple[TaskInfo, int]]:
+        """The gang (the first `needed` pending tasks) as runs of consecutive alike tasks:
+        (the first of them, how many)."""
+        runs = self._gang_runs.get(job.id)
+        if runs is None:
+            runs = []
+            for task in self.pending_tasks(job)[: self.needed(job)]:
+                last = runs[-1][0] if runs else None
+                if last is not None and (
+                    task.resources == last.resources and task.node_selector == last.node_selector
+                ):
+                    runs[-1] = (last, runs[-1][1] + 1)
+                else:
+                    runs.append((task, 1))
+            self._gang_runs[job.id] = runs
+        return runs
+
+    def min_request(self, job: JobInfo) -> Resources:
+        """What the job needs to start: its first `needed` pending tasks."""
+        request = self._min_requests.get(job.id)
+        if request is None:
+            request = Resources()
+            for task in self.pending_tasks(job)[: self.needed(job)]:
+                request = request + task.resources
+            self._min_requests[job.id] = request
+        return request
+
+    def forget_job(self, job_id: int) -> None:
+        """Its tasks changed state: drop what was cached about them."""
+        self._pending_tasks.pop(job_id, None)
+        self._shapes.pop(job_id, None)
+        self._min_requests.pop(job_id, None)
+        self._gang_runs.pop(job_id, None)
+
+    def forget_key(self, job_id: int) -> None:
+        """The job is gone: its order key is no longer needed."""
+        self._job_keys.pop(job_id, None)
 
     def needed(self, job: JobInfo) -> int:
         """Pending tasks that must be placed together for the job to (keep) run(ning)."""
         need = self.need.get(job.id)
         return job.min_available if need is None else need
 
+    # --- combined plugin functions ---------------------------------------------------
+
+    def job_key(self, job: JobInfo) -> tuple[Any, ...]:
+        key = self._job_keys.get(job.id)
+        if key is None:
+            key = ()
+            for plugin in self.hooks["job_key"]:
+                key += plugin.job_key(self, job)
+            key = self._job_keys[job.id] = key + (job.id,)
+        return key
+
+    def queue_key(self, queue: QueueState) -> tuple[Any, ...]:
+        key: tuple[Any, ...] = ()
+        for plugin in self.hooks["queue_key"]:
+            key += plugin.queue_key(self, queue)
+        return key + (queue.info.name,)
+
+    def job_valid(self, job: JobInfo) -> Status | None:
+        for plugin in self.hooks["job_valid"]:
+            problem = plugin.job_valid(self, job)
+            if problem is not None:
+                return problem
+        return None
+
+    def overused(self, queue: QueueState, job: JobInfo) -> Status | None:
+        for plugin in self.hooks["overused"]:
+            problem = plugin.overused(self, queue, job)
+            if problem is not None:
+                return problem
+        return None
+
+    def predicate(self, job: JobInfo, task: TaskInfo, node: NodeView) -> str | None:
+        """None if the node may run the task (resources aside), else the reason it may not."""
+        for plugin in self.hooks["predicate"]:
+            problem = plugin.predicate(self, job, task, node)
+            if problem is not None:
+                return problem
+        return None
+
     def job_ready(self, job: JobInfo, placed: int) -> bool:
-        return all(plugin.job_ready(self, job, placed) for plugin in self.plugins)
+        return all(plugin.job_ready(self, job, placed) for plugin in self.hooks["job_ready"])
 
     def preemptable(self, preemptor: JobInfo, victims: list[JobInfo]) -> list[JobInfo]:
-        for plugin in self.plugins:
+        for plugin in self.hooks["preemptable"]:
             victims = plugin.preemptable(self, preemptor, victims)
         return victims
 
     def reclaimable(self, reclaimer: JobInfo, victims: list[JobInfo]) -> list[JobInfo]:
-        for plugin in self.plugins:
+        for plugin in self.hooks["reclaimable"]:
             victims = plugin.reclaimable(self, reclaimer, victims)
         return victims
 
-    def candidate_nodes(self, task: TaskInfo) -> Iterator[NodeState]:
+    def candidate_nodes(self, task: TaskInfo) -> Iterator[NodeView]:
         """Ready nodes whose labels match the task's selector, in the preferred order."""
         groups = self._matching_groups(task.node_selector)
-        for plugin in self.plugins:
+        for plugin in self.hooks["node_order"]:
             order = plugin.node_order(self, task, groups)
             if order is not None:
                 return order
         return (n for g in groups for b in sorted(g.buckets) for n in list(g.buckets[b].values()))
 
-    def _matching_groups(self, selector: dict[str, str]) -> list[_LabelGroup]:
+    def ordered_nodes(self, task: TaskInfo) -> list[NodeView]:
+        """`candidate_nodes` as a list, kept until a node moves in the index (only for an
+        order that depends on free devices alone, which only such a move changes)."""
+        key = (tuple(sorted(task.node_selector.items())), task.resources.gpu)
+        nodes = self._orders.get(key)
+        if nodes is None:
+            nodes = self._orders[key] = list(self.candidate_nodes(task))
+        return nodes
+
+    def _matching_groups(self, selector: dict[str, str]) -> list[LabelGroup]:
         key = tuple(sorted(selector.items()))
         groups = self._selector_groups.get(key)
         if groups is None:
@@ -279,47 +429,37 @@ class Session:
 
     # --- placement ---------------------------------------------------------------------
 
-    def find_node(
-        self,
-        job: JobInfo,
-        task: TaskInfo,
-        fits: Callable[[NodeState, TaskInfo], bool] | None = None,
-    ) -> NodeState | None:
-        for node in self.candidate_nodes(task):
-            if len(node.free_devices) < task.resources.gpu:
-                continue
-            if node.name in self.nominated:
-                continue
-            if not node.fits_now(task.resources):
-                continue
-            if self.predicate(job, task, node) is not None:
-                continue
-            if fits is not None and not fits(node, task):
-                continue
-            return node
-        return None
-
-    def explain(self, job: JobInfo, task: TaskInfo) -> tuple[str, bool, dict[str, int]]:
-        """`0/12 nodes fit: 8 insufficient gpu, 4 node selector mismatch`, whether the task
-        could fit on some node once resources are freed, and the count per node reason."""
-        counts: Counter[str] = Counter()
-        could_fit = False
-        for node in self.nodes:
-            reason = self._node_reason(job, task, node)
-            if reason is None:
-                reason = "reserved for a preempting job" if node.name in self.nominated else ""
-                if not reason:
-                    short = task.resources.short_of(node.free())
-                    reason = f"insufficient {short[0]}" if short else "held for the reservation"
-                could_fit = True
-            counts[reason] += 1
-        parts = ", ".join(
-            f"{n} {r}" for r, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))
+    def accepts(self, job: JobInfo, task: TaskInfo, node: NodeView, fits: Fits | None) -> bool:
+        """May the task go on the node now?"""
+        request = task.resources
+        return (
+            len(node.free_devices) >= request.gpu
+            and node.name not in self.nominated
+            and request.cpu <= node.free_cpu
+            and request.memory <= node.free_memory
+            and all(p.predicate(self, job, task, node) is None for p in self.placing_predicates)
+            and (fits is None or fits(node, task))
         )
-        detail = f"0/{len(self.nodes)} nodes fit: {parts}" if parts else "no nodes"
-        return detail, could_fit, dict(counts)
 
-    def _node_reason(self, job: JobInfo, task: TaskInfo, node: NodeState) -> str | None:
+    def eligible_nodes(self, job: JobInfo, task: TaskInfo) -> list[NodeView]:
+        """Nodes that could ever take the task (resources aside from capacity), in snapshot
+        order. Cached per task shape, as predicates depend on the task and node only."""
+        shape = task_shape(task)
+        nodes = self._eligible.get(shape)
+        if nodes is None:
+            nodes = [n for n in self.nodes if self.node_reason(job, task, n) is None]
+            self._eligible[shape] = nodes
+        return nodes
+
+    def eligible_names(self, job: JobInfo, task: TaskInfo) -> list[str]:
+        """The names of `eligible_nodes`."""
+        shape = task_shape(task)
+        names = self._eligible_names.get(shape)
+        if names is None:
+            names = self._eligible_names[shape] = [n.name for n in self.eligible_nodes(job, task)]
+        return names
+
+    def node_reason(self, job: JobInfo, task: TaskInfo, node: NodeView) -> str | None:
         """Why the node can never take this task as it stands (None: only resources)."""
         if not node.ready:
             return f"node {_state_word(node.state)}"
@@ -333,14 +473,91 @@ class Session:
             return f"insufficient {short[0]}"
         return None
 
-    def pending_tasks(self, job: JobInfo) -> list[TaskInfo]:
-        return [t for t in job.tasks if t.state == "Pending"]
+    def explain(self, job: JobInfo, task: TaskInfo) -> tuple[str, bool, dict[str, int]]:
+        """`0/12 nodes fit: 8 insufficient gpu, 4 node selector mismatch`, whether the task
+        could fit on some node once resources are freed, and the count per node reason. A
+        session that does not explain gives only the second."""
+        if not self.explain_failures:
+            return "", bool(self.eligible_nodes(job, task)), {}
+        counts: Counter[str] = Counter()
+        could_fit = False
+        for node in self.nodes:
+            reason = self.node_reason(job, task, node)
+            if reason is None:
+                reason = "reserved for a preempting job" if node.name in self.nominated else ""
+                if not reason:
+                    short = task.resources.short_of(node.free())
+                    reason = f"insufficient {short[0]}" if short else "held for the reservation"
+                could_fit = True
+            counts[reason] += 1
+        parts = ", ".join(
+            f"{n} {r}" for r, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))
+        )
+        detail = f"0/{len(self.nodes)} nodes fit: {parts}" if parts else "no nodes"
+        return detail, could_fit, dict(counts)
 
     def set_pending(self, job: JobInfo, info: Status) -> None:
         self.pending[job.id] = info
 
 
-def _grows(job: JobInfo) -> bool:
+class NodeScan:
+    """Finds a node for each of one job's tasks in turn, in the session's node order.
+
+    For consecutive alike tasks without devices the scan resumes at the node the last task
+    took, instead of starting over: placing such a task only shrinks what is free and moves
+    no node in the index, so every node the scan passed still cannot take the next one.
+    (With an order that looks at free cpu, e.g. spread, every task starts over.)
+    """
+
+    def __init__(self, session: Session, job: JobInfo, fits: Fits | None = None) -> None:
+        self.session = session
+        self.job = job
+        self.fits = fits
+        self._scan: Iterator[NodeView] | None = None
+        self._last_task: TaskInfo | None = None
+        self._last_node: NodeView | None = None
+
+    def find(self, task: TaskInfo) -> NodeView | None:
+        session, job, fits = self.session, self.job, self.fits
+        last = self._last_task
+        if (
+            self._scan is not None
+            and last is not None
+            and task.resources.gpu == 0
+            and session.static_node_order
+            and task.resources == last.resources
+            and task.node_selector == last.node_selector
+        ):
+            scan = self._scan
+            node = self._last_node
+            if node is not None and session.accepts(job, task, node, fits):
+                self._last_task = task
+                return node
+        else:
+            # Nodes without the cpu or memory free are passed over before `accepts` (which
+            # would refuse them the same); without devices anywhere, nothing ever moves in
+            # the index and the order is kept as a list.
+            cpu, memory = task.resources.cpu, task.resources.memory
+            order: Iterable[NodeView] = (
+                session.ordered_nodes(task)
+                if session.max_devices == 0 and session.static_node_order
+                else session.candidate_nodes(task)
+            )
+            scan = (n for n in order if n.free_cpu >= cpu and n.free_memory >= memory)
+        self._scan, self._last_task, self._last_node = scan, task, None
+        for node in scan:
+            if session.accepts(job, task, node, fits):
+                self._last_node = node
+                return node
+        return None
+
+
+def task_shape(task: TaskInfo) -> Shape:
+    return (task.resources, tuple(sorted(task.node_selector.items())))
+
+
+def grows(job: JobInfo) -> bool:
+    """A running job with pending tasks left that may still be placed."""
     return (
         job.state == "Running"
         and not job.suspend_requested
@@ -349,7 +566,7 @@ def _grows(job: JobInfo) -> bool:
     )
 
 
-def _need(job: JobInfo) -> int:
+def need_of(job: JobInfo) -> int:
     """How many pending tasks must be placed at once: the gang minus what already runs."""
     held = sum(1 for t in job.tasks if t.state in ("Assigned", "Running") and t.node)
     return max(0, job.min_available - held)
@@ -357,61 +574,3 @@ def _need(job: JobInfo) -> int:
 
 def _state_word(state: str) -> str:
     return {"NotReady": "not ready"}.get(state, state.lower())
-
-
-class Statement:
-    """Allocations made for one job, kept by `commit()` or undone by `discard()`."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.ops: list[tuple[JobInfo, TaskInfo, NodeState, tuple[int, ...]]] = []
-
-    def allocate(self, job: JobInfo, task: TaskInfo, node: NodeState) -> tuple[int, ...]:
-        request = task.resources
-        devices = _pick_devices(node.free_devices, request.gpu)
-        old_free = len(node.free_devices)
-        node.free_cpu -= request.cpu
-        node.free_memory -= request.memory
-        if devices:
-            chosen = set(devices)
-            node.free_devices = [d for d in node.free_devices if d not in chosen]
-        if devices:
-            self.session._groups[node.label_key].move(node, old_free)
-        self.ops.append((job, task, node, devices))
-        return devices
-
-    def discard(self) -> None:
-        for _job, task, node, devices in reversed(self.ops):
-            old_free = len(node.free_devices)
-            node.free_cpu += task.resources.cpu
-            node.free_memory += task.resources.memory
-            if devices:
-                node.free_devices = sorted(node.free_devices + list(devices))
-                self.session._groups[node.label_key].move(node, old_free)
-        self.ops.clear()
-
-    def commit(self, action: str) -> list[Bind]:
-        binds = []
-        for job, task, node, devices in self.ops:
-            bind = Bind(job.id, task.id, node.name, devices, action)
-            binds.append(bind)
-            self.session.binds.append(bind)
-            queue = self.session.queues.get(job.queue)
-            if queue is not None:
-                queue.allocated = queue.allocated + task.resources
-        if self.ops:
-            self.session.placed.add(self.ops[0][0].id)
-            self.session.pending.pop(self.ops[0][0].id, None)
-        self.ops.clear()
-        return binds
-
-
-def _pick_devices(free: list[int], count: int) -> tuple[int, ...]:
-    """The lowest free device indices, preferring a contiguous run (kept sorted)."""
-    if count <= 0:
-        return ()
-    for start in range(len(free) - count + 1):
-        window = free[start : start + count]
-        if window[-1] - window[0] == count - 1:
-            return tuple(window)
-    return tuple(free[:count])

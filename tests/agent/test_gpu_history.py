@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from scheduler import gpu_history
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Device, DeviceSample, Node
 from tests.agent.test_protocol import JOIN, agent, register, rows
 
@@ -132,12 +132,12 @@ def test_the_scheduler_loop_prunes_old_samples(token: str, settings: Any, monkey
     monkeypatch.setattr(gpu_history, "_pruned_at", float("-inf"))  # as in a fresh process
     _aged(0, 7200)
     _aged(0, 60)
-    report = run_cycle_once()
+    report = run_scheduler_cycle()
     assert report.errors == []
     assert DeviceSample.objects.count() == 1
     # Within the next minute the loop does not delete again (one statement a minute at most).
     _aged(1, 7200)
-    run_cycle_once()
+    run_scheduler_cycle()
     assert DeviceSample.objects.count() == 2
 
 

@@ -21,7 +21,7 @@ from django.db import connections
 
 from berth.asgi import application
 from scheduler.agent.client import PROTOCOL
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Job, Node, Queue
 from scheduler.states import JobRequest, TaskState
 from tests.conftest import CI
@@ -100,7 +100,7 @@ async def test_an_assignment_reaches_the_lease_that_was_already_waiting(layer):
     token, node_id, _, task_id = await sync_to_async(_cluster)()
     answer = _hold_lease(token, [])
     await _held(node_id, answer)
-    report = await sync_to_async(run_cycle_once)()  # the scheduler places the job, commits
+    report = await sync_to_async(run_scheduler_cycle)()  # the scheduler places the job, commits
     await sync_to_async(connections.close_all)()
     assert report.counts["placed"] == 1
     response = await answer
@@ -118,7 +118,7 @@ async def test_a_cancel_reaches_the_lease_of_the_node_running_the_job(layer):
     await _held(node_id, answer)
     await sync_to_async(
         Job.objects.filter(pk=job_id).update)(requested_action=JobRequest.CANCEL)  # fmt: skip
-    await sync_to_async(run_cycle_once)()
+    await sync_to_async(run_scheduler_cycle)()
     await sync_to_async(connections.close_all)()
     response = await answer
     orders = json.loads(response["body"])

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Device, DeviceSample, Job, Node
 from scheduler.states import JobState, TaskState
 from tests.agent.test_protocol import agent
@@ -30,7 +30,7 @@ def test_a_finished_jobs_tasks_still_list_their_node_and_gpus(api: Any, owner: A
     node, token = _node_with_token()
     Device.objects.filter(node=node, index__in=[0, 1]).update(healthy=False)  # place on 2, 3
     job = make_job(owner, gpu=2)
-    run_cycle_once()  # the scheduler binds the task to two GPUs
+    run_scheduler_cycle()  # the scheduler binds the task to two GPUs
     task = job.tasks.get()
     url = f"/api/v1/jobs/{job.pk}/"
     running = api(owner).get(url).json()["tasks"][0]
@@ -41,7 +41,7 @@ def test_a_finished_jobs_tasks_still_list_their_node_and_gpus(api: Any, owner: A
         body = {"tasks": [{"id": task.pk, "attempt": 0, "state": state, "exit_code": 0,
                            "output_bytes": 0}]}  # fmt: skip
         assert reports.post("/api/v1/agent/report/", body, format="json").status_code == 200
-    run_cycle_once()
+    run_scheduler_cycle()
     assert Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED
     assert not Device.objects.filter(allocation__isnull=False).exists()
     ended = api(owner).get(url).json()["tasks"][0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Event, Flow, Job, JobTemplate, Queue
 from scheduler.states import JobState
 from tests.factories import make_job, make_node, place
@@ -81,7 +81,7 @@ def test_a_user_cannot_preempt_another_users_job_above_the_cap(api, owner, teamm
     response = api(owner).post("/api/v1/jobs/", job_spec("mine", priority=1_000_000),
                                format="json")  # fmt: skip
     assert response.status_code == 400
-    report = run_cycle_once()
+    report = run_scheduler_cycle()
     theirs.refresh_from_db()
     assert report.counts["preempted"] == 0
     assert theirs.state == JobState.RUNNING
@@ -95,7 +95,7 @@ def test_within_the_cap_a_higher_priority_preempts_as_before(api, owner, teammat
 
     response = api(owner).post("/api/v1/jobs/", job_spec("mine", priority=10), format="json")
     assert response.status_code == 201, response.content
-    report = run_cycle_once()
+    report = run_scheduler_cycle()
     theirs.refresh_from_db()
     assert report.counts["preempted"] == 1
     assert (theirs.state, theirs.reason) == (JobState.SUSPENDED, "Preempted")
@@ -136,14 +136,14 @@ def test_a_users_flow_may_lower_the_templates_priority(api, owner, urgent_templa
     body = flow_spec(overrides={"priority": 0})
     response = api(owner).post("/api/v1/flows/", body, format="json")
     assert response.status_code == 201, response.content
-    run_cycle_once()
+    run_scheduler_cycle()
     assert Job.objects.get(flow_id=response.json()["id"]).priority == 0
 
 
 def test_staff_flows_keep_the_templates_priority(api, staff, urgent_template):
     response = api(staff).post("/api/v1/flows/", flow_spec(), format="json")
     assert response.status_code == 201, response.content
-    run_cycle_once()
+    run_scheduler_cycle()
     assert Job.objects.get(flow_id=response.json()["id"]).priority == 500
 
 
@@ -157,7 +157,7 @@ def test_a_template_raised_after_the_flow_was_accepted_is_lowered_to_the_cap(
     raised = {"name": "urgent", "spec": {**urgent_template.spec, "priority": 500}}
     assert api(staff).put("/api/v1/templates/urgent/", raised, format="json").status_code == 200
 
-    run_cycle_once()
+    run_scheduler_cycle()
     jobs = list(Job.objects.filter(flow_id=flow_id))
     assert [j.priority for j in jobs] == [0, 0]
     assert [j.spec["priority"] for j in jobs] == [0, 0]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.core.duration import DurationError, parse_duration
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Job, Queue, Task
 from tests.factories import make_node
 
@@ -152,7 +152,7 @@ def test_a_flow_steps_job_gets_the_defaults_of_its_queue(api, owner, staff):
     flow = {"name": "f", "steps": [{"name": "a", "template": "t", "overrides": {"walltime": "5m"}}]}
     response = api(owner).post("/api/v1/flows/", flow, format="json")
     assert response.status_code == 201, response.content
-    run_cycle_once()
+    run_scheduler_cycle()
     job = Job.objects.get(flow_id=response.json()["id"])
     assert job.spec["tasks"][0]["resources"] == {"cpu": "2", "memory": "2Gi", "gpu": 0}
     assert job.walltime == 300
@@ -175,7 +175,7 @@ def test_the_scheduler_places_tasks_by_the_queues_defaults(api, owner):
     make_node("n1", cpu=4000)
     ids = [api(owner).post("/api/v1/jobs/", _job(name=f"j{i}"), format="json").json()["id"]
            for i in range(2)]  # fmt: skip
-    report = run_cycle_once()
+    report = run_scheduler_cycle()
     # 3 cpu each on a 4-cpu node: one is bound, the other waits (with 0 cpu both would be).
     placed = Task.objects.filter(job_id__in=ids, node__isnull=False)
     assert placed.count() == 1 and placed.get().cpu == 3000, report

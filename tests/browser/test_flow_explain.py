@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from django.contrib.auth.models import User
 
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Job
 from scheduler.submit import create_flow, submit_job
 from tests.browser.test_live_pages import (  # noqa: F401 (server is a fixture)
@@ -29,10 +29,10 @@ def test_a_flow_page_says_why_each_step_waits(server: str) -> None:  # noqa: F81
     # Another job of alice's holds both GPUs, so the flow's first job waits for resources.
     blocker = submit_job(alice, {"name": "blocker", "tasks": [
         {"name": "main", "command": "x", "resources": {"cpu": 1, "gpu": 2}}]})  # fmt: skip
-    run_cycle_once()  # placed
+    run_scheduler_cycle()  # placed
     agent.beat()
     agent.beat()  # reported running
-    run_cycle_once()
+    run_scheduler_cycle()
     flow = create_flow(alice, {"name": "why", "parallelism": 1, "steps": [
         {"name": "first", "spec": GPU},
         {"name": "second", "spec": GPU},
@@ -54,12 +54,12 @@ async def _scenario(url: str, flow_id: int) -> None:
         await expect(after).to_have_text("waits: waiting for steps first, second to succeed")
 
         # The controller makes the two first jobs; parallelism 1 holds one. Pushed live.
-        await asyncio.to_thread(_in_thread, run_cycle_once)
+        await asyncio.to_thread(_in_thread, run_scheduler_cycle)
         held = page.locator('[data-waiting="second"]')
         slot = "waiting for a parallelism slot (1/1 active in flow why)"
         await expect(held).to_contain_text(slot, timeout=10000)
         # The scheduler finds no free GPU for the released one: the page names the job's reason.
-        await asyncio.to_thread(_in_thread, run_cycle_once)
+        await asyncio.to_thread(_in_thread, run_scheduler_cycle)
         first_job, reason = await asyncio.to_thread(_in_thread, _first_job, flow_id)
         assert reason, "the scheduler gave the waiting job a pending reason"
         await page.reload()

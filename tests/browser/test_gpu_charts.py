@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Device, DeviceSample, Job, Task
 from tests.browser.test_live_pages import (
     CHROMIUM_ARGS,
@@ -49,10 +49,10 @@ def test_node_and_job_pages_chart_gpu_utilisation_live(server: str) -> None:  # 
     alice = User.objects.get(username="alice")
     agent = FakeAgent(server)  # registers gpu-01 with GPUs 0 and 1
     job = make_job(alice, "train", gpu=1)
-    run_cycle_once()  # bound to GPU 0
+    run_scheduler_cycle()  # bound to GPU 0
     assert agent.beat() == [job.tasks.get().pk]
     agent.beat()  # now Running
-    run_cycle_once()
+    run_scheduler_cycle()
     _history(job)
     asyncio.run(_look(server, agent, job.pk))
 

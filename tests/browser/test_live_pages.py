@@ -1,7 +1,7 @@
 """In a real browser: pages update live as the scheduler and agents change things.
 
 A daphne server runs as its own process on the PostgreSQL test database; this test process
-plays the scheduler (run_cycle_once, reconcile_flows) and an agent (the protocol over HTTP),
+plays the scheduler (run_scheduler_cycle, reconcile_flows) and an agent (the protocol over HTTP),
 and publishes through Redis, as the real processes do. Screenshots go to docs/screenshots/.
 """
 
@@ -23,7 +23,7 @@ from django.db import connection
 
 from bench.processes import free_port, start_daphne
 from scheduler.agent.client import PROTOCOL
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Flow, JobTemplate, Queue
 from scheduler.submit import create_flow
 from tests.e2e.conftest import database_url
@@ -181,10 +181,10 @@ async def _scenario(url: str, agent: FakeAgent, alice: User, bobs: Flow) -> None
         status = page.locator(f"#job-{job_id}-status .badge.big")
         await expect(status).to_have_text("Pending")
         marker = await page.evaluate("() => (window.__loaded = performance.timeOrigin)")
-        await sync(run_cycle_once)  # the scheduler places it
+        await sync(run_scheduler_cycle)  # the scheduler places it
         (task_id,) = await sync(agent.beat)
         await sync(agent.beat)  # the agent reports it running
-        await sync(run_cycle_once)  # the lifecycle sees it run
+        await sync(run_scheduler_cycle)  # the lifecycle sees it run
         await expect(status).to_have_text("Running", timeout=10000)
         await expect(page.locator(f"#task-{task_id}")).to_contain_text("gpu-01")
         await sync(agent.log, task_id, "hello from the task\n")
@@ -192,7 +192,7 @@ async def _scenario(url: str, agent: FakeAgent, alice: User, bobs: Flow) -> None
         log = page.locator(f"#job-{job_id}-log-{task_id}")
         await expect(log).to_contain_text("hello from the task\nepoch 1 loss 0.25")
         await sync(agent.beat, {task_id: 0})
-        await sync(run_cycle_once)
+        await sync(run_scheduler_cycle)
         await expect(status).to_have_text("Succeeded", timeout=10000)
         assert await page.evaluate("() => window.__loaded") == marker  # never reloaded
         await page.screenshot(path=str(SHOTS / "job.png"), full_page=True)
@@ -203,23 +203,23 @@ async def _scenario(url: str, agent: FakeAgent, alice: User, bobs: Flow) -> None
         prep = page.locator('g[data-step="prep"]')
         train = page.locator('g[data-step="train"]')
         await expect(prep).to_have_attribute("data-state", "Pending")
-        await sync(run_cycle_once)  # the flow controller makes the prep job
+        await sync(run_scheduler_cycle)  # the flow controller makes the prep job
         await expect(prep).to_have_attribute("data-state", "Running", timeout=10000)
-        await sync(run_cycle_once)  # the scheduler places it
+        await sync(run_scheduler_cycle)  # the scheduler places it
         (prep_task,) = await sync(agent.beat)
         await sync(agent.beat)
         await sync(agent.log, prep_task, "downloading data\n")
         flow_log = page.locator(f"#flow-{flow}-log")
         await expect(flow_log).to_contain_text("sweep-prep/main-0  downloading data")
         await sync(agent.beat, {prep_task: 0})
-        await sync(run_cycle_once)
+        await sync(run_scheduler_cycle)
         await expect(prep).to_have_attribute("data-state", "Succeeded", timeout=10000)
         await expect(train).to_have_attribute("data-state", "Running", timeout=10000)
-        await sync(run_cycle_once)  # two of three train jobs start (parallelism 2)
+        await sync(run_scheduler_cycle)  # two of three train jobs start (parallelism 2)
         train_tasks = await sync(agent.beat)
         assert len(train_tasks) == 2
         await sync(agent.beat)
-        await sync(run_cycle_once)
+        await sync(run_scheduler_cycle)
         await expect(train.locator(".seg.j-running")).to_have_count(2, timeout=10000)
         await expect(train).to_contain_text("2 running")
         for i, task in enumerate(train_tasks):
@@ -232,11 +232,11 @@ async def _scenario(url: str, agent: FakeAgent, alice: User, bobs: Flow) -> None
         await expect(page.locator(".gpu.busy")).to_have_count(2)
         await page.screenshot(path=str(SHOTS / "cluster.png"))
         await sync(agent.beat, {train_tasks[0]: 0})
-        await sync(run_cycle_once)  # the job ends, which frees a parallelism slot
-        await sync(run_cycle_once)  # the third item is placed on the freed GPU
+        await sync(run_scheduler_cycle)  # the job ends, which frees a parallelism slot
+        await sync(run_scheduler_cycle)  # the third item is placed on the freed GPU
         await expect(page.locator(".gpu.busy")).to_have_count(2, timeout=10000)
         await sync(agent.beat, {train_tasks[1]: 1})
-        await sync(run_cycle_once)
+        await sync(run_scheduler_cycle)
         await expect(page.locator(".gpu.busy")).to_have_count(1, timeout=10000)
 
         await page.goto(f"{url}/jobs/")

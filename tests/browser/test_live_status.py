@@ -25,7 +25,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 
 from bench.processes import free_port
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import JobTemplate, Node, Queue
 from scheduler.submit import create_flow, submit_job
 from tests.browser.test_live_pages import CHROMIUM_ARGS, _in_thread, _sign_in
@@ -142,12 +142,12 @@ async def _scenario(server: Daphne, alice: User) -> None:
         # The job's status is pushed to its page and its row as it changes.
         waiting = other.locator(f"#job-{job_id}-status .waiting")
         await _sync(_set_queue_open, False)
-        await _sync(run_cycle_once)
+        await _sync(run_scheduler_cycle)
         await expect(waiting).to_contain_text("QueueClosed", timeout=10000)
         await expect(row).to_contain_text("QueueClosed", timeout=10000)
         await _sync(_shrink_cluster)
         await _sync(_set_queue_open, True)
-        await _sync(run_cycle_once)
+        await _sync(run_scheduler_cycle)
         await expect(waiting.locator(".badge.never-fits")).to_be_visible(timeout=10000)
         await expect(waiting).to_contain_text("0/1 nodes fit: 1 insufficient gpu")
         await expect(row.locator(".badge.never-fits")).to_be_visible(timeout=10000)

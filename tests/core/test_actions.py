@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.core.cycle import run_cycle
-from scheduler.core.model import QueueInfo, SchedulerConfig
+from scheduler.core.model import QueueInfo, SchedulingPolicy
 from scheduler.core.plugins import Plugin
 from scheduler.core.resources import Resources
 from tests.core.builders import NOW, job, node, placed_jobs, snapshot
@@ -79,7 +79,7 @@ def test_it_places_jobs_on_the_expected_nodes(nodes, jobs, expected_nodes):
 def test_it_spreads_when_asked():
     nodes = [node("a", gpus=4), node("b", gpus=4)]
     jobs = [job(1, gpu=1, running_on=[("a", (0,))]), job(2, gpu=1)]
-    result = run_cycle(snapshot(nodes, jobs), SchedulerConfig(node_order="spread"))
+    result = run_cycle(snapshot(nodes, jobs), SchedulingPolicy(node_order="spread"))
     assert [b.node for b in result.binds] == ["b"]
 
 
@@ -92,7 +92,7 @@ def test_it_picks_free_device_indices_contiguously():
 
 def test_it_places_a_gang_all_or_nothing():
     nodes = [node("a", gpus=2), node("b", gpus=1)]
-    result = run_cycle(snapshot(nodes, [job(1, gpu=2, replicas=2)]), SchedulerConfig.fcfs())
+    result = run_cycle(snapshot(nodes, [job(1, gpu=2, replicas=2)]), SchedulingPolicy.fcfs())
     assert result.binds == []
     assert result.pending[1].message.startswith("gang: 1/2 tasks placeable")
 
@@ -103,7 +103,7 @@ def test_it_starts_a_gang_of_min_available_and_places_extras_best_effort():
     assert len(result.binds) == 3
 
 
-@pytest.mark.parametrize("config", [SchedulerConfig(), SchedulerConfig.easy()])
+@pytest.mark.parametrize("config", [SchedulingPolicy(), SchedulingPolicy.easy()])
 def test_it_places_every_fitting_job_after_one_with_an_impossible_selector(config):
     """Volcano's backfill stopped at the first job that failed a predicate."""
     nodes = [node(f"n{i}", gpus=2) for i in range(2)]
@@ -127,7 +127,7 @@ def test_it_backfills_every_fitting_job_after_an_impossible_one():
         job(5, gpu=1, walltime=10),  # short: fits before the reservation
         job(6, gpu=1, walltime=10),
     ]
-    result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.easy())
+    result = run_cycle(snapshot(nodes, jobs), SchedulingPolicy.easy())
     assert placed_jobs(result) == {5, 6}
     assert result.pending[3].code == "Reserved"
     assert result.pending[4].message == "0/2 nodes fit: 2 node selector mismatch"
@@ -145,9 +145,9 @@ class RaisesFor(Plugin):
         return None
 
 
-@pytest.mark.parametrize("base", [SchedulerConfig(), SchedulerConfig.easy()])
+@pytest.mark.parametrize("base", [SchedulingPolicy(), SchedulingPolicy.easy()])
 def test_it_places_every_other_job_when_a_plugin_raises_for_one(base):
-    config = SchedulerConfig(actions=base.actions, extra_plugins=(RaisesFor(1),))
+    config = SchedulingPolicy(actions=base.actions, extra_plugins=(RaisesFor(1),))
     nodes = [node("a", gpus=4)]
     jobs = [job(1, gpu=1, priority=100), job(2, gpu=1), job(3, gpu=1)]
     result = run_cycle(snapshot(nodes, jobs), config)
@@ -191,7 +191,7 @@ def test_it_places_every_other_job_when_a_plugin_raises_for_one(base):
     ],
 )
 def test_it_explains_why_a_job_waits(nodes, the_job, queues, reason, message):
-    result = run_cycle(snapshot(nodes, [the_job], queues), SchedulerConfig.fcfs())
+    result = run_cycle(snapshot(nodes, [the_job], queues), SchedulingPolicy.fcfs())
     assert (result.pending[1].code, result.pending[1].message) == (reason, message)
 
 
@@ -215,7 +215,7 @@ def test_it_reserves_for_the_blocked_job_and_backfills_short_ones():
         job(4, gpu=1, walltime=5000),  # fits now, but would delay it: waits
         job(5, gpu=1, walltime=None),  # no walltime: only spare resources, none here
     ]
-    result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.easy())
+    result = run_cycle(snapshot(nodes, jobs), SchedulingPolicy.easy())
     assert placed_jobs(result) == {3}
     assert result.pending[2].code == "Reserved"
     assert result.pending[2].estimated_start == NOW + 900
@@ -230,7 +230,7 @@ def test_it_does_not_let_later_jobs_pass_a_blocked_one_under_fcfs():
         job(2, gpu=4, priority=10),
         job(3, gpu=1, walltime=10),
     ]
-    result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.fcfs())
+    result = run_cycle(snapshot(nodes, jobs), SchedulingPolicy.fcfs())
     assert result.binds == []
     assert result.pending[3].code == "Priority"
 
@@ -241,7 +241,7 @@ def test_it_places_a_blocked_job_on_a_free_node_instead_of_reserving():
         job(1, gpu=4, running_on=[("a", (0, 1, 2, 3))], walltime=1000, started_at=NOW),
         job(2, gpu=4, priority=10),  # will take node a when job 1 ends... or b now? b is free
     ]
-    result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.easy())
+    result = run_cycle(snapshot(nodes, jobs), SchedulingPolicy.easy())
     assert placed_jobs(result) == {2}  # it simply fits on b
 
 
@@ -307,7 +307,7 @@ def test_it_orders_queues_by_weighted_fair_share():
         job(2, gpu=1, queue="light", priority=100, created_at=1),
         job(3, gpu=1, queue="heavy", created_at=2),
     ]
-    result = run_cycle(snapshot(nodes, jobs, queues), SchedulerConfig.fcfs())
+    result = run_cycle(snapshot(nodes, jobs, queues), SchedulingPolicy.fcfs())
     assert placed_jobs(result) == {3}
 
 
@@ -329,7 +329,9 @@ def test_it_backfills_every_fitting_job_after_one_whose_plugin_raises():
         job(4, gpu=1, walltime=10),
         job(5, gpu=1, walltime=10),
     ]
-    config = SchedulerConfig(actions=SchedulerConfig.easy().actions, extra_plugins=(RaisesFor(3),))
+    config = SchedulingPolicy(
+        actions=SchedulingPolicy.easy().actions, extra_plugins=(RaisesFor(3),)
+    )
     result = run_cycle(snapshot(nodes, jobs), config)
     assert placed_jobs(result) == {4, 5}
     assert {b.action for b in result.binds} == {"backfill"}
@@ -345,7 +347,7 @@ def test_it_never_gives_the_reservation_to_a_job_no_node_can_take():
         job(3, gpu=4, priority=5),  # blocked by resources: this one is reserved
         job(4, gpu=1, walltime=5000),
     ]
-    result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.easy())
+    result = run_cycle(snapshot(nodes, jobs), SchedulingPolicy.easy())
     assert result.pending[2].code == "NeverFits"
     assert result.pending[3].code == "Reserved"
     assert result.pending[3].estimated_start == NOW + 900
@@ -365,7 +367,7 @@ def test_it_keeps_the_reserved_nodes_when_the_start_is_unknown():
         job(4, gpu=2, walltime=None),  # node a's free GPUs are reserved; b's are spare
         job(5, gpu=2, walltime=None),  # nothing left that the reservation does not need
     ]
-    result = run_cycle(snapshot(nodes, jobs), SchedulerConfig.easy())
+    result = run_cycle(snapshot(nodes, jobs), SchedulingPolicy.easy())
     assert [(b.job_id, b.node) for b in result.binds] == [(4, "b")]
     assert result.pending[3].code == "Reserved"
     assert result.pending[3].estimated_start is None
@@ -399,7 +401,7 @@ def test_it_explains_each_gang_with_its_own_size(min_available, message):
         job(1, gpu=1, replicas=5, min_available=5, priority=9),
         job(2, gpu=1, replicas=5, min_available=min_available),
     ]
-    result = run_cycle(snapshot(nodes, jobs), SchedulerConfig(strict_order=False))
+    result = run_cycle(snapshot(nodes, jobs), SchedulingPolicy(strict_order=False))
     assert result.pending[1].message.startswith("gang: 2/5 tasks placeable")
     assert result.pending[2].message.startswith(message)
 
@@ -421,5 +423,5 @@ def test_it_runs_without_a_disabled_plugin():
     nodes = [node("a", gpus=2), node("b", gpus=1)]
     gang = job(1, gpu=2, replicas=2)
     assert run_cycle(snapshot(nodes, [gang])).binds == []
-    relaxed = run_cycle(snapshot(nodes, [gang]), SchedulerConfig(disabled_plugins=("gang",)))
+    relaxed = run_cycle(snapshot(nodes, [gang]), SchedulingPolicy(disabled_plugins=("gang",)))
     assert [b.node for b in relaxed.binds] == ["a"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from scheduler.core.cycle import CycleResult, run_cycle
-from scheduler.core.model import JobInfo, QueueInfo, SchedulerConfig
+from scheduler.core.model import JobInfo, QueueInfo, SchedulingPolicy
 from scheduler.core.plan import plan_starts
 from scheduler.core.status import Code
 from tests.core.builders import NOW, job, node, snapshot
@@ -26,7 +26,7 @@ def busy_cluster() -> list[JobInfo]:
     ]
 
 
-def simulate(jobs: list[JobInfo], config: SchedulerConfig | None = None) -> dict[int, float]:
+def simulate(jobs: list[JobInfo], config: SchedulingPolicy | None = None) -> dict[int, float]:
     """Run cycles at every moment something ends or is expected to start; tasks end exactly
     at their walltime. Returns when each job was bound."""
     now, bound_at = NOW, dict[int, float]()
@@ -92,7 +92,7 @@ def test_each_job_binds_at_its_estimate():
 
 
 def test_each_job_binds_at_its_estimate_first_come_first_served():
-    config = SchedulerConfig.fcfs()
+    config = SchedulingPolicy.fcfs()
     snap = snapshot(NODES, busy_cluster())
     estimates = plan_starts(snap, run_cycle(snap, config), config).starts
     # In strict order job 12 may not pass the gang, which holds both nodes until 2900.

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.core.cycle import CycleResult, run_cycle
-from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulerConfig, Snapshot
+from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulingPolicy, Snapshot
 from tests.core.builders import NOW, job, node
 
 QUEUES = [QueueInfo("default", weight=1), QueueInfo("research", weight=2)]
@@ -74,13 +74,13 @@ def _apply(snapshot: Snapshot, result: CycleResult, started: float) -> list[JobI
     return out
 
 
-CONFIGS = st.sampled_from([SchedulerConfig(), SchedulerConfig.easy(), SchedulerConfig.fcfs()])
+CONFIGS = st.sampled_from([SchedulingPolicy(), SchedulingPolicy.easy(), SchedulingPolicy.fcfs()])
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FAST
 @given(clusters(), CONFIGS)
-def test_it_never_over_allocates_a_node_or_device(snap: Snapshot, config: SchedulerConfig) -> None:
+def test_it_never_over_allocates_a_node_or_device(snap: Snapshot, config: SchedulingPolicy) -> None:
     result = run_cycle(snap, config)
     cpu: dict[str, int] = defaultdict(int)
     memory: dict[str, int] = defaultdict(int)
@@ -112,7 +112,7 @@ def snap_node(snap: Snapshot, name: str) -> NodeInfo:
 @FAST
 @given(clusters(), CONFIGS)
 def test_it_starts_gangs_whole_and_says_why_every_job_waits(
-    snap: Snapshot, config: SchedulerConfig
+    snap: Snapshot, config: SchedulingPolicy
 ) -> None:
     result = run_cycle(snap, config)
     bound: dict[int, int] = defaultdict(int)
@@ -136,7 +136,7 @@ def test_it_starts_gangs_whole_and_says_why_every_job_waits(
 @FAST
 @given(clusters())
 def test_it_only_evicts_what_it_may(snap: Snapshot) -> None:
-    result = run_cycle(snap, SchedulerConfig())
+    result = run_cycle(snap, SchedulingPolicy())
     jobs = {j.id: j for j in snap.jobs}
     for n, e in enumerate(result.evictions):
         victim, preemptor = jobs[e.job_id], jobs[e.preemptor_job_id]
@@ -186,7 +186,9 @@ def queue_share(snap: Snapshot, queue: str) -> float:
 
 @FAST
 @given(clusters(), CONFIGS)
-def test_it_decides_the_same_for_the_same_snapshot(snap: Snapshot, config: SchedulerConfig) -> None:
+def test_it_decides_the_same_for_the_same_snapshot(
+    snap: Snapshot, config: SchedulingPolicy
+) -> None:
     before = copy.deepcopy(snap)
     first, second = run_cycle(snap, config), run_cycle(snap, config)
     assert snap == before  # the cycle works on its own view; the snapshot is untouched
@@ -200,7 +202,7 @@ def test_it_decides_the_same_for_the_same_snapshot(snap: Snapshot, config: Sched
 @FAST
 @given(clusters())
 def test_it_never_lets_a_backfilled_job_delay_the_reservation(snap: Snapshot) -> None:
-    result = run_cycle(snap, SchedulerConfig.easy())
+    result = run_cycle(snap, SchedulingPolicy.easy())
     reserved = [i for i, p in result.pending.items() if p.code == "Reserved"]
     backfilled = {b.job_id for b in result.binds if b.action == "backfill"}
     if not reserved or not backfilled:
@@ -215,7 +217,7 @@ def test_it_never_lets_a_backfilled_job_delay_the_reservation(snap: Snapshot) ->
         for j in after
         if j.state == "Running" or j.id == holder
     ]
-    again = run_cycle(Snapshot(snap.now, snap.nodes, snap.queues, jobs), SchedulerConfig.easy())
+    again = run_cycle(Snapshot(snap.now, snap.nodes, snap.queues, jobs), SchedulingPolicy.easy())
     if holder in {b.job_id for b in again.binds}:
         return  # it starts now: not delayed
     replanned = again.pending[holder].estimated_start

@@ -59,10 +59,10 @@ def test_it_formats_quantities_back() -> None:
 
 
 def test_it_does_exact_resource_arithmetic() -> None:
-    a = Resources.parse({"cpu": "0.5", "memory": "1Gi", "gpu": 1})
+    a = Resources(cpu=parse_cpu("0.5"), memory=parse_memory("1Gi"), gpu=1)
     b = Resources(cpu=1500, memory=1 << 30, gpu=1)
     assert a + b == Resources(2000, 2 << 30, 2)
-    assert (b - a).to_dict() == {"cpu": "1", "memory": "0", "gpu": 0}
+    assert b - a == Resources(1000, 0, 0)
     assert a.fits_in(b) and not b.fits_in(a)
     assert (a - a).is_zero() and not a.is_zero()
 

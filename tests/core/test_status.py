@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 import pytest
 
 from scheduler.core.cycle import run_cycle
-from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulerConfig
+from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulingPolicy
 from scheduler.core.plugins import Plugin
 from scheduler.core.resources import Resources
 from scheduler.core.status import Code
 from tests.core.builders import GI, job, node, snapshot
 
-FCFS = SchedulerConfig.fcfs()
-EASY = SchedulerConfig.easy()
+FCFS = SchedulingPolicy.fcfs()
+EASY = SchedulingPolicy.easy()
 
 
 class RaisesFor(Plugin):
@@ -35,7 +35,7 @@ class Case:
     nodes: list[NodeInfo]
     jobs: list[JobInfo]
     code: Code
-    config: SchedulerConfig = field(default_factory=SchedulerConfig.default)
+    config: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     queues: list[QueueInfo] | None = None
     job_id: int = 2
     in_message: str = ""
@@ -103,7 +103,7 @@ CASES = {
     "queue missing": Case([node("a", gpus=1)], [job(2, gpu=1, queue="gone")], Code.QUEUE_MISSING),
     "scheduler error": Case(
         [node("a", gpus=1)], [job(2, gpu=1)], Code.SCHEDULER_ERROR,
-        SchedulerConfig(extra_plugins=(RaisesFor(2),)), in_message="plugin broke",
+        SchedulingPolicy(extra_plugins=(RaisesFor(2),)), in_message="plugin broke",
     ),
 }  # fmt: skip
 

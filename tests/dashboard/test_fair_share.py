@@ -9,7 +9,7 @@ import re
 import pytest
 
 from scheduler.core.actions import enqueue
-from scheduler.core.model import SchedulerConfig
+from scheduler.core.model import SchedulingPolicy
 from scheduler.core.plugins import DRFPlugin
 from scheduler.core.session import Session
 from scheduler.models import Job, Queue
@@ -27,7 +27,7 @@ def shown_fair_shares(html: str) -> dict[str, int]:
 
 def scheduler_fair_shares() -> dict[str, int]:
     plugin = DRFPlugin()
-    session = Session(load_snapshot().snapshot, SchedulerConfig(), [plugin])
+    session = Session(load_snapshot().snapshot, SchedulingPolicy(), [plugin])
     enqueue(session)  # the cycle's first action: what reclaim then counts
     return {name: round(100 * plugin.deserved(session, name)) for name in session.queues}
 

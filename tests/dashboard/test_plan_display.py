@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from scheduler.loop import run_cycle_once
+from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Job
 from tests.factories import make_job, make_node, place
 
@@ -50,7 +50,7 @@ def test_the_plan_phase_fills_what_the_pages_show(owner, signed_in):
     running = make_job(owner, "runs", gpu=1, walltime=600)
     place(running, node, devices=1)
     waiting = make_job(owner, "waits", gpu=1, walltime=60)
-    run_cycle_once()
+    run_scheduler_cycle()
     html = signed_in(owner).get(f"/jobs/{waiting.pk}/").content.decode()
     assert "Position in queue default: <b>1</b>" in html
     assert "Estimated start: <time" in html

@@ -12,7 +12,7 @@ from django.db import close_old_connections
 
 from scheduler.heartbeat import record_cycle
 from scheduler.leader import LeaderLock, leader_lock
-from scheduler.loop import CycleReport, run_cycle_once
+from scheduler.loop import CycleReport, run_scheduler_cycle
 from scheduler.management.stopping import stop_on_signals
 
 log = logging.getLogger("berth.scheduler")
@@ -97,7 +97,7 @@ def run_loop(
 def _cycle_and_heartbeat(interval: float) -> CycleReport:
     """One cycle, then the heartbeat /healthz and /metrics read (last cycle, phase timings)."""
     started = time.perf_counter()
-    report = run_cycle_once()
+    report = run_scheduler_cycle()
     try:
         phases = {name: timing.seconds for name, timing in report.phases.items()}
         record_cycle(phases, time.perf_counter() - started, interval)

@@ -1,0 +1,343 @@
+"""EASY backfill: one reservation for the first job blocked by resources, and every later
+job that can start now without delaying it."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from scheduler.core.actions import (
+    Memo,
+    guarded,
+    in_order,
+    place,
+    quick_refusal,
+    simulate,
+    total_refusal,
+)
+from scheduler.core.model import JobInfo, TaskInfo
+from scheduler.core.resources import Resources
+from scheduler.core.session import Fits, NodeScan, Session
+from scheduler.core.statement import Statement
+from scheduler.core.status import Code, Status
+from scheduler.core.types import Failure, NodeView, Reservation, Spare
+
+
+def backfill(session: Session) -> None:
+    """EASY backfill: the first job blocked by resources gets a reservation at the earliest
+    time running tasks' walltimes free enough for its whole gang; a later job starts now only
+    if it ends before that time or uses only what the reservation does not need.
+
+    A session that does not explain failures plans the reservation only when a job might
+    start next to it (it must be planned before anything else starts: that is the state it
+    is planned in); one that explains plans it at once, for the holder's estimated start."""
+    run = _Backfill(session)
+    for job in in_order(session, skip=run.skip):
+        guarded(session, job, partial(run.one, job))
+    if run.deferred is not None and run.deferred.id not in session.reservation_starts:
+        run.planned()  # the holder's first reservation: when it was promised to start
+
+
+class _Backfill:
+    """One backfill pass: its memos, the reservation's holder, and a plan not made yet."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        # Free resources and the reservation's spare only shrink during backfill, so a
+        # shape that failed stays failed: one memo for unconstrained jobs, one for those
+        # that must fit around the reservation.
+        self.free_memo, self.spare_memo = Memo(), Memo()
+        self.delays: dict[object, bool] = {}
+        blocked = session.blocked
+        self.holder = (
+            blocked if blocked is not None and blocked.id not in session.pipelined else None
+        )
+        self.deferred: JobInfo | None = None
+        if self.holder is not None:
+            self.deferred = _hold(session, self.holder)
+
+    def skip(self, job: JobInfo) -> bool:
+        session = self.session
+        if job.id in session.placed or job.id in session.pipelined or job is self.holder:
+            return True
+        failure = session.failures.get(job.id)
+        return failure is not None and not failure.blocked_by_resources
+
+    def planned(self) -> Reservation | None:
+        if self.deferred is not None:
+            _reserve(self.session, self.deferred)
+            self.deferred = None
+        return self.session.reservation
+
+    def one(self, job: JobInfo) -> None:
+        session = self.session
+        if self.deferred is not None and self._refused(job, quick_refusal(session, job)):
+            return
+        reservation = self.planned()
+        fits = _fits_around(session, job, reservation) if reservation else None
+        if fits is not None:
+            assert reservation is not None
+            if self._refused(job, _refusal_by_spare(session, job, reservation)):
+                return
+        memo = self.free_memo if fits is None else self.spare_memo
+        failure = place(session, job, "backfill", memo, fits)
+        if failure is None:
+            if reservation is not None and fits is not None:
+                _consume_spare(session, job, reservation)
+            return
+        session.failures[job.id] = failure
+        if reservation is None and failure.blocked_by_resources:
+            self.holder = job
+            self.deferred = _hold(session, job)
+            return
+        _explain_wait(session, job, failure, fits, reservation, self.delays)
+
+    def _refused(self, job: JobInfo, refusal: Failure | None) -> bool:
+        if refusal is None:
+            return False
+        self.session.failures[job.id] = refusal
+        self.session.set_pending(job, refusal.status())
+        return True
+
+
+def _refusal_by_spare(session: Session, job: JobInfo, reservation: Reservation) -> Failure | None:
+    """The failure `place` would return for a job that must fit in the reservation's spare,
+    when its gang needs more cpu or memory than all of the spare (only where `place` itself
+    would skip the attempt: alike tasks without devices, failures not explained)."""
+    spare = reservation.spare.total
+    return total_refusal(session, job, spare.cpu, spare.memory)
+
+
+def _hold(session: Session, job: JobInfo) -> JobInfo | None:
+    """Make the job the reservation's holder; plan it now, or return it to plan later."""
+    if session.explain_failures:
+        _reserve(session, job)
+        return None
+    session.reservation = None
+    session.set_pending(job, Status(Code.RESERVED, "holds the reservation"))
+    return job
+
+
+def _explain_wait(
+    session: Session,
+    job: JobInfo,
+    failure: Failure,
+    fits: Fits | None,
+    reservation: Reservation | None,
+    delays: dict[object, bool],
+) -> None:
+    """Why a job that could not be backfilled waits: for the reservation, if it could start
+    without it, else its own failure."""
+    shape = Memo.key(session, job)
+    if not session.explain_failures and _without_devices(session, job):
+        # Trying it without the reservation changes nothing but this status: skipped when
+        # failures are not explained (with devices it moves nodes in the index: kept).
+        session.set_pending(job, failure.status())
+        return
+    if fits is not None and failure.blocked_by_resources:
+        if shape is None or shape not in delays:
+            delays[shape] = place_ignoring_reservation(session, job)
+        if delays[shape]:
+            assert reservation is not None
+            session.set_pending(
+                job,
+                Status(
+                    Code.RESERVED_FOR_OTHER,
+                    f"waiting for job {reservation.job.id} (reservation):"
+                    " starting now would delay it",
+                ),
+            )
+            return
+    session.set_pending(job, failure.status())
+
+
+def _without_devices(session: Session, job: JobInfo) -> bool:
+    return all(task.resources.gpu == 0 for task in session.pending_tasks(job))
+
+
+def place_ignoring_reservation(session: Session, job: JobInfo) -> bool:
+    """Could the job start now if there were no reservation? (for its pending reason)"""
+    statement = Statement(session)
+    scan = NodeScan(session, job)
+    placed = 0
+    for task in session.pending_tasks(job):
+        node = scan.find(task)
+        if node is not None:
+            statement.allocate(job, task, node)
+            placed += 1
+    statement.discard()
+    return session.job_ready(job, placed)
+
+
+def _fits_around(session: Session, job: JobInfo, reservation: Reservation) -> Fits | None:
+    """The extra test a backfilled job's tasks must pass so the reservation is not delayed."""
+    if not reservation.placed:
+        return None  # the reserved job fits nowhere for now: nothing to protect
+    if (
+        reservation.start is not None
+        and job.walltime is not None
+        and session.now + job.walltime <= reservation.start
+    ):
+        return None  # it ends before the reservation starts
+    planned: dict[str, Resources] = {}
+
+    def fits(node: NodeView, task: TaskInfo) -> bool:
+        spare = reservation.spare.get(node.name)
+        if spare is None:
+            return False
+        used = planned.get(node.name, Resources()) + task.resources
+        if not used.fits_in(spare):
+            return False
+        planned[node.name] = used
+        return True
+
+    return fits
+
+
+def _consume_spare(session: Session, job: JobInfo, reservation: Reservation) -> None:
+    """A backfilled job that runs past the reservation's start uses up spare where it runs."""
+    tasks = {t.id: t for t in job.tasks}
+    for bind in reversed(session.binds):
+        if bind.job_id != job.id:
+            break
+        task = tasks[bind.task_id]
+        reservation.spare.take(bind.node, task.resources)
+
+
+def _reserve(session: Session, job: JobInfo) -> None:
+    """Give the job the reservation: the earliest time its gang fits as running tasks end at
+    their walltimes, and what it leaves spare on each node then."""
+    start, spare, placed = _plan_reservation(session, job)
+    session.reservation = Reservation(job, start, spare.copy(), placed)
+    if start is not None:
+        session.reservation_starts.setdefault(job.id, start)
+    failure = session.failures.get(job.id)
+    counts = dict(failure.node_reasons) if failure is not None else {}
+    if start is None:
+        message = (
+            "waiting for reservation: start unknown, the resources it needs are held by jobs"
+            " without a walltime"
+        )
+        session.set_pending(job, Status(Code.RESERVED, message, counts))
+    else:
+        message = (
+            f"waiting for reservation: expected to start in {start - session.now:.0f}s,"
+            " when running jobs reach their walltime"
+        )
+        session.set_pending(job, Status(Code.RESERVED, message, counts, start))
+
+
+def _plan_reservation(session: Session, job: JobInfo) -> tuple[float | None, Spare, bool]:
+    """The reservation's start, spare and whether it places at all. The same as last time if
+    nothing started or ended since, for the same job, and no walltime end has passed (the
+    ends then are the same moments)."""
+    key = (job.id, session.version, frozenset(session.nominated), frozenset(session.evicted))
+    cached = session.reservations.get(key)
+    if cached is not None and cached[0] >= session.now:
+        return cached[1]
+    free = session.free_on_ready_nodes()
+    if session.nominated:
+        room = {k: v for k, v in free.items() if k not in session.nominated}
+    else:
+        room = dict(free)
+    ends: list[tuple[Any, ...]]
+    if session.releasing or session.evicted:
+        ends = sorted(_ends(session, room), key=lambda e: (e[0], e[1]))
+    else:
+        ends = session.walltime_ends  # (end, node, ..., resources), sorted by end
+    plan = _earliest(session, job, room, ends)
+    first_end = ends[0][0] if ends else float("inf")
+    session.reservations = {key: (first_end, plan)} if first_end > session.now else {}
+    return plan
+
+
+def _ends(session: Session, room: dict[str, Resources]) -> list[tuple[float, str, Resources]]:
+    """When each task on the nodes in `room` gives back what it holds (not clamped to now:
+    the caller does that)."""
+    ends: list[tuple[float, str, Resources]] = []
+    for node in session.nodes:
+        if node.name not in room:
+            continue
+        for running, task in node.tasks:
+            if task.state == "Releasing" or running.id in session.evicted:
+                when = session.now
+            elif running.walltime is not None and task.started_at is not None:
+                when = task.started_at + running.walltime
+            else:
+                continue
+            release = Resources(task.resources.cpu, task.resources.memory, len(task.devices))
+            ends.append((when, node.name, release))
+    return ends
+
+
+def _earliest(
+    session: Session,
+    job: JobInfo,
+    room: dict[str, Resources],
+    ends: list[tuple[Any, ...]],
+) -> tuple[float | None, Spare, bool]:
+    """`ends` (end, node, ..., what it gives back) sorted by end: taken in that order,
+    clamped to now, moment by moment (the order within a moment does not matter, all of it
+    is added before the gang is tried). Totals first: the rooms per node are only brought
+    up to date when the totals say the gang may fit."""
+    if session.nominated:
+        cpu = memory = gpu = 0
+        for free in room.values():
+            cpu, memory, gpu = cpu + free.cpu, memory + free.memory, gpu + free.gpu
+    else:
+        cpu, memory, gpu = session.ready_free_cpu, session.ready_free_memory, session.ready_free_gpu
+    if session.nominated or not session.all_ready:
+        ends = [e for e in ends if e[1] in room]
+    need = session.min_request(job)
+    applied = 0  # ends added to `room` so far
+    count, i, now = len(ends), 0, session.now
+    while i < count:
+        moment = max(now, ends[i][0])
+        while i < count and ends[i][0] <= moment:
+            release = ends[i][-1]
+            cpu, memory, gpu = cpu + release.cpu, memory + release.memory, gpu + release.gpu
+            i += 1
+        if need.cpu > cpu or need.memory > memory or need.gpu > gpu:
+            continue
+        _release_into(room, ends[applied:i])
+        applied = i
+        placement = simulate(session, job, room)
+        if placement is not None:
+            # The room then is what the totals counted; the gang takes `need` of it.
+            return moment, Spare(room, placement, Resources(cpu, memory, gpu) - need), True
+    _release_into(room, ends[applied:])
+    return _unknown_start(session, job, room)
+
+
+def _release_into(room: dict[str, Resources], ends: list[tuple[Any, ...]]) -> None:
+    for entry in ends:
+        room[entry[1]] = room[entry[1]] + entry[-1]
+
+
+def _unknown_start(
+    session: Session, job: JobInfo, room: dict[str, Resources]
+) -> tuple[float | None, Spare, bool]:
+    """Some of what it needs is held by jobs without a walltime: the start is unknown, but
+    the nodes it would take once everything ends are still kept for it."""
+    for node in session.nodes:
+        if node.name in room:
+            for running, task in node.tasks:
+                if not _has_end(session, running, task):
+                    room[node.name] = room[node.name] + Resources(
+                        task.resources.cpu, task.resources.memory, len(task.devices)
+                    )
+    placement = simulate(session, job, room)
+    total = Resources()
+    for free in room.values():
+        total = total + free
+    for used in (placement or {}).values():
+        total = total - used
+    return None, Spare(room, placement or {}, total), placement is not None
+
+
+def _has_end(session: Session, running: JobInfo, task: TaskInfo) -> bool:
+    return (
+        task.state == "Releasing"
+        or running.id in session.evicted
+        or (running.walltime is not None and task.started_at is not None)
+    )

@@ -1,0 +1,142 @@
+"""A standing session: one session kept from cycle to cycle, for replays and what-if runs.
+
+`run_cycle` opens a session on a full snapshot every time: every node view, every running
+task and every job's pending tasks are rebuilt, although between two cycles only a few jobs
+arrived, finished or started. A standing session is told those changes (`submit`, `finish`)
+and applies its own binds, so a cycle costs what changed plus the actions themselves. Its
+decisions are those `run_cycle` makes on the equivalent snapshot (pending jobs in arrival
+order, then running jobs in start order): `tests/core/test_replay.py` compares them.
+
+It takes no preemptible, suspended or already placed jobs (nothing in it is ever evicted),
+and plugins are opened once, not once per cycle.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from scheduler.core.cycle import CycleResult, run_actions
+from scheduler.core.model import (
+    JobInfo,
+    NodeInfo,
+    QueueInfo,
+    SchedulingPolicy,
+    Snapshot,
+    TaskInfo,
+)
+from scheduler.core.plugins import default_plugins
+from scheduler.core.resources import Resources
+from scheduler.core.session import Session, grows, need_of
+from scheduler.core.types import HOLDS_RESOURCES, Bind
+
+
+class StandingSession:
+    def __init__(
+        self,
+        nodes: list[NodeInfo],
+        queues: list[QueueInfo],
+        config: SchedulingPolicy | None = None,
+        explain: bool = False,
+    ) -> None:
+        config = config or SchedulingPolicy()
+        self.session = Session(Snapshot(0.0, nodes, queues, []), config, default_plugins(config))
+        self.session.explain_failures = explain
+        self.session.standing = True
+
+    def submit(self, job: JobInfo) -> None:
+        """A new pending job. The session owns it from now on and updates its tasks."""
+        if job.preemptible or job.suspend_requested or job.state != "Pending":
+            raise ValueError(f"job {job.id}: a standing session takes pending jobs only")
+        if any(t.state != "Pending" for t in job.tasks):
+            raise ValueError(f"job {job.id}: a standing session takes pending tasks only")
+        session = self.session
+        session.jobs[job.id] = job
+        session.candidates.append(job)
+        session.need[job.id] = need_of(job)
+        self._admit(job)
+
+    def _admit(self, job: JobInfo) -> None:
+        """Into its queue in order, or refused with the reason (as `enqueue` decides)."""
+        session = self.session
+        problem = session.job_valid(job)
+        if problem is not None:
+            session.refused[job.id] = problem
+        elif session.pending_tasks(job):
+            bisect.insort(session.queues[job.queue].jobs, job, key=session.job_key)
+
+    def finish(self, job_id: int) -> JobInfo:
+        """The job ended: its tasks give back what they hold."""
+        session = self.session
+        job = session.jobs.pop(job_id)
+        session.candidates = [j for j in session.candidates if j is not job]
+        session.refused.pop(job_id, None)
+        self._leave_queue(job)
+        session.need.pop(job_id, None)
+        session.running = [j for j in session.running if j is not job]
+        held = Resources()
+        for task in job.tasks:
+            node = session.node_by_name.get(task.node or "")
+            if task.state not in HOLDS_RESOURCES or node is None:
+                continue
+            node.free_cpu += task.resources.cpu
+            node.free_memory += task.resources.memory
+            if task.devices:
+                node.free_devices = sorted(node.free_devices + list(task.devices))
+                session.index_dirty = True
+            session.freed(node, task.resources.cpu, task.resources.memory, len(task.devices))
+            node.tasks = [held for held in node.tasks if held[1] is not task]
+            held = held + task.resources
+            task.state = "Succeeded"
+        queue = session.queues.get(job.queue)
+        if queue is not None:
+            queue.allocated = queue.allocated - held
+        job.state = "Succeeded"
+        session.walltime_ends = [e for e in session.walltime_ends if e[3] != job_id]
+        session.forget_job(job_id)
+        session.forget_key(job_id)
+        session.version += 1
+        return job
+
+    def cycle(self, now: float) -> CycleResult:
+        """Run the actions at `now` and start what they bound."""
+        session = self.session
+        session.begin_cycle(now)
+        result = run_actions(session)
+        self._start(result.binds, now)
+        return result
+
+    def _start(self, binds: list[Bind], now: float) -> None:
+        session = self.session
+        started: dict[int, JobInfo] = {}
+        tasks: dict[int, TaskInfo] = {}
+        placed: list[tuple[JobInfo, TaskInfo, str]] = []
+        for bind in binds:
+            job = session.jobs[bind.job_id]
+            if job.id not in started:
+                tasks.update((t.id, t) for t in job.tasks)
+            task = tasks[bind.task_id]
+            task.state, task.node, task.devices, task.started_at = (
+                "Running", bind.node, bind.devices, now,
+            )  # fmt: skip
+            session.node_by_name[bind.node].tasks.append((job, task))
+            placed.append((job, task, bind.node))
+            started[job.id] = job
+        if binds:
+            session.add_ends(placed)
+            session.version += 1
+        for job in started.values():
+            session.forget_job(job.id)
+            if job.state != "Running":
+                job.state = "Running"
+                session.running.append(job)
+            if grows(job):
+                session.need[job.id] = need_of(job)
+            else:
+                session.candidates = [j for j in session.candidates if j is not job]
+                session.need.pop(job.id, None)
+                self._leave_queue(job)
+
+    def _leave_queue(self, job: JobInfo) -> None:
+        queue = self.session.queues.get(job.queue)
+        if queue is not None and any(j is job for j in queue.jobs):
+            queue.jobs = [j for j in queue.jobs if j is not job]

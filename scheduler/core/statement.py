@@ -1,0 +1,120 @@
+"""The statement: binds and evictions made for one job, applied to the session as they are
+made, then kept together by `commit()` or undone together by `discard()` (as Volcano's
+statement does for allocate, pipeline and evict)."""
+
+from __future__ import annotations
+
+from scheduler.core.model import JobInfo, TaskInfo
+from scheduler.core.resources import Resources
+from scheduler.core.session import Session
+from scheduler.core.types import Bind, Evict, NodeView
+
+EVICTED_STATES = ("Assigned", "Running")  # what an evicted job's tasks give back
+
+
+class Statement:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.allocations: list[tuple[JobInfo, TaskInfo, NodeView, tuple[int, ...]]] = []
+        self.evictions: list[tuple[JobInfo, Evict]] = []
+
+    # --- binds -----------------------------------------------------------------------
+
+    def allocate(self, job: JobInfo, task: TaskInfo, node: NodeView) -> tuple[int, ...]:
+        request = task.resources
+        devices = _pick_devices(node.free_devices, request.gpu)
+        old_free = len(node.free_devices)
+        node.free_cpu -= request.cpu
+        node.free_memory -= request.memory
+        if devices:
+            chosen = set(devices)
+            node.free_devices = [d for d in node.free_devices if d not in chosen]
+            self.session.move_in_index(node, old_free)
+        self.session.freed(node, -request.cpu, -request.memory, -len(devices))
+        self.allocations.append((job, task, node, devices))
+        return devices
+
+    # --- evictions -------------------------------------------------------------------
+
+    def evict(self, victim: JobInfo, reason: str, preemptor: JobInfo) -> None:
+        """The victim's running tasks count as releasing and its queue no longer holds
+        them, from now on in this session."""
+        session = self.session
+        message = (
+            f"{reason.lower()} by job {preemptor.id} ({preemptor.name},"
+            f" priority {preemptor.priority})"
+        )
+        session.evicted.add(victim.id)
+        self._release(victim, +1)
+        self.evictions.append((victim, Evict(victim.id, reason, preemptor.id, message)))
+
+    def _release(self, victim: JobInfo, sign: int) -> None:
+        session = self.session
+        held = Resources()
+        for task in victim.tasks:
+            if task.state not in EVICTED_STATES:
+                continue
+            held = held + task.resources
+            node = session.node_by_name.get(task.node or "")
+            if node is not None:
+                node.rel_cpu += sign * task.resources.cpu
+                node.rel_memory += sign * task.resources.memory
+                node.rel_devices += sign * len(task.devices)
+        queue = session.queues.get(victim.queue)
+        if queue is not None:
+            queue.allocated = queue.allocated - held if sign > 0 else queue.allocated + held
+
+    # --- the outcome -----------------------------------------------------------------
+
+    def discard(self) -> None:
+        """Undo every bind and eviction made through this statement, last first."""
+        for _job, task, node, devices in reversed(self.allocations):
+            old_free = len(node.free_devices)
+            node.free_cpu += task.resources.cpu
+            node.free_memory += task.resources.memory
+            if devices:
+                node.free_devices = sorted(node.free_devices + list(devices))
+                self.session.move_in_index(node, old_free)
+            self.session.freed(node, task.resources.cpu, task.resources.memory, len(devices))
+        for victim, _evict in reversed(self.evictions):
+            self._release(victim, -1)
+            self.session.evicted.discard(victim.id)
+        self.allocations.clear()
+        self.evictions.clear()
+
+    def commit(self, action: str) -> list[Bind]:
+        """Record the binds and evictions as the cycle's decisions."""
+        session = self.session
+        if self.allocations or self.evictions:
+            session.version += 1
+        session.evictions.extend(evict for _victim, evict in self.evictions)
+        binds = [
+            Bind(job.id, task.id, node.name, devices, action)
+            for job, task, node, devices in self.allocations
+        ]
+        session.binds.extend(binds)
+        if self.allocations:
+            job = self.allocations[0][0]  # a statement is one job's
+            cpu = memory = gpu = 0
+            for _job, task, _node, _devices in self.allocations:
+                request = task.resources
+                cpu, memory, gpu = cpu + request.cpu, memory + request.memory, gpu + request.gpu
+            queue = session.queues.get(job.queue)
+            if queue is not None:
+                queue.allocated = queue.allocated + Resources(cpu, memory, gpu)
+            session.placed.add(job.id)
+            session.pending.pop(job.id, None)
+        self.allocations.clear()
+        self.evictions.clear()
+        return binds
+
+
+def _pick_devices(free: list[int], count: int) -> tuple[int, ...]:
+    """The lowest free device indices, preferring a contiguous run (kept sorted)."""
+    if count <= 0:
+        return ()
+    for start in range(len(free) - count + 1):
+        window = free[start : start + count]
+        if window[-1] - window[0] == count - 1:
+            return tuple(window)
+    return tuple(free[:count])

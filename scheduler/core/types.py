@@ -1,0 +1,155 @@
+"""The data a session works on and hands back, shared by the session, the plugins and the
+actions: the mutable view of a node, the index of ready nodes, a queue's running state, and
+the decisions (binds, evictions) and failures a cycle records. Imports only the snapshot
+types, so every other module of the core can import it without a cycle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, TaskInfo
+from scheduler.core.resources import Resources
+from scheduler.core.status import Code, Status
+
+# Task states in which a task holds resources on its node (Releasing: asked to stop, holds
+# them until the agent confirms). Not `scheduler.states.TASK_ON_NODE`, which leaves
+# Releasing out.
+HOLDS_RESOURCES = ("Assigned", "Running", "Releasing")
+
+
+class NodeView:
+    """A node as the session sees it: what is free now and what is being released."""
+
+    __slots__ = (
+        "name", "labels", "state", "allocatable", "free_cpu", "free_memory", "free_devices",
+        "rel_cpu", "rel_memory", "rel_devices", "label_key", "tasks", "healthy_devices",
+    )  # fmt: skip
+
+    def __init__(self, info: NodeInfo) -> None:
+        self.name: str = info.name
+        self.labels: dict[str, str] = info.labels
+        self.state: str = info.state
+        self.allocatable: Resources = info.allocatable
+        healthy = sorted(d.index for d in info.devices if d.healthy)
+        self.healthy_devices = len(healthy)
+        self.free_cpu = info.allocatable.cpu
+        self.free_memory = info.allocatable.memory
+        self.free_devices: list[int] = healthy
+        self.rel_cpu = 0
+        self.rel_memory = 0
+        self.rel_devices = 0
+        self.label_key = tuple(sorted(self.labels.items()))
+        self.tasks: list[tuple[JobInfo, TaskInfo]] = []
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "Ready"
+
+    def free(self) -> Resources:
+        return Resources(self.free_cpu, self.free_memory, len(self.free_devices))
+
+    def releasing(self) -> Resources:
+        return Resources(self.rel_cpu, self.rel_memory, self.rel_devices)
+
+    def capacity(self) -> Resources:
+        return Resources(self.allocatable.cpu, self.allocatable.memory, self.healthy_devices)
+
+
+class LabelGroup:
+    """Ready nodes with one label set, bucketed by how many devices they have free. A node
+    whose free device count changes moves to the end of its new bucket."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.buckets: dict[int, dict[str, NodeView]] = {}
+
+    def add(self, node: NodeView) -> None:
+        self.buckets.setdefault(len(node.free_devices), {})[node.name] = node
+
+    def move(self, node: NodeView, old_free: int) -> None:
+        del self.buckets[old_free][node.name]
+        self.add(node)
+
+
+@dataclass(frozen=True)
+class Bind:
+    job_id: int
+    task_id: int
+    node: str
+    devices: tuple[int, ...]
+    action: str
+
+
+@dataclass(frozen=True)
+class Evict:
+    job_id: int
+    reason: str  # Preempted | Reclaimed
+    preemptor_job_id: int
+    message: str
+
+
+@dataclass
+class Failure:
+    """Why a job could not be placed, and whether freeing resources could ever help."""
+
+    code: Code
+    message: str
+    blocked_by_resources: bool
+    detail: str = ""  # the node count explanation alone
+    node_reasons: dict[str, int] = field(default_factory=dict)
+
+    def status(self) -> Status:
+        return Status(self.code, self.message, dict(self.node_reasons))
+
+
+@dataclass
+class QueueState:
+    info: QueueInfo
+    allocated: Resources = field(default_factory=Resources)
+    jobs: list[JobInfo] = field(default_factory=list)  # admitted candidates, in order
+
+
+class Spare:
+    """Per node, what the reserved job will not need at its start: what the node has then
+    (`room`) less what the reserved job takes there (`taken`), less what backfilled jobs
+    that run past the start took since. Worked out per node when asked."""
+
+    __slots__ = ("room", "taken", "changed", "initial", "total")
+
+    def __init__(
+        self, room: dict[str, Resources], taken: dict[str, Resources], total: Resources
+    ) -> None:
+        self.room = room
+        self.taken = taken
+        self.changed: dict[str, Resources] = {}
+        self.initial = total  # summed over the nodes
+        self.total = total
+
+    def get(self, node: str) -> Resources | None:
+        spare = self.changed.get(node)
+        if spare is not None:
+            return spare
+        room = self.room.get(node)
+        if room is None or node not in self.taken:
+            return room
+        return room - self.taken[node]
+
+    def take(self, node: str, used: Resources) -> None:
+        spare = self.get(node)
+        if spare is not None:
+            self.changed[node] = spare - used
+            self.total = self.total - used
+
+    def copy(self) -> Spare:
+        """The same spare with nothing taken since (the room and taken are shared)."""
+        return Spare(self.room, self.taken, self.initial)
+
+
+@dataclass
+class Reservation:
+    """EASY's one reservation: the first job blocked by resources and when it can start."""
+
+    job: JobInfo
+    start: float | None  # None: resources held by jobs without walltime, start unknown
+    spare: Spare
+    placed: bool = True  # False: it fits nowhere even once everything ends (nominated nodes)
