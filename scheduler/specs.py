@@ -251,6 +251,30 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
     if not isinstance(data, dict):
         raise SpecError({"spec": [f"must be a mapping, got {type(data).__name__}"]})
     _unknown(errors, data, JOB_FIELDS, "")
+    spec = _job_level_fields(errors, data, name_required)
+    elements = 0
+    if data.get("array") is not None:  # only array jobs carry the key: other specs are unchanged
+        spec["array"], elements = _array(errors, data["array"])
+    spec["tasks"], total = _task_groups(errors, data.get("tasks"))
+    min_available = _int(errors, data, "min_available", "min_available", default=None, minimum=1,
+                         maximum=MAX_INT)  # fmt: skip
+    if min_available is not None and total and min_available > total:
+        errors.add(
+            "min_available", f"must be at most the total replicas ({total}), got {min_available}"
+        )
+    spec["min_available"] = min_available if min_available is not None else max(total, 1)
+    max_tasks = array_max_tasks()
+    if elements * total > max_tasks:
+        errors.add("array", f"{elements} elements of {total} tasks make {elements * total} tasks;"
+                            f" at most {max_tasks} per array")  # fmt: skip
+    errors.raise_if_any()
+    return spec
+
+
+def _job_level_fields(
+    errors: _Errors, data: dict[str, Any], name_required: bool
+) -> dict[str, Any]:
+    """The job-level fields of a spec (all but tasks, min_available and array)."""
     spec: dict[str, Any] = {}
     if name_required or data.get("name") is not None:
         spec["name"] = _name(errors, data.get("name"), "name")
@@ -267,18 +291,18 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
     for key in spec["labels"]:
         if key.startswith(RESERVED_LABEL_PREFIX):
             errors.add(_path("labels", key), f"the prefix {RESERVED_LABEL_PREFIX!r} is Berth's own")
-    elements = 0
-    if data.get("array") is not None:  # only array jobs carry the key: other specs are unchanged
-        spec["array"], elements = _array(errors, data["array"])
+    return spec
 
-    tasks = data.get("tasks")
-    spec["tasks"] = []
+
+def _task_groups(errors: _Errors, tasks: object) -> tuple[list[dict[str, Any]], int]:
+    """The spec's task groups in canonical form, and their total replicas."""
     if not isinstance(tasks, list) or not tasks:
         errors.add("tasks", "must be a non-empty list of task groups")
-        tasks = []
-    elif len(tasks) > limit("TASKS_PER_JOB"):
+        return [], 0
+    if len(tasks) > limit("TASKS_PER_JOB"):
         errors.add("tasks", f"at most {limit('TASKS_PER_JOB')} task groups, got {len(tasks)}")
-        tasks = []
+        return [], 0
+    groups: list[dict[str, Any]] = []
     seen: set[str] = set()
     total = 0
     for i, task in enumerate(tasks):
@@ -286,42 +310,31 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
         if not isinstance(task, dict):
             errors.add(path, f"must be a mapping, got {type(task).__name__}")
             continue
-        _unknown(errors, task, TASK_FIELDS, path)
-        name = _name(errors, task.get("name", "main" if len(tasks) == 1 else None), f"{path}.name")
+        group = _task_group(errors, task, path, "main" if len(tasks) == 1 else None)
+        name = group["name"]
         if name and name in seen:
             errors.add(f"{path}.name", f"{_show(name)} is used by another task group of this job")
         seen.add(name)
-        replicas = _int(errors, task, "replicas", f"{path}.replicas", default=1, minimum=1,
-                        maximum=limit("TASKS_PER_JOB")) or 1  # fmt: skip
-        total += replicas
-        command = _command(errors, task.get("command"), f"{path}.command")
-        spec["tasks"].append(
-            {
-                "name": name,
-                "replicas": replicas,
-                "command": command,
-                "env": _str_map(errors, task.get("env"), f"{path}.env", env=True),
-                "resources": _resources(errors, task.get("resources"), f"{path}.resources"),
-                "node_selector": _str_map(
-                    errors, task.get("node_selector"), f"{path}.node_selector"
-                ),
-            }
-        )
+        total += group["replicas"]
+        groups.append(group)
     if total > limit("TASKS_PER_JOB"):
         errors.add("tasks", f"at most {limit('TASKS_PER_JOB')} tasks in all, got {total}")
-    min_available = _int(errors, data, "min_available", "min_available", default=None, minimum=1,
-                         maximum=MAX_INT)  # fmt: skip
-    if min_available is not None and total and min_available > total:
-        errors.add(
-            "min_available", f"must be at most the total replicas ({total}), got {min_available}"
-        )
-    spec["min_available"] = min_available if min_available is not None else max(total, 1)
-    max_tasks = array_max_tasks()
-    if elements * total > max_tasks:
-        errors.add("array", f"{elements} elements of {total} tasks make {elements * total} tasks;"
-                            f" at most {max_tasks} per array")  # fmt: skip
-    errors.raise_if_any()
-    return spec
+    return groups, total
+
+
+def _task_group(
+    errors: _Errors, task: dict[str, Any], path: str, default_name: str | None
+) -> dict[str, Any]:
+    _unknown(errors, task, TASK_FIELDS, path)
+    return {
+        "name": _name(errors, task.get("name", default_name), f"{path}.name"),
+        "replicas": _int(errors, task, "replicas", f"{path}.replicas", default=1, minimum=1,
+                         maximum=limit("TASKS_PER_JOB")) or 1,  # fmt: skip
+        "command": _command(errors, task.get("command"), f"{path}.command"),
+        "env": _str_map(errors, task.get("env"), f"{path}.env", env=True),
+        "resources": _resources(errors, task.get("resources"), f"{path}.resources"),
+        "node_selector": _str_map(errors, task.get("node_selector"), f"{path}.node_selector"),
+    }
 
 
 def with_queue_defaults(spec: dict[str, Any], cpu: int, memory: int) -> dict[str, Any]:

@@ -94,7 +94,20 @@ def bind_jobs(
             for b in binds_by_job[job_id]
         )
     }
-    # Claim the tasks that are still Pending; a job missing one is dropped whole.
+    ok = _claim_tasks(binds_by_job, ok, ready, loaded, now)
+    _record_binds(binds_by_job, ok, waiting, events)
+    return ok, {ready[b.node] for job_id in ok for b in binds_by_job[job_id]}
+
+
+def _claim_tasks(
+    binds_by_job: dict[int, list[Bind]],
+    ok: set[int],
+    ready: dict[str, int],
+    loaded: Loaded,
+    now: datetime,
+) -> set[int]:
+    """Claim the tasks that are still Pending and their devices; a job missing one is
+    dropped whole (its claimed tasks go back to Pending). Returns the jobs bound."""
     task_job = {b.task_id: job_id for job_id in ok for b in binds_by_job[job_id]}
     # The task keeps its device indices after it ends (its Allocation rows do not).
     claimed = update_rows(
@@ -116,8 +129,17 @@ def bind_jobs(
             Task.objects.filter(pk__in=ids).update(
                 state=TaskState.PENDING, node=None, assigned_at=None, device_indices=[]
             )
-        ok -= failed
+    return ok - failed
 
+
+def _record_binds(
+    binds_by_job: dict[int, list[Bind]],
+    ok: set[int],
+    waiting: dict[int, tuple[str, int | None]],
+    events: list[Event],
+) -> None:
+    """The bound jobs' rows (state through the transition table, message, no pending
+    status left) and their events."""
     messages = {
         job_id: f"{len(binds_by_job[job_id])} tasks placed on "
         + ", ".join(sorted({b.node for b in binds_by_job[job_id]}))
@@ -158,7 +180,6 @@ def bind_jobs(
                 flow_id=flow_id,
             )
         )
-    return ok, {ready[b.node] for job_id in ok for b in binds_by_job[job_id]}
 
 
 def _lock_waiting_jobs(binds_by_job: dict[int, list[Bind]]) -> dict[int, tuple[str, int | None]]:
