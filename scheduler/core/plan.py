@@ -21,14 +21,13 @@ resources from now for their walltime, evicted ones give theirs back now). Like
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from math import nextafter
 
-from scheduler.core.actions import enqueue
+from scheduler.core.actions import enqueue, in_order
 from scheduler.core.cycle import Bind, CycleResult
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
 from scheduler.core.plugins import default_plugins
@@ -161,25 +160,12 @@ def queue_positions(session: Session) -> dict[int, int]:
 
 
 def _plan_order(session: Session) -> Iterator[JobInfo]:
-    """Admitted waiting jobs, queue by queue as allocate serves them; each job planned
-    counts towards its queue's share, as it will once it starts."""
-    cursors = {}
-    heap = []
-    for name, queue in session.queues.items():
-        jobs = [j for j in queue.jobs if j.state != "Running"]
-        if jobs:
-            cursors[name] = iter(jobs)
-            heap.append((session.queue_key(queue), name))
-    heapq.heapify(heap)
-    while heap:
-        _, name = heapq.heappop(heap)
-        job = next(cursors[name], None)
-        if job is None:
-            continue
+    """Admitted waiting jobs, queue by queue as allocate serves them (the core's `in_order`);
+    each job planned counts towards its queue's share, as it will once it starts."""
+    for job in in_order(session, skip=lambda j: j.state == "Running"):
         yield job
-        queue = session.queues[name]
+        queue = session.queues[job.queue]
         queue.allocated = queue.allocated + _total(_gang(session, job))
-        heapq.heappush(heap, (session.queue_key(queue), name))
 
 
 def _gang(session: Session, job: JobInfo) -> list[TaskInfo]:
@@ -339,12 +325,7 @@ class _Planner:
                     free = room[node.name] = list(
                         self.lines[node.name].window(moment, moment + duration)
                     )
-                if free[0] >= need[0] and free[1] >= need[1] and free[2] >= need[2]:
-                    free[0], free[1], free[2] = (
-                        free[0] - need[0],
-                        free[1] - need[1],
-                        free[2] - need[2],
-                    )
+                if _take(free, need):
                     placement.append((node.name, need))
                     break
             else:
@@ -360,12 +341,7 @@ class _Planner:
             need = as_free(task.resources)
             for node in self.eligible(job, task):
                 free = room[node.name]
-                if free[0] >= need[0] and free[1] >= need[1] and free[2] >= need[2]:
-                    free[0], free[1], free[2] = (
-                        free[0] - need[0],
-                        free[1] - need[1],
-                        free[2] - need[2],
-                    )
+                if _take(free, need):
                     placement.append((node.name, need))
                     break
             else:
@@ -422,3 +398,11 @@ def _total(tasks: list[TaskInfo]) -> Resources:
     for task in tasks:
         total = total + task.resources
     return total
+
+
+def _take(free: list[int], need: Free) -> bool:
+    """Take `need` out of `free` (cpu, memory, gpu) if it is all there."""
+    if free[0] >= need[0] and free[1] >= need[1] and free[2] >= need[2]:
+        free[0], free[1], free[2] = free[0] - need[0], free[1] - need[1], free[2] - need[2]
+        return True
+    return False
