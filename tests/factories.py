@@ -57,9 +57,10 @@ def make_job(
         ],
     }
     fields.setdefault("min_available", replicas)
-    job = Job.objects.create(
-        name=name, owner=owner, queue=Queue.objects.get(name=queue), spec=spec, **fields
-    )
+    # get_or_create: a transactional test before this one may have flushed the migration's
+    # default queue.
+    the_queue = Queue.objects.get_or_create(name=queue)[0]
+    job = Job.objects.create(name=name, owner=owner, queue=the_queue, spec=spec, **fields)
     for index in range(replicas):
         Task.objects.create(job=job, group="main", index=index, cpu=cpu, memory=memory, gpu=gpu)
     return job

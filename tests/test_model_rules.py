@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 from django.urls import reverse
 
+from scheduler.agent.client import PROTOCOL
 from scheduler.loop import run_scheduler_cycle
 from scheduler.models import JobTemplate, Node, Queue
 from tests.factories import make_job, make_node
@@ -185,7 +186,7 @@ def test_an_agent_registering_refuses_the_labels_rest_and_the_admin_refuse(api, 
     with override_settings(BERTH_JOIN_TOKEN="join"):
         response = api(None).post("/api/v1/agent/register/", body, format="json",
                                   HTTP_AUTHORIZATION="Bearer join",
-                                  HTTP_BERTH_AGENT_PROTOCOL="2")  # fmt: skip
+                                  HTTP_BERTH_AGENT_PROTOCOL=str(PROTOCOL))  # fmt: skip
     assert response.status_code == 400
     assert response.json()["labels.zone"] == ["at most 256 bytes, got 300"]
     assert not Node.objects.exists()

@@ -54,7 +54,8 @@ def test_the_queues_page_shows_the_cap(owner, signed_in):
 def test_staff_set_the_cap_in_the_admin_within_the_priority_range(staff, signed_in):
     queue = Queue.objects.get(name="default")
     form = {"name": "default", "weight": "1", "capability": "null", "reclaimable": "on",
-            "priority": "0", "open": "on"}  # fmt: skip
+            "priority": "0", "open": "on", "default_cpu": "1000",
+            "default_memory": str(1 << 30)}  # fmt: skip
     url = f"/admin/scheduler/queue/{queue.pk}/change/"
     too_big = signed_in(staff).post(url, {**form, "max_user_priority": "1000001"})
     assert too_big.status_code == 200  # the form again, with the error
