@@ -84,6 +84,10 @@ class _Backfill:
         if failure is None:
             if reservation is not None and fits is not None:
                 _consume_spare(session, job, reservation)
+            elif _ends_before(session, job, reservation):
+                # It takes room only until the reservation's start: the plan stands.
+                session.plan_harmless.add(job.id)
+                session.carry_plan()
             return
         session.failures[job.id] = failure
         if reservation is None and failure.blocked_by_resources:
@@ -169,6 +173,16 @@ def place_ignoring_reservation(session: Session, job: JobInfo) -> bool:
     return session.job_ready(job, placed)
 
 
+def _ends_before(session: Session, job: JobInfo, reservation: Reservation | None) -> bool:
+    return (
+        reservation is not None
+        and reservation.placed
+        and reservation.start is not None
+        and job.walltime is not None
+        and session.now + job.walltime <= reservation.start
+    )
+
+
 def _fits_around(session: Session, job: JobInfo, reservation: Reservation) -> Fits | None:
     """The extra test a backfilled job's tasks must pass so the reservation is not delayed."""
     if not reservation.placed:
@@ -233,8 +247,12 @@ def _plan_reservation(session: Session, job: JobInfo) -> tuple[float | None, Spa
     ends then are the same moments)."""
     key = (job.id, session.version, frozenset(session.nominated), frozenset(session.evicted))
     cached = session.reservations.get(key)
-    if cached is not None and cached[0] >= session.now:
-        return cached[1]
+    if cached is not None:
+        first_end, plan, since = cached
+        if since is None and first_end >= session.now:
+            return plan  # nothing changed since, no walltime end passed
+        if since is not None and since <= session.now < plan[0]:
+            return plan  # only changes that leave it as it is, and its start is ahead
     free = session.free_on_ready_nodes()
     if session.nominated:
         room = {k: v for k, v in free.items() if k not in session.nominated}
@@ -247,7 +265,8 @@ def _plan_reservation(session: Session, job: JobInfo) -> tuple[float | None, Spa
         ends = session.walltime_ends  # (end, node, ..., resources), sorted by end
     plan = _earliest(session, job, room, ends)
     first_end = ends[0][0] if ends else float("inf")
-    session.reservations = {key: (first_end, plan)} if first_end > session.now else {}
+    session.reservations = {key: (first_end, plan, None)} if first_end > session.now else {}
+    session.plan_harmless = set()  # what was backfilled before it is in its room
     return plan
 
 

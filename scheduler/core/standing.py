@@ -95,7 +95,30 @@ class StandingSession:
         session.forget_job(job_id)
         session.forget_key(job_id)
         session.version += 1
+        walltime = job.walltime
+        ends = (
+            [t.started_at + walltime for t in job.tasks if t.started_at is not None]
+            if (walltime is not None)
+            else []
+        )
+        if ends and len(ends) == len(job.tasks):
+            # From its last walltime end on, the room is what the plan counted.
+            session.carry_plan(max(ends, default=None))
         return job
+
+    def _plan_stands(self, placed: list[tuple[JobInfo, TaskInfo, str]], now: float) -> bool:
+        """Do the walltime ends of what started leave the reservation plan as it was? Those
+        backfilled after it end before its start; the others held their room in it with no
+        end, so an end after its start changes nothing before it."""
+        plan = next(iter(self.session.reservations.values()), None)
+        if plan is None or plan[1][0] is None:
+            return False
+        start = plan[1][0]
+        harmless = self.session.plan_harmless
+        return all(
+            job.id in harmless or (job.walltime is not None and now + job.walltime > start)
+            for job, _task, _node in placed
+        )
 
     def cycle(self, now: float) -> CycleResult:
         """Run the actions at `now` and start what they bound."""
@@ -124,6 +147,8 @@ class StandingSession:
         if binds:
             session.add_ends(placed)
             session.version += 1
+            if self._plan_stands(placed, now):
+                session.carry_plan()
         for job in started.values():
             session.forget_job(job.id)
             if job.state != "Running":
