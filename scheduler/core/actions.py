@@ -27,10 +27,16 @@ def guarded(session: Session, job: JobInfo, work: Callable[[], None]) -> None:
     try:
         work()
     except Exception as exc:  # noqa: BLE001 - fault isolation is the point
-        log.exception("scheduling job %s failed", job.id)
-        session.stats["errors"] += 1
-        session.set_pending(job, Status(Code.SCHEDULER_ERROR, f"{type(exc).__name__}: {exc}"))
-        session.failures[job.id] = Failure(Code.SCHEDULER_ERROR, str(exc), False)
+        record_fault(session, job, exc)
+
+
+def record_fault(session: Session, job: JobInfo, exc: Exception) -> None:
+    """Mark the job whose work raised `exc` (called in the `except` block: it logs the
+    traceback)."""
+    log.exception("scheduling job %s failed", job.id)
+    session.stats["errors"] += 1
+    session.set_pending(job, Status(Code.SCHEDULER_ERROR, f"{type(exc).__name__}: {exc}"))
+    session.failures[job.id] = Failure(Code.SCHEDULER_ERROR, str(exc), False)
 
 
 # --- enqueue -----------------------------------------------------------------------------

@@ -3,15 +3,14 @@ job that can start now without delaying it."""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from scheduler.core.actions import (
     Memo,
-    guarded,
     in_order,
     place,
     quick_refusal,
+    record_fault,
     simulate,
     total_refusal,
 )
@@ -33,7 +32,10 @@ def backfill(session: Session) -> None:
     is planned in); one that explains plans it at once, for the holder's estimated start."""
     run = _Backfill(session)
     for job in in_order(session, skip=run.skip):
-        guarded(session, job, partial(run.one, job))
+        try:  # `guarded`, without a closure per job
+            run.one(job)
+        except Exception as exc:  # noqa: BLE001 - fault isolation is the point
+            record_fault(session, job, exc)
     if run.deferred is not None and run.deferred.id not in session.reservation_starts:
         run.planned()  # the holder's first reservation: when it was promised to start
 
@@ -156,6 +158,9 @@ def _explain_wait(
 
 
 def _without_devices(session: Session, job: JobInfo) -> bool:
+    shape = session.shape(job)
+    if shape is not None:
+        return shape[0].gpu == 0
     return all(task.resources.gpu == 0 for task in session.pending_tasks(job))
 
 
@@ -330,7 +335,11 @@ def _earliest(
 
 def _release_into(room: dict[str, Resources], ends: list[tuple[Any, ...]]) -> None:
     for entry in ends:
-        room[entry[1]] = room[entry[1]] + entry[-1]
+        name, release = entry[1], entry[-1]
+        free = room[name]  # `+` spelled out: this runs for every end of every plan
+        room[name] = Resources(
+            free.cpu + release.cpu, free.memory + release.memory, free.gpu + release.gpu
+        )
 
 
 def _unknown_start(

@@ -27,7 +27,7 @@ from scheduler.core.model import (
 from scheduler.core.plugins import default_plugins
 from scheduler.core.resources import Resources
 from scheduler.core.session import Session, grows, need_of
-from scheduler.core.types import HOLDS_RESOURCES, Bind
+from scheduler.core.types import HOLDS_RESOURCES, Bind, NodeView
 
 
 class StandingSession:
@@ -73,20 +73,7 @@ class StandingSession:
         self._leave_queue(job)
         session.need.pop(job_id, None)
         session.running = [j for j in session.running if j is not job]
-        held = Resources()
-        for task in job.tasks:
-            node = session.node_by_name.get(task.node or "")
-            if task.state not in HOLDS_RESOURCES or node is None:
-                continue
-            node.free_cpu += task.resources.cpu
-            node.free_memory += task.resources.memory
-            if task.devices:
-                node.free_devices = sorted(node.free_devices + list(task.devices))
-                session.index_dirty = True
-            session.freed(node, task.resources.cpu, task.resources.memory, len(task.devices))
-            node.tasks = [held for held in node.tasks if held[1] is not task]
-            held = held + task.resources
-            task.state = "Succeeded"
+        held = self._release(job)
         queue = session.queues.get(job.queue)
         if queue is not None:
             queue.allocated = queue.allocated - held
@@ -105,6 +92,29 @@ class StandingSession:
             # From its last walltime end on, the room is what the plan counted.
             session.carry_plan(max(ends, default=None))
         return job
+
+    def _release(self, job: JobInfo) -> Resources:
+        """Give back what the job's tasks hold on their nodes; the total they held."""
+        session = self.session
+        cpu = memory = gpu = 0
+        gone: dict[NodeView, set[int]] = {}  # node -> ids of its tasks that ended
+        for task in job.tasks:
+            node = session.node_by_name.get(task.node or "")
+            if task.state not in HOLDS_RESOURCES or node is None:
+                continue
+            request = task.resources
+            node.free_cpu += request.cpu
+            node.free_memory += request.memory
+            if task.devices:
+                node.free_devices = sorted(node.free_devices + list(task.devices))
+                session.index_dirty = True
+            session.freed(node, request.cpu, request.memory, len(task.devices))
+            gone.setdefault(node, set()).add(id(task))
+            cpu, memory, gpu = cpu + request.cpu, memory + request.memory, gpu + request.gpu
+            task.state = "Succeeded"
+        for node, ended in gone.items():
+            node.tasks = [held for held in node.tasks if id(held[1]) not in ended]
+        return Resources(cpu, memory, gpu)
 
     def _plan_stands(self, placed: list[tuple[JobInfo, TaskInfo, str]], now: float) -> bool:
         """Do the walltime ends of what started leave the reservation plan as it was? Those
