@@ -55,6 +55,10 @@ class _Backfill:
             blocked if blocked is not None and blocked.id not in session.pipelined else None
         )
         self.deferred: JobInfo | None = None
+        # While the plan is deferred nothing is placed: a job's quick refusal then depends
+        # only on its shape, queue and gang size (as plugins' `overused` may only depend on
+        # the queue and the job's request), so one is kept per (shape, queue, need).
+        self.refusals: dict[tuple[object, ...], Failure] = {}
         if self.holder is not None:
             self.deferred = _hold(session, self.holder)
 
@@ -73,7 +77,7 @@ class _Backfill:
 
     def one(self, job: JobInfo) -> None:
         session = self.session
-        if self.deferred is not None and self._refused(job, quick_refusal(session, job)):
+        if self.deferred is not None and self._refused(job, self._quick_refusal(job)):
             return
         reservation = self.planned()
         fits = _fits_around(session, job, reservation) if reservation else None
@@ -95,8 +99,22 @@ class _Backfill:
         if reservation is None and failure.blocked_by_resources:
             self.holder = job
             self.deferred = _hold(session, job)
+            self.refusals = {}  # jobs were placed since the last were kept
             return
         _explain_wait(session, job, failure, fits, reservation, self.delays)
+
+    def _quick_refusal(self, job: JobInfo) -> Failure | None:
+        session = self.session
+        shape = Memo.key(session, job)
+        if shape is None:
+            return quick_refusal(session, job)
+        key = (shape, session.needed(job))
+        refusal = self.refusals.get(key)
+        if refusal is None:
+            refusal = quick_refusal(session, job)
+            if refusal is not None:
+                self.refusals[key] = refusal
+        return refusal
 
     def _refused(self, job: JobInfo, refusal: Failure | None) -> bool:
         if refusal is None:

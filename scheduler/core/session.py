@@ -267,7 +267,12 @@ class Session:
         for job, task, node in started:
             if job.walltime is None or task.started_at is None or task.state == "Releasing":
                 continue
-            release = Resources(task.resources.cpu, task.resources.memory, len(task.devices))
+            request = task.resources
+            release = (
+                request  # the same figures: no need for a new tuple
+                if request.gpu == len(task.devices)
+                else Resources(request.cpu, request.memory, len(task.devices))
+            )
             # (end, node, task id) is unique: sorting never compares further.
             self.walltime_ends.append(
                 (task.started_at + job.walltime, node, task.id, job.id, release)
@@ -465,7 +470,10 @@ class Session:
             and node.name not in self.nominated
             and request.cpu <= node.free_cpu
             and request.memory <= node.free_memory
-            and all(p.predicate(self, job, task, node) is None for p in self.placing_predicates)
+            and (
+                not self.placing_predicates
+                or all(p.predicate(self, job, task, node) is None for p in self.placing_predicates)
+            )
             and (fits is None or fits(node, task))
         )
 
