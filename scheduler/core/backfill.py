@@ -15,7 +15,7 @@ from scheduler.core.actions import (
     total_refusal,
 )
 from scheduler.core.model import JobInfo, TaskInfo
-from scheduler.core.resources import Resources
+from scheduler.core.resources import Resources, tuple_new
 from scheduler.core.session import Fits, NodeScan, Session
 from scheduler.core.statement import Statement
 from scheduler.core.status import Code, Status
@@ -355,8 +355,9 @@ def _release_into(room: dict[str, Resources], ends: list[tuple[Any, ...]]) -> No
     for entry in ends:
         name, release = entry[1], entry[-1]
         free = room[name]  # `+` spelled out: this runs for every end of every plan
-        room[name] = Resources(
-            free.cpu + release.cpu, free.memory + release.memory, free.gpu + release.gpu
+        room[name] = tuple_new(
+            Resources,
+            (free.cpu + release.cpu, free.memory + release.memory, free.gpu + release.gpu),
         )
 
 
