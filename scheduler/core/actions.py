@@ -73,15 +73,14 @@ def in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[JobI
     `skip` is asked as each job comes up: the callers' skips change only for the job that
     was just yielded, so asking late skips the same jobs as asking first."""
     cursors = {}
-    heap = []
     for name, queue in session.queues.items():
         if queue.jobs:
             cursors[name] = (j for j in queue.jobs if not skip(j))
-            heap.append((session.queue_key(queue), name))
-    if len(heap) == 1:
+    if len(cursors) == 1:
         # One queue with work: the order is its own; no shares to compare.
-        yield from cursors[heap[0][1]]
+        yield from next(iter(cursors.values()))
         return
+    heap = [(session.queue_key(session.queues[name]), name) for name in cursors]
     heapq.heapify(heap)
     while heap:
         _, name = heapq.heappop(heap)

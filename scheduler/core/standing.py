@@ -42,6 +42,7 @@ class StandingSession:
         self.session = Session(Snapshot(0.0, nodes, queues, []), config, default_plugins(config))
         self.session.explain_failures = explain
         self.session.standing = True
+        self._waiting: set[int] = set()  # jobs among the candidates (and maybe in a queue)
 
     def submit(self, job: JobInfo) -> None:
         """A new pending job. The session owns it from now on and updates its tasks."""
@@ -52,6 +53,7 @@ class StandingSession:
         session = self.session
         session.jobs[job.id] = job
         session.candidates.append(job)
+        self._waiting.add(job.id)
         session.need[job.id] = need_of(job)
         self._admit(job)
 
@@ -68,9 +70,9 @@ class StandingSession:
         """The job ended: its tasks give back what they hold."""
         session = self.session
         job = session.jobs.pop(job_id)
-        session.candidates = [j for j in session.candidates if j is not job]
         session.refused.pop(job_id, None)
-        self._leave_queue(job)
+        if job_id in self._waiting:
+            self._leave(job)
         session.need.pop(job_id, None)
         session.running = [j for j in session.running if j is not job]
         held = self._release(job)
@@ -167,11 +169,21 @@ class StandingSession:
             if grows(job):
                 session.need[job.id] = need_of(job)
             else:
-                session.candidates = [j for j in session.candidates if j is not job]
                 session.need.pop(job.id, None)
-                self._leave_queue(job)
+                self._leave(job)
 
-    def _leave_queue(self, job: JobInfo) -> None:
+    def _leave(self, job: JobInfo) -> None:
+        """Out of the candidates and its queue (found by identity: most leave near the
+        front)."""
+        self._waiting.discard(job.id)
+        _remove(self.session.candidates, job)
         queue = self.session.queues.get(job.queue)
-        if queue is not None and any(j is job for j in queue.jobs):
-            queue.jobs = [j for j in queue.jobs if j is not job]
+        if queue is not None:
+            _remove(queue.jobs, job)
+
+
+def _remove(jobs: list[JobInfo], job: JobInfo) -> None:
+    for i, other in enumerate(jobs):
+        if other is job:
+            del jobs[i]
+            return
