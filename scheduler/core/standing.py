@@ -80,7 +80,7 @@ class StandingSession:
         if queue is not None:
             queue.allocated = queue.allocated - held
         job.state = "Succeeded"
-        session.walltime_ends = [e for e in session.walltime_ends if e[3] != job_id]
+        _drop_ends(session.walltime_ends, job)
         session.forget_job(job_id)
         session.forget_key(job_id)
         session.version += 1
@@ -180,6 +180,20 @@ class StandingSession:
         queue = self.session.queues.get(job.queue)
         if queue is not None:
             _remove(queue.jobs, job)
+
+
+def _drop_ends(ends: list[tuple[float, str, int, int, Resources]], job: JobInfo) -> None:
+    """Take the job's walltime ends out of the sorted list: each is at its task's start plus
+    the job's walltime, so only the entries at those moments are looked at."""
+    if job.walltime is None:
+        return  # it has none
+    moments = {t.started_at + job.walltime for t in job.tasks if t.started_at is not None}
+    for moment in moments:
+        first = bisect.bisect_left(ends, (moment,))
+        last = first
+        while last < len(ends) and ends[last][0] == moment:
+            last += 1
+        ends[first:last] = [e for e in ends[first:last] if e[3] != job.id]
 
 
 def _remove(jobs: list[JobInfo], job: JobInfo) -> None:
