@@ -274,8 +274,14 @@ def _plan_reservation(session: Session, job: JobInfo) -> tuple[float | None, Spa
         first_end, plan, since = cached
         if since is None and first_end >= session.now:
             return plan  # nothing changed since, no walltime end passed
-        if since is not None and since <= session.now < plan[0]:
-            return plan  # only changes that leave it as it is, and its start is ahead
+        if (
+            since is not None
+            and session.now < plan[0]
+            and (since <= session.now or _fits_nowhere_before(session, job, since))
+        ):
+            # Since it was made, the room changed only before `since` (not at its start):
+            # where that is over, or the gang fits at no moment before it, it stands.
+            return plan
     free = session.free_on_ready_nodes()
     if session.nominated:
         room = {k: v for k, v in free.items() if k not in session.nominated}
@@ -291,6 +297,22 @@ def _plan_reservation(session: Session, job: JobInfo) -> tuple[float | None, Spa
     session.reservations = {key: (first_end, plan, None)} if first_end > session.now else {}
     session.plan_harmless = set()  # what was backfilled before it is in its room
     return plan
+
+
+def _fits_nowhere_before(session: Session, job: JobInfo, until: float) -> bool:
+    """Do the totals alone say the job's gang fits at no moment from now until `until`?
+    (They only grow as walltime ends pass: the last moment before `until` decides.)"""
+    if not session.all_ready or session.nominated or session.releasing or session.evicted:
+        return False
+    need = session.min_request(job)
+    cpu, memory = session.ready_free_cpu, session.ready_free_memory
+    gpu = session.ready_free_gpu
+    for entry in session.walltime_ends:
+        if entry[0] >= until:
+            break
+        release = entry[-1]
+        cpu, memory, gpu = cpu + release.cpu, memory + release.memory, gpu + release.gpu
+    return need.cpu > cpu or need.memory > memory or need.gpu > gpu
 
 
 def _ends(session: Session, room: dict[str, Resources]) -> list[tuple[float, str, Resources]]:

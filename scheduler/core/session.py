@@ -254,8 +254,8 @@ class Session:
         job = self.jobs.get(key[0])  # type: ignore[call-overload]
         if key[1] != self.version - 1 or plan[0] is None or job is None:
             return
-        if len(self.gang_runs(job)) != 1:
-            return
+        if len(self.gang_runs(job)) != 1 or (valid_from is not None and valid_from > plan[0]):
+            return  # (a change after the start changes the room at the start)
         since = max(
             since if since is not None else self.now,
             valid_from if valid_from is not None else self.now,
