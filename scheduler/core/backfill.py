@@ -59,6 +59,9 @@ class _Backfill:
         # only on its shape, queue and gang size (as plugins' `overused` may only depend on
         # the queue and the job's request), so one is kept per (shape, queue, need).
         self.refusals: dict[tuple[object, ...], Failure] = {}
+        # The status of each refusal, made once: jobs refused alike share it (statuses are
+        # never changed once set). By id: a refusal stays in `session.failures` all cycle.
+        self.statuses: dict[int, Status] = {}
         if self.holder is not None:
             self.deferred = _hold(session, self.holder)
 
@@ -120,7 +123,10 @@ class _Backfill:
         if refusal is None:
             return False
         self.session.failures[job.id] = refusal
-        self.session.set_pending(job, refusal.status())
+        status = self.statuses.get(id(refusal))
+        if status is None:
+            status = self.statuses[id(refusal)] = refusal.status()
+        self.session.set_pending(job, status)
         return True
 
 
