@@ -27,10 +27,16 @@ def guarded(session: Session, job: JobInfo, work: Callable[[], None]) -> None:
     try:
         work()
     except Exception as exc:  # noqa: BLE001 - fault isolation is the point
-        log.exception("scheduling job %s failed", job.id)
-        session.stats["errors"] += 1
-        session.set_pending(job, Status(Code.SCHEDULER_ERROR, f"{type(exc).__name__}: {exc}"))
-        session.failures[job.id] = Failure(Code.SCHEDULER_ERROR, str(exc), False)
+        record_fault(session, job, exc)
+
+
+def record_fault(session: Session, job: JobInfo, exc: Exception) -> None:
+    """Mark the job whose work raised `exc` (called in the `except` block: it logs the
+    traceback)."""
+    log.exception("scheduling job %s failed", job.id)
+    session.stats["errors"] += 1
+    session.set_pending(job, Status(Code.SCHEDULER_ERROR, f"{type(exc).__name__}: {exc}"))
+    session.failures[job.id] = Failure(Code.SCHEDULER_ERROR, str(exc), False)
 
 
 # --- enqueue -----------------------------------------------------------------------------
@@ -67,15 +73,14 @@ def in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[JobI
     `skip` is asked as each job comes up: the callers' skips change only for the job that
     was just yielded, so asking late skips the same jobs as asking first."""
     cursors = {}
-    heap = []
     for name, queue in session.queues.items():
         if queue.jobs:
             cursors[name] = (j for j in queue.jobs if not skip(j))
-            heap.append((session.queue_key(queue), name))
-    if len(heap) == 1:
+    if len(cursors) == 1:
         # One queue with work: the order is its own; no shares to compare.
-        yield from cursors[heap[0][1]]
+        yield from next(iter(cursors.values()))
         return
+    heap = [(session.queue_key(session.queues[name]), name) for name in cursors]
     heapq.heapify(heap)
     while heap:
         _, name = heapq.heappop(heap)

@@ -3,20 +3,19 @@ job that can start now without delaying it."""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from scheduler.core.actions import (
     Memo,
-    guarded,
     in_order,
     place,
     quick_refusal,
+    record_fault,
     simulate,
     total_refusal,
 )
 from scheduler.core.model import JobInfo, TaskInfo
-from scheduler.core.resources import Resources
+from scheduler.core.resources import Resources, tuple_new
 from scheduler.core.session import Fits, NodeScan, Session
 from scheduler.core.statement import Statement
 from scheduler.core.status import Code, Status
@@ -33,7 +32,10 @@ def backfill(session: Session) -> None:
     is planned in); one that explains plans it at once, for the holder's estimated start."""
     run = _Backfill(session)
     for job in in_order(session, skip=run.skip):
-        guarded(session, job, partial(run.one, job))
+        try:  # `guarded`, without a closure per job
+            run.one(job)
+        except Exception as exc:  # noqa: BLE001 - fault isolation is the point
+            record_fault(session, job, exc)
     if run.deferred is not None and run.deferred.id not in session.reservation_starts:
         run.planned()  # the holder's first reservation: when it was promised to start
 
@@ -53,6 +55,13 @@ class _Backfill:
             blocked if blocked is not None and blocked.id not in session.pipelined else None
         )
         self.deferred: JobInfo | None = None
+        # While the plan is deferred nothing is placed: a job's quick refusal then depends
+        # only on its shape, queue and gang size (as plugins' `overused` may only depend on
+        # the queue and the job's request), so one is kept per (shape, queue, need).
+        self.refusals: dict[tuple[object, ...], Failure] = {}
+        # The status of each refusal, made once: jobs refused alike share it (statuses are
+        # never changed once set). By id: a refusal stays in `session.failures` all cycle.
+        self.statuses: dict[int, Status] = {}
         if self.holder is not None:
             self.deferred = _hold(session, self.holder)
 
@@ -71,7 +80,7 @@ class _Backfill:
 
     def one(self, job: JobInfo) -> None:
         session = self.session
-        if self.deferred is not None and self._refused(job, quick_refusal(session, job)):
+        if self.deferred is not None and self._refused(job, self._quick_refusal(job)):
             return
         reservation = self.planned()
         fits = _fits_around(session, job, reservation) if reservation else None
@@ -84,19 +93,40 @@ class _Backfill:
         if failure is None:
             if reservation is not None and fits is not None:
                 _consume_spare(session, job, reservation)
+            elif _ends_before(session, job, reservation):
+                # It takes room only until the reservation's start: the plan stands.
+                session.plan_harmless.add(job.id)
+                session.carry_plan()
             return
         session.failures[job.id] = failure
         if reservation is None and failure.blocked_by_resources:
             self.holder = job
             self.deferred = _hold(session, job)
+            self.refusals = {}  # jobs were placed since the last were kept
             return
         _explain_wait(session, job, failure, fits, reservation, self.delays)
+
+    def _quick_refusal(self, job: JobInfo) -> Failure | None:
+        session = self.session
+        shape = Memo.key(session, job)
+        if shape is None:
+            return quick_refusal(session, job)
+        key = (shape, session.needed(job))
+        refusal = self.refusals.get(key)
+        if refusal is None:
+            refusal = quick_refusal(session, job)
+            if refusal is not None:
+                self.refusals[key] = refusal
+        return refusal
 
     def _refused(self, job: JobInfo, refusal: Failure | None) -> bool:
         if refusal is None:
             return False
         self.session.failures[job.id] = refusal
-        self.session.set_pending(job, refusal.status())
+        status = self.statuses.get(id(refusal))
+        if status is None:
+            status = self.statuses[id(refusal)] = refusal.status()
+        self.session.set_pending(job, status)
         return True
 
 
@@ -152,6 +182,9 @@ def _explain_wait(
 
 
 def _without_devices(session: Session, job: JobInfo) -> bool:
+    shape = session.shape(job)
+    if shape is not None:
+        return shape[0].gpu == 0
     return all(task.resources.gpu == 0 for task in session.pending_tasks(job))
 
 
@@ -167,6 +200,16 @@ def place_ignoring_reservation(session: Session, job: JobInfo) -> bool:
             placed += 1
     statement.discard()
     return session.job_ready(job, placed)
+
+
+def _ends_before(session: Session, job: JobInfo, reservation: Reservation | None) -> bool:
+    return (
+        reservation is not None
+        and reservation.placed
+        and reservation.start is not None
+        and job.walltime is not None
+        and session.now + job.walltime <= reservation.start
+    )
 
 
 def _fits_around(session: Session, job: JobInfo, reservation: Reservation) -> Fits | None:
@@ -233,8 +276,18 @@ def _plan_reservation(session: Session, job: JobInfo) -> tuple[float | None, Spa
     ends then are the same moments)."""
     key = (job.id, session.version, frozenset(session.nominated), frozenset(session.evicted))
     cached = session.reservations.get(key)
-    if cached is not None and cached[0] >= session.now:
-        return cached[1]
+    if cached is not None:
+        first_end, plan, since = cached
+        if since is None and first_end >= session.now:
+            return plan  # nothing changed since, no walltime end passed
+        if (
+            since is not None
+            and session.now < plan[0]
+            and (since <= session.now or _fits_nowhere_before(session, job, since))
+        ):
+            # Since it was made, the room changed only before `since` (not at its start):
+            # where that is over, or the gang fits at no moment before it, it stands.
+            return plan
     free = session.free_on_ready_nodes()
     if session.nominated:
         room = {k: v for k, v in free.items() if k not in session.nominated}
@@ -247,8 +300,25 @@ def _plan_reservation(session: Session, job: JobInfo) -> tuple[float | None, Spa
         ends = session.walltime_ends  # (end, node, ..., resources), sorted by end
     plan = _earliest(session, job, room, ends)
     first_end = ends[0][0] if ends else float("inf")
-    session.reservations = {key: (first_end, plan)} if first_end > session.now else {}
+    session.reservations = {key: (first_end, plan, None)} if first_end > session.now else {}
+    session.plan_harmless = set()  # what was backfilled before it is in its room
     return plan
+
+
+def _fits_nowhere_before(session: Session, job: JobInfo, until: float) -> bool:
+    """Do the totals alone say the job's gang fits at no moment from now until `until`?
+    (They only grow as walltime ends pass: the last moment before `until` decides.)"""
+    if not session.all_ready or session.nominated or session.releasing or session.evicted:
+        return False
+    need = session.min_request(job)
+    cpu, memory = session.ready_free_cpu, session.ready_free_memory
+    gpu = session.ready_free_gpu
+    for entry in session.walltime_ends:
+        if entry[0] >= until:
+            break
+        release = entry[-1]
+        cpu, memory, gpu = cpu + release.cpu, memory + release.memory, gpu + release.gpu
+    return need.cpu > cpu or need.memory > memory or need.gpu > gpu
 
 
 def _ends(session: Session, room: dict[str, Resources]) -> list[tuple[float, str, Resources]]:
@@ -311,7 +381,12 @@ def _earliest(
 
 def _release_into(room: dict[str, Resources], ends: list[tuple[Any, ...]]) -> None:
     for entry in ends:
-        room[entry[1]] = room[entry[1]] + entry[-1]
+        name, release = entry[1], entry[-1]
+        free = room[name]  # `+` spelled out: this runs for every end of every plan
+        room[name] = tuple_new(
+            Resources,
+            (free.cpu + release.cpu, free.memory + release.memory, free.gpu + release.gpu),
+        )
 
 
 def _unknown_start(

@@ -7,6 +7,9 @@ from typing import Any, NamedTuple
 from scheduler.core.quantity import format_cpu, format_memory, parse_cpu, parse_gpu, parse_memory
 
 DIMENSIONS = ("cpu", "memory", "gpu")
+# `Resources(a, b, c)` goes through a generated Python `__new__`; `tuple_new(Resources, (a, b, c))`
+# makes the same tuple without it (for the hot paths of a replay).
+tuple_new = tuple.__new__
 
 
 class Resources(NamedTuple):
@@ -19,10 +22,14 @@ class Resources(NamedTuple):
     gpu: int = 0
 
     def __add__(self, other: Resources) -> Resources:  # type: ignore[override]
-        return Resources(self.cpu + other.cpu, self.memory + other.memory, self.gpu + other.gpu)
+        return tuple_new(
+            Resources, (self.cpu + other.cpu, self.memory + other.memory, self.gpu + other.gpu)
+        )
 
     def __sub__(self, other: Resources) -> Resources:
-        return Resources(self.cpu - other.cpu, self.memory - other.memory, self.gpu - other.gpu)
+        return tuple_new(
+            Resources, (self.cpu - other.cpu, self.memory - other.memory, self.gpu - other.gpu)
+        )
 
     def fits_in(self, other: Resources) -> bool:
         return self.cpu <= other.cpu and self.memory <= other.memory and self.gpu <= other.gpu

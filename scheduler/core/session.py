@@ -157,7 +157,11 @@ class Session:
         # Bumped whenever what runs where changes for good (commits, completions): what
         # was computed from it at the same version still holds.
         self.version = 0
+        # The last reservation plan: key (job, version, nominated, evicted) -> (first walltime
+        # end, plan, None) as computed, or (.., .., valid from) once carried across changes
+        # that provably leave it as it is (`carry_plan`).
         self.reservations: dict[tuple[object, ...], tuple[Any, ...]] = {}
+        self.plan_harmless: set[int] = set()  # backfilled this cycle, ending before the plan
         # job -> the estimated start of the first reservation it held (with a known start)
         self.reservation_starts: dict[int, float] = {}
 
@@ -191,6 +195,7 @@ class Session:
         self.blocked: JobInfo | None = None  # first job strict allocate could not start
         self.reservation: Reservation | None = None
         self.stats: Counter[str] = Counter()
+        self.plan_harmless = set()
         if not self.standing:
             for queue in self.queues.values():
                 queue.jobs = []
@@ -234,12 +239,40 @@ class Session:
         self.index_dirty = False
         self._orders: dict[tuple[object, ...], list[NodeView]] = {}
 
+    def carry_plan(self, valid_from: float | None = None) -> None:
+        """The change that just bumped `version` leaves the last reservation plan as it was
+        for every moment up to its start (from `valid_from` on): keep it for this version.
+
+        Only for a holder whose gang is one run of alike tasks (whether it fits is then
+        monotone in the room, so a change that only lowers the room before the start cannot
+        make it fit earlier), a known start, and no evictions, nominations or releasing."""
+        entry = next(iter(self.reservations.items()), None)
+        self.reservations = {}
+        if entry is None or self.releasing or self.evicted or self.nominated:
+            return
+        key, (first_end, plan, since) = entry
+        job = self.jobs.get(key[0])  # type: ignore[call-overload]
+        if key[1] != self.version - 1 or plan[0] is None or job is None:
+            return
+        if len(self.gang_runs(job)) != 1 or (valid_from is not None and valid_from > plan[0]):
+            return  # (a change after the start changes the room at the start)
+        since = max(
+            since if since is not None else self.now,
+            valid_from if valid_from is not None else self.now,
+        )
+        self.reservations = {(key[0], self.version, *key[2:]): (first_end, plan, since)}
+
     def add_ends(self, started: list[tuple[JobInfo, TaskInfo, str]]) -> None:
         """Tasks started on nodes: when their walltimes give their resources back."""
         for job, task, node in started:
             if job.walltime is None or task.started_at is None or task.state == "Releasing":
                 continue
-            release = Resources(task.resources.cpu, task.resources.memory, len(task.devices))
+            request = task.resources
+            release = (
+                request  # the same figures: no need for a new tuple
+                if request.gpu == len(task.devices)
+                else Resources(request.cpu, request.memory, len(task.devices))
+            )
             # (end, node, task id) is unique: sorting never compares further.
             self.walltime_ends.append(
                 (task.started_at + job.walltime, node, task.id, job.id, release)
@@ -437,7 +470,10 @@ class Session:
             and node.name not in self.nominated
             and request.cpu <= node.free_cpu
             and request.memory <= node.free_memory
-            and all(p.predicate(self, job, task, node) is None for p in self.placing_predicates)
+            and (
+                not self.placing_predicates
+                or all(p.predicate(self, job, task, node) is None for p in self.placing_predicates)
+            )
             and (fits is None or fits(node, task))
         )
 

@@ -27,7 +27,7 @@ from scheduler.core.model import (
 from scheduler.core.plugins import default_plugins
 from scheduler.core.resources import Resources
 from scheduler.core.session import Session, grows, need_of
-from scheduler.core.types import HOLDS_RESOURCES, Bind
+from scheduler.core.types import HOLDS_RESOURCES, Bind, NodeView
 
 
 class StandingSession:
@@ -42,6 +42,7 @@ class StandingSession:
         self.session = Session(Snapshot(0.0, nodes, queues, []), config, default_plugins(config))
         self.session.explain_failures = explain
         self.session.standing = True
+        self._waiting: set[int] = set()  # jobs among the candidates (and maybe in a queue)
 
     def submit(self, job: JobInfo) -> None:
         """A new pending job. The session owns it from now on and updates its tasks."""
@@ -52,6 +53,7 @@ class StandingSession:
         session = self.session
         session.jobs[job.id] = job
         session.candidates.append(job)
+        self._waiting.add(job.id)
         session.need[job.id] = need_of(job)
         self._admit(job)
 
@@ -68,34 +70,67 @@ class StandingSession:
         """The job ended: its tasks give back what they hold."""
         session = self.session
         job = session.jobs.pop(job_id)
-        session.candidates = [j for j in session.candidates if j is not job]
         session.refused.pop(job_id, None)
-        self._leave_queue(job)
+        if job_id in self._waiting:
+            self._leave(job)
         session.need.pop(job_id, None)
         session.running = [j for j in session.running if j is not job]
-        held = Resources()
-        for task in job.tasks:
-            node = session.node_by_name.get(task.node or "")
-            if task.state not in HOLDS_RESOURCES or node is None:
-                continue
-            node.free_cpu += task.resources.cpu
-            node.free_memory += task.resources.memory
-            if task.devices:
-                node.free_devices = sorted(node.free_devices + list(task.devices))
-                session.index_dirty = True
-            session.freed(node, task.resources.cpu, task.resources.memory, len(task.devices))
-            node.tasks = [held for held in node.tasks if held[1] is not task]
-            held = held + task.resources
-            task.state = "Succeeded"
+        held = self._release(job)
         queue = session.queues.get(job.queue)
         if queue is not None:
             queue.allocated = queue.allocated - held
         job.state = "Succeeded"
-        session.walltime_ends = [e for e in session.walltime_ends if e[3] != job_id]
+        _drop_ends(session.walltime_ends, job)
         session.forget_job(job_id)
         session.forget_key(job_id)
         session.version += 1
+        walltime = job.walltime
+        ends = (
+            [t.started_at + walltime for t in job.tasks if t.started_at is not None]
+            if (walltime is not None)
+            else []
+        )
+        if ends and len(ends) == len(job.tasks):
+            # From its last walltime end on, the room is what the plan counted.
+            session.carry_plan(max(ends, default=None))
         return job
+
+    def _release(self, job: JobInfo) -> Resources:
+        """Give back what the job's tasks hold on their nodes; the total they held."""
+        session = self.session
+        cpu = memory = gpu = 0
+        gone: dict[NodeView, set[int]] = {}  # node -> ids of its tasks that ended
+        for task in job.tasks:
+            node = session.node_by_name.get(task.node or "")
+            if task.state not in HOLDS_RESOURCES or node is None:
+                continue
+            request = task.resources
+            node.free_cpu += request.cpu
+            node.free_memory += request.memory
+            if task.devices:
+                node.free_devices = sorted(node.free_devices + list(task.devices))
+                session.index_dirty = True
+            session.freed(node, request.cpu, request.memory, len(task.devices))
+            gone.setdefault(node, set()).add(id(task))
+            cpu, memory, gpu = cpu + request.cpu, memory + request.memory, gpu + request.gpu
+            task.state = "Succeeded"
+        for node, ended in gone.items():
+            node.tasks = [held for held in node.tasks if id(held[1]) not in ended]
+        return Resources(cpu, memory, gpu)
+
+    def _plan_stands(self, placed: list[tuple[JobInfo, TaskInfo, str]], now: float) -> bool:
+        """Do the walltime ends of what started leave the reservation plan as it was? Those
+        backfilled after it end before its start; the others held their room in it with no
+        end, so an end after its start changes nothing before it."""
+        plan = next(iter(self.session.reservations.values()), None)
+        if plan is None or plan[1][0] is None:
+            return False
+        start = plan[1][0]
+        harmless = self.session.plan_harmless
+        return all(
+            job.id in harmless or (job.walltime is not None and now + job.walltime > start)
+            for job, _task, _node in placed
+        )
 
     def cycle(self, now: float) -> CycleResult:
         """Run the actions at `now` and start what they bound."""
@@ -124,6 +159,8 @@ class StandingSession:
         if binds:
             session.add_ends(placed)
             session.version += 1
+            if self._plan_stands(placed, now):
+                session.carry_plan()
         for job in started.values():
             session.forget_job(job.id)
             if job.state != "Running":
@@ -132,11 +169,35 @@ class StandingSession:
             if grows(job):
                 session.need[job.id] = need_of(job)
             else:
-                session.candidates = [j for j in session.candidates if j is not job]
                 session.need.pop(job.id, None)
-                self._leave_queue(job)
+                self._leave(job)
 
-    def _leave_queue(self, job: JobInfo) -> None:
+    def _leave(self, job: JobInfo) -> None:
+        """Out of the candidates and its queue (found by identity: most leave near the
+        front)."""
+        self._waiting.discard(job.id)
+        _remove(self.session.candidates, job)
         queue = self.session.queues.get(job.queue)
-        if queue is not None and any(j is job for j in queue.jobs):
-            queue.jobs = [j for j in queue.jobs if j is not job]
+        if queue is not None:
+            _remove(queue.jobs, job)
+
+
+def _drop_ends(ends: list[tuple[float, str, int, int, Resources]], job: JobInfo) -> None:
+    """Take the job's walltime ends out of the sorted list: each is at its task's start plus
+    the job's walltime, so only the entries at those moments are looked at."""
+    if job.walltime is None:
+        return  # it has none
+    moments = {t.started_at + job.walltime for t in job.tasks if t.started_at is not None}
+    for moment in moments:
+        first = bisect.bisect_left(ends, (moment,))
+        last = first
+        while last < len(ends) and ends[last][0] == moment:
+            last += 1
+        ends[first:last] = [e for e in ends[first:last] if e[3] != job.id]
+
+
+def _remove(jobs: list[JobInfo], job: JobInfo) -> None:
+    for i, other in enumerate(jobs):
+        if other is job:
+            del jobs[i]
+            return

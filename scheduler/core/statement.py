@@ -22,7 +22,7 @@ class Statement:
 
     def allocate(self, job: JobInfo, task: TaskInfo, node: NodeView) -> tuple[int, ...]:
         request = task.resources
-        devices = _pick_devices(node.free_devices, request.gpu)
+        devices = _pick_devices(node.free_devices, request.gpu) if request.gpu > 0 else ()
         old_free = len(node.free_devices)
         node.free_cpu -= request.cpu
         node.free_memory -= request.memory

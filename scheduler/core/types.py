@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, TaskInfo
-from scheduler.core.resources import Resources
+from scheduler.core.resources import Resources, tuple_new
 from scheduler.core.status import Code, Status
 
 # Task states in which a task holds resources on its node (Releasing: asked to stop, holds
@@ -46,7 +46,7 @@ class NodeView:
         return self.state == "Ready"
 
     def free(self) -> Resources:
-        return Resources(self.free_cpu, self.free_memory, len(self.free_devices))
+        return tuple_new(Resources, (self.free_cpu, self.free_memory, len(self.free_devices)))
 
     def releasing(self) -> Resources:
         return Resources(self.rel_cpu, self.rel_memory, self.rel_devices)
