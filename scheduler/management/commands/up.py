@@ -1,9 +1,10 @@
 """manage.py up: the whole cluster in one process, on embedded defaults.
 
 The web server (daphne), the scheduler loop and a local agent run together. The scheduler loop
-runs on a worker thread started from daphne's own event loop (sync_to_async), so when it
-publishes a change, async_to_sync sends it on that same loop: the in-memory channel layer,
-which only works inside one event loop, still carries every push to the browsers.
+runs on a worker thread started from daphne's own event loop (sync_to_async), and when it
+publishes a change scheduler/notify.py sends it on daphne's loop (`run_on_layer_loop`): the
+in-memory channel layer, which only works inside one event loop, still carries every push to
+the browsers.
 
 The local agent follows the same rules as `run_agent`: as root its tasks run as an unprivileged
 account, with an environment built from scratch, in work dirs outside the data dir. The data
