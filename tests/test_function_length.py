@@ -1,7 +1,8 @@
-"""No function in `scheduler/` or `dashboard/` runs over 50 lines (issue #14: a function a reader
-takes in at once). Read from the source with `ast`: a function's lines run from its `def` to its
-last line, docstring and comments included, decorators not; nested functions count on their own
-and inside the function that holds them. Migrations are generated and left out."""
+"""No function in `scheduler/`, `dashboard/` or `berth/` runs over 50 lines (issue #14: a
+function a reader takes in at once). Read from the source with `ast`: a function's lines run
+from its `def` to its last line, docstring and comments included, decorators not; nested
+functions count on their own and inside the function that holds them. Migrations are generated
+and left out."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("scheduler", "dashboard")
+PACKAGES = ("scheduler", "dashboard", "berth")
 MAX_LINES = 50
 
 # Functions still over the limit, each named with why it is here. Keep this list empty:
@@ -57,6 +58,7 @@ def test_it_counts_methods_and_nested_functions(tmp_path: Path):
     body = "\n".join(f"        x{i} = {i}" for i in range(MAX_LINES))
     (tmp_path / "scheduler").mkdir()
     (tmp_path / "dashboard").mkdir()
+    (tmp_path / "berth").mkdir()
     (tmp_path / "scheduler" / "m.py").write_text(
         f"class C:\n    def handle(self):\n{body}\n\n"
         f"def outer():\n    def inner():\n{body}\n    return inner\n"
