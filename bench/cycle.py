@@ -39,6 +39,16 @@ NOW = 1_000_000.0
 
 def build(nodes: int, gpus: int, jobs: int, seed: int, queues: int) -> Snapshot:
     rng = random.Random(seed)
+    node_infos = _nodes(nodes, gpus)
+    queue_infos = [QueueInfo(name=f"q{i}", weight=float(i + 1)) for i in range(queues)]
+    maker = _JobMaker(rng)
+    job_infos = _running_jobs(maker, node_infos, gpus, queues)
+    job_infos += [_pending_job(maker, gpus, queues) for _ in range(jobs)]
+    return Snapshot(now=NOW, nodes=node_infos, queues=queue_infos, jobs=job_infos)
+
+
+def _nodes(nodes: int, gpus: int) -> list[NodeInfo]:
+    """GPU nodes of two labelled models; every tenth node CPU-only."""
     node_infos = []
     for i in range(nodes):
         cpu_only = i % 10 == 9
@@ -50,24 +60,29 @@ def build(nodes: int, gpus: int, jobs: int, seed: int, queues: int) -> Snapshot:
                 devices=[] if cpu_only else [DeviceInfo(d) for d in range(gpus)],
             )
         )
-    queue_infos = [QueueInfo(name=f"q{i}", weight=float(i + 1)) for i in range(queues)]
-    job_infos: list[JobInfo] = []
-    task_id = 0
-    next_id = 1
+    return node_infos
 
-    def job(state: str, **kw: Any) -> JobInfo:
-        nonlocal task_id, next_id
+
+class _JobMaker:
+    """Jobs with consecutive ids and task ids, drawing from one random stream."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.task_id = 0
+        self.next_id = 1
+
+    def __call__(self, state: str, **kw: Any) -> JobInfo:
         replicas = kw.pop("replicas", 1)
         gpu = kw.pop("gpu", 0)
         selector = kw.pop("selector", {})
         placed = kw.pop("placed", None)
         tasks = []
         for r in range(replicas):
-            task_id += 1
+            self.task_id += 1
             node, devices = placed[r] if placed else (None, ())
             tasks.append(
                 TaskInfo(
-                    id=task_id,
+                    id=self.task_id,
                     group="main",
                     index=r,
                     resources=Resources(cpu=4000, memory=32 * GI, gpu=gpu),
@@ -75,31 +90,37 @@ def build(nodes: int, gpus: int, jobs: int, seed: int, queues: int) -> Snapshot:
                     state="Running" if placed else "Pending",
                     node=node,
                     devices=devices,
-                    started_at=NOW - rng.randint(0, 3600) if placed else None,
+                    started_at=NOW - self.rng.randint(0, 3600) if placed else None,
                 )
             )
         info = JobInfo(
-            id=next_id,
-            name=f"job-{next_id}",
+            id=self.next_id,
+            name=f"job-{self.next_id}",
             queue=kw.pop("queue"),
-            owner=f"user-{next_id % 37}",
+            owner=f"user-{self.next_id % 37}",
             priority=kw.pop("priority", 0),
             preemptible=kw.pop("preemptible", True),
             min_available=replicas,
-            created_at=NOW - 100_000 + next_id,
+            created_at=NOW - 100_000 + self.next_id,
             walltime=kw.pop("walltime", 7200.0),
             state=state,
             tasks=tasks,
         )
-        next_id += 1
+        self.next_id += 1
         return info
 
-    # Running work: a third of each GPU node's devices, one 1-GPU job per device.
+
+def _running_jobs(
+    job: _JobMaker, node_infos: list[NodeInfo], gpus: int, queues: int
+) -> list[JobInfo]:
+    """A third of each GPU node's devices busy, one 1-GPU job per device."""
+    rng = job.rng
+    running = []
     for node in node_infos:
         if not node.devices:
             continue
         for d in range(max(1, gpus // 3)):
-            job_infos.append(
+            running.append(
                 job(
                     "Running",
                     gpu=1,
@@ -108,39 +129,38 @@ def build(nodes: int, gpus: int, jobs: int, seed: int, queues: int) -> Snapshot:
                     priority=rng.choice((0, 1, 2)),
                 )
             )
+    return running
 
-    for _ in range(jobs):
-        roll = rng.random()
-        queue = f"q{rng.randrange(queues)}"
-        priority = rng.choice((0, 0, 1, 5, 10))
-        if roll < 0.01:
-            job_infos.append(job("Pending", gpu=1, selector={"gpu-model": "tpu"}, queue=queue))
-        elif roll < 0.02:
-            job_infos.append(job("Pending", gpu=gpus * 2, queue=queue))
-        elif roll < 0.25:
-            job_infos.append(job("Pending", gpu=0, queue=queue, priority=priority))
-        elif roll < 0.85:
-            job_infos.append(
-                job(
-                    "Pending",
-                    gpu=rng.choice((1, 1, 1, 2, 4)),
-                    queue=queue,
-                    priority=priority,
-                    selector=rng.choice(({}, {}, {"gpu-model": "h100"})),
-                )
-            )
-        else:
-            job_infos.append(
-                job(
-                    "Pending",
-                    gpu=gpus,
-                    replicas=rng.choice((2, 4)),
-                    queue=queue,
-                    priority=priority,
-                    walltime=rng.choice((None, 3600.0, 86400.0)),
-                )
-            )
-    return Snapshot(now=NOW, nodes=node_infos, queues=queue_infos, jobs=job_infos)
+
+def _pending_job(job: _JobMaker, gpus: int, queues: int) -> JobInfo:
+    """One job of the backlog: 1% unplaceable by selector, 1% larger than any node, then
+    CPU-only, 1/2/4-GPU and whole-node gang jobs."""
+    rng = job.rng
+    roll = rng.random()
+    queue = f"q{rng.randrange(queues)}"
+    priority = rng.choice((0, 0, 1, 5, 10))
+    if roll < 0.01:
+        return job("Pending", gpu=1, selector={"gpu-model": "tpu"}, queue=queue)
+    if roll < 0.02:
+        return job("Pending", gpu=gpus * 2, queue=queue)
+    if roll < 0.25:
+        return job("Pending", gpu=0, queue=queue, priority=priority)
+    if roll < 0.85:
+        return job(
+            "Pending",
+            gpu=rng.choice((1, 1, 1, 2, 4)),
+            queue=queue,
+            priority=priority,
+            selector=rng.choice(({}, {}, {"gpu-model": "h100"})),
+        )
+    return job(
+        "Pending",
+        gpu=gpus,
+        replicas=rng.choice((2, 4)),
+        queue=queue,
+        priority=priority,
+        walltime=rng.choice((None, 3600.0, 86400.0)),
+    )
 
 
 def measure(

@@ -38,6 +38,22 @@ def stop_groups(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 10.0)
             proc.wait()
 
 
+def wait_until_serving(
+    url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout: float = 30.0
+) -> None:
+    """Return once `url`'s sign-in page answers; RuntimeError with the server's log if `proc`
+    exits first or nothing answers within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/accounts/login/", timeout=1)
+            return
+        except Exception:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(log_path.read_text()) from None
+            time.sleep(0.2)
+
+
 def start_daphne(
     port: int,
     env: Mapping[str, str],
@@ -45,13 +61,15 @@ def start_daphne(
     *,
     access_log: Path | None = None,
     timeout: float = 30.0,
+    append: bool = False,
 ) -> subprocess.Popen[bytes]:
-    """Daphne serving Berth on 127.0.0.1:`port`, its output in `log_path`, returned once it
-    answers HTTP; RuntimeError with its log if it exits or stays silent past `timeout`."""
+    """Daphne serving Berth on 127.0.0.1:`port`, its output in `log_path` (added to it with
+    `append`, for a server started again), returned once it answers HTTP; RuntimeError with
+    its log if it exits or stays silent past `timeout`."""
     command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
     if access_log is not None:
         command += ["--access-log", str(access_log)]
-    with open(log_path, "wb") as log:  # the server keeps its own descriptor
+    with open(log_path, "ab" if append else "wb") as log:  # the server keeps its own descriptor
         proc = subprocess.Popen(
             [*command, "berth.asgi:application"],
             cwd=ROOT,
@@ -59,14 +77,10 @@ def start_daphne(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=1)
-            return proc
-        except Exception:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.terminate()
-                proc.wait(timeout=10)
-                raise RuntimeError(log_path.read_text()) from None
-            time.sleep(0.2)
+    try:
+        wait_until_serving(f"http://127.0.0.1:{port}", proc, log_path, timeout)
+    except RuntimeError:
+        proc.terminate()
+        proc.wait(timeout=10)
+        raise
+    return proc

@@ -67,6 +67,35 @@ def _summary(states: Counter[str], total: int) -> str:
     return " · ".join(parts[:3])
 
 
+def _segments(jobs: list[Any], total: int) -> list[Segment]:
+    """A fan-out step's strip: one segment per item, coloured by its job's state."""
+    by_item = {j.item_index: j for j in jobs}
+    width = (WIDTH - 20) / total
+    segments = []
+    for i in range(total):
+        job = by_item.get(i)
+        state = job.state if job else ""
+        title = f"item {i}: " + (f"job {job.pk} {state}" if job else "not started")
+        segments.append(Segment(round(10 + i * width, 2), round(width, 2),
+                                state, job.pk if job else None, title))  # fmt: skip
+    return segments
+
+
+def _edges(steps: list[Any], boxes: dict[str, Box]) -> list[dict[str, Any]]:
+    """A curve from each dependency's right edge to its dependant's left edge."""
+    edges = []
+    for step in steps:
+        for dep in step.depends_on:
+            if dep in boxes:
+                a, b = boxes[dep], boxes[step.name]
+                x1, y1 = a.x + WIDTH + (6 if a.fan_out else 0), a.y + HEIGHT // 2
+                x2, y2 = b.x - 2, b.y + HEIGHT // 2
+                mid = (x1 + x2) // 2
+                done = a.state in DONE_STATES
+                edges.append({"d": f"M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}", "done": done})
+    return edges
+
+
 def layout(
     steps: list[Any], jobs_by_step: dict[int, list[Any]], waiting: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -95,26 +124,9 @@ def layout(
                 waiting=waiting.get(step.name, ""),
             )  # fmt: skip
             if fan_out:
-                by_item = {j.item_index: j for j in jobs}
-                inner = WIDTH - 20
-                width = inner / total
-                for i in range(total):
-                    job = by_item.get(i)
-                    state = job.state if job else ""
-                    title = f"item {i}: " + (f"job {job.pk} {state}" if job else "not started")
-                    box.segments.append(Segment(round(10 + i * width, 2), round(width, 2),
-                                                state, job.pk if job else None, title))  # fmt: skip
+                box.segments = _segments(jobs, total)
             boxes[step.name] = box
-    edges = []
-    for step in steps:
-        for dep in step.depends_on:
-            if dep in boxes:
-                a, b = boxes[dep], boxes[step.name]
-                x1, y1 = a.x + WIDTH + (6 if a.fan_out else 0), a.y + HEIGHT // 2
-                x2, y2 = b.x - 2, b.y + HEIGHT // 2
-                mid = (x1 + x2) // 2
-                done = a.state in DONE_STATES
-                edges.append({"d": f"M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}", "done": done})
+    edges = _edges(steps, boxes)
     width = PAD * 2 + (max(depth.values(), default=0) + 1) * (WIDTH + GAP_X) - GAP_X + 6
     height = PAD * 2 + tallest * (HEIGHT + GAP_Y) - GAP_Y + 6
     return {"boxes": list(boxes.values()), "edges": edges, "width": width, "height": height,

@@ -20,6 +20,8 @@ from django.utils import timezone
 from scheduler import arrays, gpu_history, lifecycle, notify, planning, store
 from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulingPolicy
+from scheduler.flows import controller as flow_controller
+from scheduler.flows import ttl as flow_ttl
 
 log = logging.getLogger("berth.scheduler")
 
@@ -127,22 +129,6 @@ def _load() -> store.Loaded:
         return store.load_snapshot()
 
 
-def _flows_reconcile() -> Any:
-    try:
-        from scheduler.flows.controller import reconcile_flows
-    except ImportError:
-        return None
-    return reconcile_flows()
-
-
-def _flows_ttl() -> Any:
-    try:
-        from scheduler.flows.ttl import cleanup_flows
-    except ImportError:
-        return 0
-    return cleanup_flows(timezone.now())
-
-
 def run_scheduler_cycle(config: SchedulingPolicy | None = None) -> CycleReport:
     """One full cycle. Returns what it did and where its time went, for the log line, tests
     and benchmarks. Everything the cycle changed is published once, at its end."""
@@ -195,15 +181,17 @@ def _cycle(report: CycleReport, config: SchedulingPolicy | None) -> None:
                 report.counts["plan_changed"] = (
                     _phase(report, "plan", lambda: planning.persist(loaded, plan)) or 0
                 )
-    _phase(report, "flows", _flows_reconcile)
+    _phase(report, "flows", flow_controller.reconcile_flows)
     # Tasks whose node row was deleted.
     _phase(report, "lifecycle", lifecycle.lose_orphaned_tasks, "orphans")
     report.counts["jobs_changed"] = _phase(report, "lifecycle", lifecycle.sync_jobs) or 0
     _phase(report, "lifecycle", lifecycle.enforce_deadlines, "deadlines")
     _phase(report, "lifecycle", lifecycle.check_nodes, "nodes")
     report.counts["ttl_deleted"] = _phase(report, "lifecycle", lifecycle.cleanup_ttl, "ttl") or 0
-    report.counts["ttl_deleted"] += _phase(report, "lifecycle", _flows_ttl, "flow-ttl") or 0
+    report.counts["ttl_deleted"] += (
+        _phase(report, "lifecycle", lambda: flow_ttl.cleanup_flows(timezone.now()), "flow-ttl") or 0
+    )
     _phase(report, "lifecycle", gpu_history.prune_if_due, "gpu-history")  # once a minute
     # A flow whose last job just finished is closed in this cycle, not the next one.
-    _phase(report, "flows", _flows_reconcile)
+    _phase(report, "flows", flow_controller.reconcile_flows)
     _phase(report, "lifecycle", arrays.refresh_parents, "arrays")

@@ -18,6 +18,7 @@ from django.db import models
 from django.db.models import Q, QuerySet
 
 from scheduler.core.status import Code
+from scheduler.specs import NAME_RE
 from scheduler.states import (
     JOB_FINAL,
     FlowState,
@@ -28,12 +29,11 @@ from scheduler.states import (
     TaskState,
 )
 
-NAME_RE = r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$"
 NAME_HELP = (
     "lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or digit,"
     " at most 63 characters"
 )
-name_validator = RegexValidator(NAME_RE, f"must be {NAME_HELP}")
+name_validator = RegexValidator(NAME_RE.pattern, f"must be {NAME_HELP}")  # the specs' rule
 # The range a job's priority may take (scheduler/specs.py refuses anything outside it).
 PRIORITY_LIMIT = 1_000_000
 priority_validators = [MinValueValidator(-PRIORITY_LIMIT), MaxValueValidator(PRIORITY_LIMIT)]

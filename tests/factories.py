@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from scheduler.models import Allocation, Device, Job, Node, Queue, Task
+from scheduler.models import Allocation, Device, Job, Node, Queue, Task, UsageRecord
 from scheduler.states import JobState, TaskState
 
 GI = 1024**3
@@ -93,3 +94,23 @@ def finish_task(task: Task, state: str, exit_code: int | None = None) -> None:
     task.finished_at = timezone.now()
     task.save()
     Allocation.objects.filter(task=task).delete()
+
+
+def make_usage(
+    user: User,
+    *,
+    queue: str = "default",
+    gpu_seconds: float = 3600.0,
+    days_ago: int = 0,
+    job_id: int = 1,
+    task_id: int | None = None,
+) -> UsageRecord:
+    """A task attempt that succeeded after an hour on one cpu, ending `days_ago` days ago (a
+    minute before now); `task_id` defaults to the next unused number."""
+    end = timezone.now() - timedelta(days=days_ago, minutes=1)
+    return UsageRecord.objects.create(
+        user=user, username=user.username, queue=queue, job_id=job_id,
+        task_id=task_id or UsageRecord.objects.count() + 1, attempt=0, state="Succeeded",
+        started_at=end - timedelta(hours=1), finished_at=end, day=end.date(),
+        wall_seconds=3600, cpu_seconds=3600, gpu_seconds=gpu_seconds,
+    )  # fmt: skip

@@ -177,24 +177,3 @@ def _answer(status: int, retry_after: str | None, payload: bytes) -> dict[str, A
     if not isinstance(answer, dict):
         raise ServerError(status, f"not a JSON object: {text[:200]}")
     return answer
-
-
-def post_until_done(http_: Http, path: str, body: dict[str, Any], auth: str = "", *,
-                    stop: threading.Event | None = None, backoff: Backoff | None = None,
-                    timeout: float | None = None) -> dict[str, Any]:  # fmt: skip
-    """POST until the server takes it, honouring back-pressure (for scripts and start-up).
-    Raises ServerError for a refusal, or Unavailable if `stop` is set while waiting."""
-    backoff = backoff or Backoff()
-    while True:
-        try:
-            answer = http_.post(path, body, auth, timeout)
-        except Unavailable as exc:
-            wait = backoff.delay(exc.retry_after)
-            if stop is not None:
-                if stop.wait(wait):
-                    raise
-            else:
-                time.sleep(wait)
-            continue
-        backoff.reset()
-        return answer

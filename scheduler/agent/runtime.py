@@ -137,7 +137,6 @@ class RunningTask:
     kill_at: float | None = None  # when SIGKILL follows the SIGTERM
     killed: bool = False
     message: str = ""
-    reported_final: bool = False
     dropped: bool = False  # the server keeps no more of this attempt's output
     started: str = ""  # the process's start time (/proc), to tell it from a reused pid
     devices: list[int] = field(default_factory=list)  # GPU indices the server gave it

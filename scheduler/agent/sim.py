@@ -28,10 +28,9 @@ from typing import Any
 
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
 from scheduler.agent.gpus import FAKE_MEMORY, fake_samples
+from scheduler.agent.runtime import AWAIT_OUTPUT_SECONDS, FORGET_ENDED_SECONDS
 
 log = logging.getLogger("berth.simagent")
-AWAIT_OUTPUT_SECONDS = 0.5
-FORGET_ENDED_SECONDS = 600.0
 COUNT_LOG_SECONDS = 2.0  # how often the requests sent so far are logged (when they changed)
 
 

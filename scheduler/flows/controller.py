@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from scheduler import notify
 from scheduler.events import record
-from scheduler.flows.graph import ACTIVE, JobView, Plan, StepView, plan
+from scheduler.flows.graph import ACTIVE, FlowDecision, StepJob, StepView, decide
 from scheduler.lifecycle import terminate_job
 from scheduler.models import Flow, FlowStep, Job
 from scheduler.specs import SpecError, step_job_spec
@@ -60,7 +60,7 @@ def reconcile_flow(flow_id: int) -> bool:
     steps = list(flow.steps.select_related("template").order_by("position"))
     jobs = list(flow.jobs.only("id", "step_id", "item_index", "state", "hold_reason", "name",
                                "message", "created_at").order_by("id"))  # fmt: skip
-    decision = plan(_step_views(steps, jobs), fail_fast=flow.fail_fast,
+    decision = decide(_step_views(steps, jobs), fail_fast=flow.fail_fast,
                     cancel=flow.cancel_requested)  # fmt: skip
     changed = False
     if flow.state == FlowState.PENDING:
@@ -94,7 +94,7 @@ def _step_views(steps: list[FlowStep], jobs: list[Job]) -> list[StepView]:
             depends_on=list(s.depends_on),
             fan_out=len(s.items) if s.items else 1,
             jobs=[
-                JobView(j.pk, j.item_index or 0, j.state) for j in by_step[s.pk] if s.is_current(j)
+                StepJob(j.pk, j.item_index or 0, j.state) for j in by_step[s.pk] if s.is_current(j)
             ],  # fmt: skip
             state=s.state,
         )
@@ -102,7 +102,7 @@ def _step_views(steps: list[FlowStep], jobs: list[Job]) -> list[StepView]:
     ]
 
 
-def _stop_all(flow: Flow, decision: Plan, jobs: list[Job], now: datetime) -> None:
+def _stop_all(flow: Flow, decision: FlowDecision, jobs: list[Job], now: datetime) -> None:
     """Fail-fast or cancel: every active job of the flow is stopped."""
     reason = "FlowCancelled" if flow.cancel_requested else "FlowFailFast"
     why = "flow cancelled" if flow.cancel_requested else _failure_text(decision, jobs)
@@ -117,8 +117,8 @@ def _stop_all(flow: Flow, decision: Plan, jobs: list[Job], now: datetime) -> Non
             )
 
 
-def _create_jobs(flow: Flow, steps: list[FlowStep], decision: Plan, now: datetime) -> str:
-    """Create the jobs the plan asks for, held until `_release_holds` lets them go. A step
+def _create_jobs(flow: Flow, steps: list[FlowStep], decision: FlowDecision, now: datetime) -> str:
+    """Create the jobs the decision asks for, held until `_release_holds` lets them go. A step
     whose spec makes no valid job fails, and the flow with it: its name is returned."""
     step_by_name = {s.name: s for s in steps}
     for step_name, item in decision.create:
@@ -147,7 +147,9 @@ def _create_jobs(flow: Flow, steps: list[FlowStep], decision: Plan, now: datetim
     return ""
 
 
-def _save_step_states(flow: Flow, steps: list[FlowStep], decision: Plan, *, keep: str) -> bool:
+def _save_step_states(
+    flow: Flow, steps: list[FlowStep], decision: FlowDecision, *, keep: str
+) -> bool:
     """Save each step's state as planned, but the step named `keep` (failed just now)."""
     changed = False
     for step in steps:
@@ -163,8 +165,8 @@ def _save_step_states(flow: Flow, steps: list[FlowStep], decision: Plan, *, keep
     return changed
 
 
-def _finish(flow: Flow, decision: Plan, jobs: list[Job], now: datetime) -> bool:
-    """Give the flow its final state once the plan has one."""
+def _finish(flow: Flow, decision: FlowDecision, jobs: list[Job], now: datetime) -> bool:
+    """Give the flow its final state once the decision has one."""
     if decision.state is None:
         return False
     flow.state = decision.state
@@ -181,7 +183,7 @@ def _finish(flow: Flow, decision: Plan, jobs: list[Job], now: datetime) -> bool:
     return True
 
 
-def _failure_text(decision: Plan, jobs: list[Job]) -> str:
+def _failure_text(decision: FlowDecision, jobs: list[Job]) -> str:
     failed = decision.failed
     if failed is None:
         return "a step failed"

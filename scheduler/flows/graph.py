@@ -1,6 +1,6 @@
 """What a flow should do next, decided from its steps and its own jobs (no Django).
 
-`plan()` takes a flow's steps (dependencies, fan-out) and the states of the jobs this flow
+`decide()` takes a flow's steps (dependencies, fan-out) and the states of the jobs this flow
 created, and returns the state of every step, the jobs to create, whether every active job
 must be stopped (fail-fast or cancel) and the flow's final state once it has one.
 """
@@ -14,7 +14,7 @@ SETTLED = ("Succeeded", "Failed", "Cancelled", "Skipped")
 
 
 @dataclass
-class JobView:
+class StepJob:
     id: int
     item: int
     state: str
@@ -25,22 +25,22 @@ class StepView:
     name: str
     depends_on: list[str]
     fan_out: int  # how many jobs the step makes: one per item, or one
-    jobs: list[JobView] = field(default_factory=list)
+    jobs: list[StepJob] = field(default_factory=list)
     state: str = "Pending"  # as last saved: Skipped and Cancelled stay
 
 
 @dataclass
-class Plan:
+class FlowDecision:
     steps: dict[str, str]
     create: list[tuple[str, int]]  # (step, item index) of jobs to create now
     stop_all: bool
     state: str | None  # the flow's final state, or None while it goes on
-    failed: tuple[str, JobView] | None  # the first step job that failed
+    failed: tuple[str, StepJob] | None  # the first step job that failed
 
 
-def plan(steps: list[StepView], *, fail_fast: bool, cancel: bool) -> Plan:
+def decide(steps: list[StepView], *, fail_fast: bool, cancel: bool) -> FlowDecision:
     by_name = {s.name: s for s in steps}
-    failed: tuple[str, JobView] | None = None
+    failed: tuple[str, StepJob] | None = None
     for step in steps:
         for job in sorted(step.jobs, key=lambda j: j.id):
             if job.state == "Failed" and (failed is None or job.id < failed[1].id):
@@ -68,7 +68,7 @@ def plan(steps: list[StepView], *, fail_fast: bool, cancel: bool) -> Plan:
             final = "Failed"
         else:
             final = "Succeeded"
-    return Plan(shown, create, stopping and active, final, failed)
+    return FlowDecision(shown, create, stopping and active, final, failed)
 
 
 def _step_state(step: StepView, states: dict[str, str], stopping: bool) -> str:

@@ -11,13 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from bench.processes import free_port
+from bench.processes import free_port, wait_until_serving
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,15 +37,7 @@ def test_up_runs_a_job_and_the_page_follows_it_live(tmp_path: Path) -> None:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/accounts/login/", timeout=1)
-                break
-            except Exception:
-                assert proc.poll() is None, (tmp_path / "up.log").read_text()
-                assert time.monotonic() < deadline, "manage.py up did not start"
-                time.sleep(0.3)
+        wait_until_serving(url, proc, tmp_path / "up.log", timeout=60)
         password = (tmp_path / "admin_password").read_text().strip()
         assert password in (tmp_path / "up.log").read_text()  # it printed the login
         asyncio.run(_watch_a_job(url, password))

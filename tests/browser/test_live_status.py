@@ -12,9 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,7 @@ from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.db import connection
 
-from bench.processes import free_port
+from bench.processes import free_port, start_daphne
 from scheduler.loop import run_scheduler_cycle
 from scheduler.models import JobTemplate, Node, Queue
 from scheduler.submit import create_flow, submit_job
@@ -50,21 +47,7 @@ class Daphne:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                 "berth.asgi:application"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.url}/accounts/login/", timeout=1)
-                return
-            except Exception:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(self.log_path.read_text()) from None
-                time.sleep(0.2)
+        self.proc = start_daphne(self.port, self.env, self.log_path, append=True)
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.utils import timezone
 
-from scheduler.models import UsageRecord
 from tests.browser.test_live_pages import (
     CHROMIUM_ARGS,
     SHOTS,
     _sign_in,
     server,  # noqa: F401 - the live server fixture
 )
+from tests.factories import make_usage
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
-
-
-def _usage(user: User, gpu_hours: float, days_ago: int, task_id: int) -> None:
-    end = timezone.now() - timedelta(days=days_ago, minutes=1)
-    UsageRecord.objects.create(
-        user=user, username=user.username, queue="default", job_id=task_id, task_id=task_id,
-        state="Succeeded", started_at=end - timedelta(hours=1), finished_at=end,
-        day=end.date(), wall_seconds=3600, cpu_seconds=3600, gpu_seconds=gpu_hours * 3600,
-    )  # fmt: skip
 
 
 def test_the_usage_chart_renders(server: str) -> None:  # noqa: F811
@@ -35,8 +24,12 @@ def test_the_usage_chart_renders(server: str) -> None:  # noqa: F811
     alice = User.objects.create_user("alice", password="alice-pass-123")
     bob = User.objects.create_user("bob", password="bob-pass-123")
     for day, hours in enumerate([4.0, 6.5, 2.0, 8.0, 5.0]):
-        _usage(alice, hours, days_ago=day + 1, task_id=10 + day)
-        _usage(bob, hours / 2, days_ago=day + 2, task_id=20 + day)
+        make_usage(
+            alice, gpu_seconds=hours * 3600, days_ago=day + 1, job_id=10 + day, task_id=10 + day
+        )
+        make_usage(
+            bob, gpu_seconds=hours / 2 * 3600, days_ago=day + 2, job_id=20 + day, task_id=20 + day
+        )
     asyncio.run(_look(server))
 
 

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.flows.graph import ACTIVE, JobView, StepView, plan
+from scheduler.flows.graph import ACTIVE, StepJob, StepView, decide
 
 
 @st.composite
@@ -32,13 +32,13 @@ def simulate(steps, outcomes, parallelism, fail_fast, seed):
     rng = random.Random(seed)
     by_name = {s.name: s for s in steps}
     next_id = 1
-    held: list[JobView] = []
+    held: list[StepJob] = []
     for _ in range(500):
-        p = plan(steps, fail_fast=fail_fast, cancel=False)
+        p = decide(steps, fail_fast=fail_fast, cancel=False)
         for name, item in p.create:
             for dep in by_name[name].depends_on:  # a step starts only after its deps
                 assert p.steps[dep] == "Succeeded"
-            job = JobView(next_id, item, "Pending")
+            job = StepJob(next_id, item, "Pending")
             next_id += 1
             by_name[name].jobs.append(job)
             held.append(job)
@@ -86,20 +86,20 @@ def test_a_flow_always_finishes_the_same_way_whatever_the_order(flow, seed_a, se
 
 
 def test_it_skips_dependents_of_a_failed_step_and_keeps_independent_branches():
-    steps = [StepView("a", [], 1, [JobView(1, 0, "Failed")]), StepView("b", ["a"], 1),
+    steps = [StepView("a", [], 1, [StepJob(1, 0, "Failed")]), StepView("b", ["a"], 1),
              StepView("c", [], 1)]  # fmt: skip
-    p = plan(steps, fail_fast=False, cancel=False)
+    p = decide(steps, fail_fast=False, cancel=False)
     assert p.steps == {"a": "Failed", "b": "Skipped", "c": "Running"}
     assert p.create == [("c", 0)] and p.state is None
 
 
 def test_fail_fast_stops_everything_and_skips_what_never_started():
-    steps = [StepView("train", [], 3, [JobView(1, 0, "Failed"), JobView(2, 1, "Running")]),
+    steps = [StepView("train", [], 3, [StepJob(1, 0, "Failed"), StepJob(2, 1, "Running")]),
              StepView("eval", ["train"], 1)]  # fmt: skip
-    p = plan(steps, fail_fast=True, cancel=False)
+    p = decide(steps, fail_fast=True, cancel=False)
     assert p.stop_all and p.create == []
     assert p.steps == {"train": "Running", "eval": "Skipped"}
     steps[0].jobs[1].state = "Cancelled"
-    p = plan(steps, fail_fast=True, cancel=False)
+    p = decide(steps, fail_fast=True, cancel=False)
     assert p.state == "Failed" and p.steps == {"train": "Failed", "eval": "Skipped"}
     assert p.failed is not None and p.failed[1].id == 1

@@ -16,7 +16,7 @@ from scheduler import lifecycle
 from scheduler.models import FinishedJobCount, Job, Node, Task, UsageRecord
 from scheduler.states import JobState, TaskState
 from tests.agent.test_protocol import agent, register
-from tests.factories import make_job, make_node, place
+from tests.factories import make_job, make_node, make_usage, place
 
 pytestmark = pytest.mark.django_db
 JOIN = "join-secret"
@@ -144,20 +144,10 @@ def test_a_task_killed_before_it_started_uses_nothing(owner):
     assert FinishedJobCount.objects.get().state == "Cancelled"
 
 
-def _record(user, queue="default", gpu_seconds=3600.0, days_ago=0, job_id=1, task_id=None):
-    end = timezone.now() - timedelta(days=days_ago, minutes=1)
-    return UsageRecord.objects.create(
-        user=user, username=user.username, queue=queue, job_id=job_id,
-        task_id=task_id or UsageRecord.objects.count() + 1, attempt=0, state="Succeeded",
-        started_at=end - timedelta(hours=1), finished_at=end, day=end.date(),
-        wall_seconds=3600, cpu_seconds=3600, gpu_seconds=gpu_seconds,
-    )  # fmt: skip
-
-
 def test_users_see_their_own_usage_and_staff_everyones(api, owner, teammate, staff):
-    _record(owner, job_id=1)
-    _record(owner, job_id=1)
-    _record(teammate, queue="research", gpu_seconds=7200, job_id=2)
+    make_usage(owner, job_id=1)
+    make_usage(owner, job_id=1)
+    make_usage(teammate, queue="research", gpu_seconds=7200, job_id=2)
     mine = api(owner).get("/api/v1/usage/?group_by=user,queue").json()["results"]
     assert [(r["user"], r["queue"], r["jobs"], r["gpu_hours"]) for r in mine] == [
         ("alice", "default", 1, 2.0)]  # fmt: skip
@@ -171,9 +161,9 @@ def test_users_see_their_own_usage_and_staff_everyones(api, owner, teammate, sta
 
 
 def test_it_groups_by_day_within_since_and_until(api, owner):
-    _record(owner, days_ago=0)
-    _record(owner, days_ago=2)
-    _record(owner, days_ago=40)
+    make_usage(owner, days_ago=0)
+    make_usage(owner, days_ago=2)
+    make_usage(owner, days_ago=40)
     rows = api(owner).get("/api/v1/usage/?group_by=day").json()["results"]
     assert len(rows) == 2  # the default window is the last 30 days
     today = timezone.now().date()
@@ -187,7 +177,7 @@ def test_it_groups_by_day_within_since_and_until(api, owner):
 
 
 def test_it_answers_csv(api, owner):
-    _record(owner)
+    make_usage(owner)
     response = api(owner).get("/api/v1/usage/?format=csv&group_by=user,queue")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
     rows = list(csv.reader(io.StringIO(response.content.decode())))

@@ -9,18 +9,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from scheduler.models import UsageRecord
+from tests.factories import make_usage
 
 pytestmark = pytest.mark.django_db
-
-
-def _record(user, gpu_hours: float, days_ago: int, task_id: int) -> None:
-    end = timezone.now() - timedelta(days=days_ago, minutes=1)
-    UsageRecord.objects.create(
-        user=user, username=user.username, queue="default", job_id=task_id, task_id=task_id,
-        state="Succeeded", started_at=end - timedelta(hours=1), finished_at=end,
-        day=end.date(), wall_seconds=3600, cpu_seconds=3600, gpu_seconds=gpu_hours * 3600,
-    )  # fmt: skip
 
 
 def _page(user, query: str = ""):
@@ -36,9 +27,9 @@ def _chart(response) -> dict:
 
 
 def test_a_user_sees_only_their_own_gpu_hours_per_day(owner, teammate):
-    _record(owner, 2.0, days_ago=1, task_id=1)
-    _record(owner, 3.0, days_ago=3, task_id=2)
-    _record(teammate, 7.0, days_ago=1, task_id=3)
+    make_usage(owner, gpu_seconds=2.0 * 3600, days_ago=1, job_id=1, task_id=1)
+    make_usage(owner, gpu_seconds=3.0 * 3600, days_ago=3, job_id=2, task_id=2)
+    make_usage(teammate, gpu_seconds=7.0 * 3600, days_ago=1, job_id=3, task_id=3)
     response = _page(owner)
     assert response.status_code == 200
     chart = _chart(response)
@@ -49,14 +40,14 @@ def test_a_user_sees_only_their_own_gpu_hours_per_day(owner, teammate):
 
 
 def test_staff_see_everyone_and_can_pick_a_user(owner, teammate, staff):
-    _record(owner, 2.0, days_ago=1, task_id=1)
-    _record(teammate, 7.0, days_ago=1, task_id=2)
+    make_usage(owner, gpu_seconds=2.0 * 3600, days_ago=1, job_id=1, task_id=1)
+    make_usage(teammate, gpu_seconds=7.0 * 3600, days_ago=1, job_id=2, task_id=2)
     assert [s["label"] for s in _chart(_page(staff))["series"]] == ["alice", "bob"]
     assert [s["label"] for s in _chart(_page(staff, "?user=bob"))["series"]] == ["bob"]
 
 
 def test_a_window_chooses_the_days(owner):
-    _record(owner, 2.0, days_ago=1, task_id=1)
+    make_usage(owner, gpu_seconds=2.0 * 3600, days_ago=1, job_id=1, task_id=1)
     day = (timezone.now() - timedelta(days=1, minutes=1)).date().isoformat()
     chart = _chart(_page(owner, f"?since={day}&until={day}"))
     assert len(chart["x"]) == 1 and chart["series"][0]["values"] == [2.0]

@@ -1,9 +1,10 @@
 """manage.py up: the whole cluster in one process, on embedded defaults.
 
 The web server (daphne), the scheduler loop and a local agent run together. The scheduler loop
-runs on a worker thread started from daphne's own event loop (sync_to_async), so when it
-publishes a change, async_to_sync sends it on that same loop: the in-memory channel layer,
-which only works inside one event loop, still carries every push to the browsers.
+runs on a worker thread started from daphne's own event loop (sync_to_async), and when it
+publishes a change scheduler/notify.py sends it on daphne's loop (`run_on_layer_loop`): the
+in-memory channel layer, which only works inside one event loop, still carries every push to
+the browsers.
 
 The local agent follows the same rules as `run_agent`: as root its tasks run as an unprivileged
 account, with an environment built from scratch, in work dirs outside the data dir. The data
@@ -97,14 +98,22 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        host, port = options["host"], options["port"]
+        work = self._checked_options(options)
+        data = Path(settings.DATA_DIR)
+        login = self._prepare_data_dir(data)
+        agent = None if options["no_agent"] else self._local_agent(port, work, options)
+        self._print_welcome(f"http://{host}:{port}", login, data, agent)
+        self._serve(host, port, agent, run_scheduler=not options["no_scheduler"])
+
+    def _checked_options(self, options: dict[str, Any]) -> Path:
+        """Refuse bad options before anything is written; returns the agent's work dir."""
         port = options["port"]
         if not 0 < port < 65536:
             raise CommandError(f"--port: {port} is not a TCP port (1-65535)")
         if options["fake_gpus"] < 0:
             raise CommandError("--fake-gpus: must be 0 or more")
-        host = options["host"]
-        self._check_port_free(host, port)
-
+        self._check_port_free(options["host"], port)
         data = Path(settings.DATA_DIR)
         work = Path(options["agent_work_dir"] or default_task_dir(data))
         if work.resolve().is_relative_to(data.resolve()):
@@ -112,15 +121,20 @@ class Command(BaseCommand):
                 f"--agent-work-dir: {work} is inside the data dir {data}, which holds the"
                 " cluster's secrets: choose a directory outside it"
             )
+        return work
+
+    def _prepare_data_dir(self, data: Path) -> str:
+        """Lock the data dir, migrate, keep the admin login and join token; returns the login
+        line to print."""
         _lock_data_dir(data)
         call_command("migrate", interactive=False, verbosity=0)
         login = self._ensure_admin()
         if not settings.BERTH_JOIN_TOKEN:
             settings.BERTH_JOIN_TOKEN = _kept_secret(data / "join_token")
         _lock_data_dir(data)  # the database file may be new
-        url = f"http://{host}:{port}"
-        agent = None if options["no_agent"] else self._local_agent(port, work, options)
+        return login
 
+    def _print_welcome(self, url: str, login: str, data: Path, agent: Agent | None) -> None:
         self.stdout.write(self.style.SUCCESS(f"Berth is starting on {url}"))
         self.stdout.write(f"  admin login:  {login}")
         self.stdout.write(f"  API docs:     {url}/api/docs/   admin: {url}/admin/")
@@ -134,6 +148,9 @@ class Command(BaseCommand):
             self.stdout.write(f"  task dirs:    {agent.work_dir}")
         self.stdout.write("Press Ctrl-C to stop.")
 
+    def _serve(self, host: str, port: int, agent: Agent | None, *, run_scheduler: bool) -> None:
+        """Run daphne until Ctrl-C; once it listens, start the scheduler loop on its event loop
+        and the local agent on a thread. Shutdown sets `stop` for both."""
         from daphne.server import Server  # installs the asyncio reactor; import late
         from twisted.internet import reactor
 
@@ -143,7 +160,7 @@ class Command(BaseCommand):
 
         def ready() -> None:
             loop = asyncio.get_event_loop()
-            if not options["no_scheduler"]:
+            if run_scheduler:
                 loop.create_task(self._scheduler(stop))
             if agent is not None:
                 threading.Thread(
