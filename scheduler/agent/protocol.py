@@ -24,7 +24,7 @@ import random
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import transaction
@@ -371,7 +371,7 @@ def parse_tasks(data: object) -> tuple[list[Report], dict[str, Any], list[gpu_hi
     return reports, usage, samples
 
 
-def _wanted(task: Task | None, report: Report, node: Node) -> bool:
+def _wanted(task: Task | _Row | None, report: Report, node: Node) -> bool:
     """Is this report about the attempt the server wants running on this node?"""
     return (
         task is not None
@@ -636,15 +636,26 @@ def _confirm_started(token_hash: str, reports: list[Report], now: Any) -> list[T
     return started
 
 
+class _Row(NamedTuple):
+    """What deciding a lease's orders reads of a task (no model, no job)."""
+
+    pk: int
+    node_id: int | None
+    attempt: int
+    state: str
+    kill_requested: bool
+
+
 def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
     """Orders for the agent whose tasks are `reports`, read only: tasks placed here it does
-    not know yet, and tasks it runs that must stop."""
+    not know yet, and tasks it runs that must stop. The tasks are read as plain rows; only
+    those to start are loaded whole, with their jobs."""
     known = {(r.id, r.attempt) for r in reports}
     rows = {
-        t.pk: t
-        for t in Task.objects.select_related("job__owner").filter(
+        row[0]: _Row(*row)
+        for row in Task.objects.filter(
             Q(node=node, state__in=TASK_ON_NODE) | Q(pk__in=[r.id for r in reports])
-        )
+        ).values_list("pk", "node_id", "attempt", "state", "kill_requested")
     }
     kill = []
     for report in reports:
@@ -659,7 +670,7 @@ def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
             continue  # not this node's to report; its report will be refused
         if not _wanted(task, report, node) or (task is not None and task.kill_requested):
             kill.append(_kill_order(report.id, report.attempt))
-    start: list[Task] = []
+    start: list[int] = []
     for task in rows.values():
         if task.node_id != node.pk or task.state != TaskState.ASSIGNED:
             continue
@@ -668,12 +679,22 @@ def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
         if task.kill_requested:
             kill.append(_kill_order(task.pk, task.attempt))
         else:
-            start.append(task)
+            start.append(task.pk)
     return {
-        "start": start_messages(start, node),
+        "start": start_messages(_to_start(start, node), node),
         "kill": kill,
         "lease_seconds": settings.BERTH_HEARTBEAT_INTERVAL,
     }
+
+
+def _to_start(ids: list[int], node: Node) -> list[Task]:
+    """The tasks of `ids` still Assigned here, whole, with their jobs and owners."""
+    if not ids:
+        return []
+    tasks = Task.objects.select_related("job__owner").filter(
+        pk__in=ids, node=node, state=TaskState.ASSIGNED, kill_requested=False
+    )
+    return sorted(tasks, key=lambda t: ids.index(t.pk))
 
 
 def start_messages(tasks: list[Task], node: Node) -> list[dict[str, Any]]:
