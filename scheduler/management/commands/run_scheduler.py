@@ -32,7 +32,8 @@ class Command(BaseCommand):
     help = (
         "Run the scheduler loop: each cycle carries out user requests, places jobs (enqueue,"
         " allocate, preempt, reclaim, backfill), reconciles flows and runs the lifecycle"
-        " (retries, deadlines, node health, TTL). One leader at a time: on PostgreSQL an"
+        " (job states and retries every cycle; deadlines, node health and TTL once a second)."
+        " One leader at a time: on PostgreSQL an"
         " advisory lock, on SQLite a file lock; other instances wait as hot standbys."
         " SIGTERM finishes the current cycle and exits."
     )
