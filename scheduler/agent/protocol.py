@@ -20,15 +20,17 @@ Job states are derived from task states by the scheduler loop (scheduler/lifecyc
 from __future__ import annotations
 
 import logging
+import operator
 import random
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from scheduler import gpu_history, notify
@@ -394,6 +396,8 @@ class _Outcome:
     awaiting: list[dict[str, Any]] = field(default_factory=list)
     reported: set[int] = field(default_factory=set)  # tasks of this node the report lists
     ended: list[Task] = field(default_factory=list)  # ended in memory, written together
+    kept: dict[tuple[int, int], int] = field(default_factory=dict)  # output held, read ahead
+    chunks: list[TaskLog] = field(default_factory=list)  # inline output, inserted together
 
 
 def apply_report(node: Node, data: object) -> dict[str, Any]:
@@ -404,9 +408,14 @@ def apply_report(node: Node, data: object) -> dict[str, Any]:
     # One live push for the whole report (its output chunks and its task moves), not one each.
     with notify.batch(), transaction.atomic():
         tasks = _lock_reported(node, reports)
+        outcome.kept = _kept_many(
+            [(r.id, r.attempt) for r in reports if r.id in tasks and r.state in FINAL_REPORTS]
+        )
         for report in reports:
             _apply_reported(node, tasks.get(report.id), report, now, outcome)
         start = _reconcile_unreported(node, tasks, now, outcome)
+        # ON CONFLICT DO NOTHING: the same chunk from a concurrent retry, without a savepoint.
+        TaskLog.objects.bulk_create(outcome.chunks, ignore_conflicts=True)
         _save_ended(outcome.ended, node)
         was, beat, old_usage = node.state, node.last_heartbeat, node.usage
         _renew(node, now)
@@ -511,9 +520,10 @@ def _apply_one(task: Task, report: Report, now: Any, node: Node, outcome: _Outco
     """Move one task as its report says; True if its job may have changed."""
     if report.state == "Running":
         return _mark_running(task, now, node, report.started_at)
-    kept = None
-    if report.output is not None and report.output[1]:
-        kept = _store_chunk(task, report.attempt, *report.output, contiguous=True)  # inline
+    kept = outcome.kept.get((task.pk, report.attempt))
+    if report.output is not None and report.output[1]:  # inline
+        kept = _store_chunk(task, report.attempt, *report.output, contiguous=True, kept=kept,
+                            pending=outcome.chunks)  # fmt: skip
     held = _held_bytes(task, report.attempt, report.output_bytes, kept)
     if held < report.output_bytes:
         # The end is known, the output not all here yet: it stays Running until it is.
@@ -793,13 +803,18 @@ def append_log(node: Node, task_id: int, data: object) -> dict[str, Any]:
     return answer
 
 
-def _store_chunk(task: Task, attempt: int, offset: int, text: str, contiguous: bool = False) -> int:
+def _store_chunk(
+    task: Task, attempt: int, offset: int, text: str, contiguous: bool = False,
+    kept: int | None = None, pending: list[TaskLog] | None = None,
+) -> int:  # fmt: skip
     """Keep one chunk of an attempt's output at byte `offset` (a chunk held already, sent
     again, is ignored; past BERTH_LOG_MAX_BYTES the rest is dropped, said once; with
     `contiguous`, a chunk that would leave a gap is not kept). Returns the bytes held now:
-    BERTH_LOG_MAX_BYTES once the cap is hit. Inside a transaction."""
+    BERTH_LOG_MAX_BYTES once the cap is hit. Inside a transaction. `kept`: the bytes held,
+    when read already; `pending`: where to put the chunk for the caller to insert."""
     size = len(text.encode())
-    kept = _kept_bytes(task, attempt)
+    if kept is None:
+        kept = _kept_bytes(task, attempt)
     if kept >= settings.BERTH_LOG_MAX_BYTES or offset + size <= kept:
         return kept  # over the cap, or held already (a retried upload)
     if contiguous and offset > kept:
@@ -808,9 +823,11 @@ def _store_chunk(task: Task, attempt: int, offset: int, text: str, contiguous: b
     if capped:  # keep what fits, then say once that the rest is gone
         room = max(settings.BERTH_LOG_MAX_BYTES - kept, 0)
         text = text.encode()[:room].decode(errors="ignore") + TRUNCATED
-    # ON CONFLICT DO NOTHING: the same chunk from a concurrent retry, without a savepoint.
     chunk = TaskLog(task=task, attempt=attempt, offset=offset, data=text)
-    TaskLog.objects.bulk_create([chunk], ignore_conflicts=True)
+    if pending is not None:
+        pending.append(chunk)
+    else:  # ON CONFLICT DO NOTHING: the same chunk from a concurrent retry, no savepoint
+        TaskLog.objects.bulk_create([chunk], ignore_conflicts=True)
     notify.changed(jobs=[task.job_id])
     _published_log(task, attempt, offset, text)
     return settings.BERTH_LOG_MAX_BYTES if capped else max(kept, offset + size)
@@ -823,6 +840,31 @@ def storable_text(text: str) -> str:
     """Task output as the database can hold it: NUL (PostgreSQL refuses it in text) and lone
     surrogates (not UTF-8) become U+FFFD, as the agent already does for undecodable bytes."""
     return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _kept_many(attempts: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    """`_kept_bytes` of several (task id, attempt) at once: the last chunk of each, in two
+    queries (one when none has output yet)."""
+    wanted = set(attempts)
+    held = dict.fromkeys(wanted, 0)
+    if not wanted:
+        return held
+    last = (
+        TaskLog.objects.filter(task_id__in={t for t, _ in wanted})
+        .order_by()
+        .values_list("task_id", "attempt")
+        .annotate(last=Max("offset"))
+    )
+    where = [Q(task_id=t, attempt=a, offset=o) for t, a, o in last if (t, a) in wanted]
+    if not where:
+        return held
+    rows = TaskLog.objects.filter(reduce(operator.or_, where))
+    for task_id, attempt, offset, data in rows.values_list("task_id", "attempt", "offset", "data"):
+        truncated = data.endswith(TRUNCATED)
+        held[(task_id, attempt)] = settings.BERTH_LOG_MAX_BYTES if truncated else (
+            offset + len(data.encode())
+        )  # fmt: skip
+    return held
 
 
 def _kept_bytes(task: Task, attempt: int) -> int:
