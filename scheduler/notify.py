@@ -211,7 +211,9 @@ class _Waiter:
 class _Dispatcher:
     """This process's one subscription to AGENT_GROUP, living on the layer's loop. It hands
     each wake-up to the held leases of the nodes it names, in-process: a held lease costs no
-    channel of its own, and a wake-up is read once per process, not once per held lease."""
+    channel of its own, and a wake-up is read once per process, not once per held lease.
+    It receives only while some lease is held (the membership stays: a wake-up sent in
+    between waits in the channel), so no receive outlives the leases on its loop."""
 
     REFRESH_SECONDS = 3600.0  # the membership is renewed long before the layer forgets it
 
@@ -222,37 +224,35 @@ class _Dispatcher:
         self.unbound: set[_Waiter] = set()
         self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
+        self.failed = False
+        self.refreshed = 0.0  # when the membership was last added
 
     @property
     def alive(self) -> bool:
-        return not self.ready.done() or (self.ready.result() and not self.task_done())
-
-    def task_done(self) -> bool:
-        return self.task is None or self.task.done()
+        return not self.ready.done() or (self.ready.result() and not self.failed)
 
     async def start(self) -> None:
         try:
             self.channel = str(await self.layer.new_channel("agent-orders."))
             await self.layer.group_add(AGENT_GROUP, self.channel)
+            self.refreshed = asyncio.get_running_loop().time()
         except Exception:
             log.warning("channel layer unavailable; held leases poll instead", exc_info=True)
             self.ready.set_result(False)
             return
-        self.task = asyncio.ensure_future(self._run())
         self.ready.set_result(True)
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        refreshed = loop.time()
         try:
+            if asyncio.get_running_loop().time() - self.refreshed > self.REFRESH_SECONDS:
+                self.refreshed = asyncio.get_running_loop().time()
+                await self.layer.group_add(AGENT_GROUP, self.channel)
             while True:
                 message = await self.layer.receive(self.channel)
                 self.deliver(message.get("nodes", ()))
-                if loop.time() - refreshed > self.REFRESH_SECONDS:
-                    await self.layer.group_add(AGENT_GROUP, self.channel)
-                    refreshed = loop.time()
         except Exception:
             log.warning("channel layer failed; held leases poll instead", exc_info=True)
+            self.failed = True
             self.deliver(list(self.by_node))  # every held lease looks again, then polls
 
     def deliver(self, nodes: Iterable[int]) -> None:
@@ -265,6 +265,8 @@ class _Dispatcher:
 
     def add(self, waiter: _Waiter) -> None:
         self.unbound.add(waiter)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._run())
 
     def bind(self, waiter: _Waiter, node_id: int) -> None:
         if waiter.node_id is None:
@@ -281,6 +283,9 @@ class _Dispatcher:
             held.discard(waiter)
             if not held:
                 del self.by_node[waiter.node_id]  # type: ignore[arg-type]
+        if not (self.by_node or self.unbound) and self.task is not None:
+            self.task.cancel()  # no lease held here: stop receiving until the next one
+            self.task = None
 
 
 _dispatchers: dict[asyncio.AbstractEventLoop, _Dispatcher] = {}
