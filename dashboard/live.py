@@ -128,6 +128,8 @@ def _flow_list_rows(flows: list[Flow], watched: set[str]) -> list[tuple[str, str
 def publish_log(task_id: int, attempt: int, offset: int, data: str) -> None:
     """Append newly uploaded output to the task's pane on its job page (`job-<id>` only) and
     to the output pane of the job's flow page (`flow-<id>` only), prefixed by job/task."""
+    if not presence.anyone():  # no live page open anywhere: no query
+        return
     row = (
         Task.objects.filter(pk=task_id)
         .values("job_id", "attempt", "group", "index", "job__name", "job__flow_id")

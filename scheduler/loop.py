@@ -25,6 +25,8 @@ from scheduler.flows import ttl as flow_ttl
 
 log = logging.getLogger("berth.scheduler")
 
+# How often `run_scheduler` runs the checks the clock decides (deadlines, silent nodes, TTLs).
+HOUSEKEEPING_SECONDS = 1.0
 # The phases of a cycle, in order; `total` is the whole cycle.
 PHASES = ("load", "core", "plan", "commit", "flows", "lifecycle", "publish")
 
@@ -129,15 +131,22 @@ def _load() -> store.Loaded:
         return store.load_snapshot()
 
 
-def run_scheduler_cycle(config: SchedulingPolicy | None = None) -> CycleReport:
+def run_scheduler_cycle(
+    config: SchedulingPolicy | None = None, housekeeping: bool = True
+) -> CycleReport:
     """One full cycle. Returns what it did and where its time went, for the log line, tests
-    and benchmarks. Everything the cycle changed is published once, at its end."""
+    and benchmarks. Everything the cycle changed is published once, at its end.
+
+    `housekeeping` False leaves out the checks that follow the clock rather than what
+    happened (deadlines, silent nodes, orphaned tasks, TTLs): `run_scheduler` runs them once
+    every HOUSEKEEPING_SECONDS instead of every cycle."""
     report = CycleReport()
     started = time.perf_counter()
     try:
         with connection.execute_wrapper(_QueryMeter(report)):
             with notify.batch():
                 _cycle(report, config)
+                _lifecycle(report, housekeeping)
                 report.current_phase = "publish"
                 publish_from = time.perf_counter()
             report.phases["publish"].seconds += time.perf_counter() - publish_from
@@ -181,17 +190,25 @@ def _cycle(report: CycleReport, config: SchedulingPolicy | None) -> None:
                 report.counts["plan_changed"] = (
                     _phase(report, "plan", lambda: planning.persist(loaded, plan)) or 0
                 )
+
+
+def _lifecycle(report: CycleReport, housekeeping: bool) -> None:
+    """After placement: flows, job states from task states, and (with `housekeeping`) what
+    the clock decides: deadlines, silent nodes, TTLs, and tasks whose node row was deleted."""
     _phase(report, "flows", flow_controller.reconcile_flows)
-    # Tasks whose node row was deleted.
-    _phase(report, "lifecycle", lifecycle.lose_orphaned_tasks, "orphans")
+    if housekeeping:  # tasks whose node row was deleted
+        _phase(report, "lifecycle", lifecycle.lose_orphaned_tasks, "orphans")
     report.counts["jobs_changed"] = _phase(report, "lifecycle", lifecycle.sync_jobs) or 0
-    _phase(report, "lifecycle", lifecycle.enforce_deadlines, "deadlines")
-    _phase(report, "lifecycle", lifecycle.check_nodes, "nodes")
-    report.counts["ttl_deleted"] = _phase(report, "lifecycle", lifecycle.cleanup_ttl, "ttl") or 0
-    report.counts["ttl_deleted"] += (
-        _phase(report, "lifecycle", lambda: flow_ttl.cleanup_flows(timezone.now()), "flow-ttl") or 0
-    )
-    _phase(report, "lifecycle", gpu_history.prune_if_due, "gpu-history")  # once a minute
+    if housekeeping:
+        _phase(report, "lifecycle", lifecycle.enforce_deadlines, "deadlines")
+        _phase(report, "lifecycle", lifecycle.check_nodes, "nodes")
+        ttl = _phase(report, "lifecycle", lifecycle.cleanup_ttl, "ttl") or 0
+        ttl += (
+            _phase(report, "lifecycle", lambda: flow_ttl.cleanup_flows(timezone.now()), "flow-ttl")
+            or 0
+        )
+        report.counts["ttl_deleted"] = ttl
+        _phase(report, "lifecycle", gpu_history.prune_if_due, "gpu-history")  # once a minute
     # A flow whose last job just finished is closed in this cycle, not the next one.
     _phase(report, "flows", flow_controller.reconcile_flows)
     _phase(report, "lifecycle", arrays.refresh_parents, "arrays")

@@ -199,64 +199,161 @@ async def on_layer_loop(coroutine: Coroutine[Any, Any, T]) -> T:
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
 
 
+class _Waiter:
+    """One held lease, as the dispatcher sees it: its node (once known) and its wake-up."""
+
+    def __init__(self) -> None:
+        self.node_id: int | None = None
+        self.seen: set[int] = set()  # nodes woken before this lease knew its own node
+        self.event = asyncio.Event()
+
+
+class _Dispatcher:
+    """This process's one subscription to AGENT_GROUP, living on the layer's loop. It hands
+    each wake-up to the held leases of the nodes it names, in-process: a held lease costs no
+    channel of its own, and a wake-up is read once per process, not once per held lease.
+    It receives only while some lease is held (the membership stays: a wake-up sent in
+    between waits in the channel), so no receive outlives the leases on its loop."""
+
+    REFRESH_SECONDS = 3600.0  # the membership is renewed long before the layer forgets it
+
+    def __init__(self, layer: Any) -> None:
+        self.layer = layer
+        self.channel = ""
+        self.by_node: dict[int, set[_Waiter]] = {}
+        self.unbound: set[_Waiter] = set()
+        self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task[None] | None = None
+        self.failed = False
+        self.refreshed = 0.0  # when the membership was last added
+
+    @property
+    def alive(self) -> bool:
+        return not self.ready.done() or (self.ready.result() and not self.failed)
+
+    async def start(self) -> None:
+        try:
+            self.channel = str(await self.layer.new_channel("agent-orders."))
+            await self.layer.group_add(AGENT_GROUP, self.channel)
+            self.refreshed = asyncio.get_running_loop().time()
+        except Exception:
+            log.warning("channel layer unavailable; held leases poll instead", exc_info=True)
+            self.ready.set_result(False)
+            return
+        self.ready.set_result(True)
+
+    async def _run(self) -> None:
+        try:
+            if asyncio.get_running_loop().time() - self.refreshed > self.REFRESH_SECONDS:
+                self.refreshed = asyncio.get_running_loop().time()
+                await self.layer.group_add(AGENT_GROUP, self.channel)
+            while True:
+                message = await self.layer.receive(self.channel)
+                self.deliver(message.get("nodes", ()))
+        except Exception:
+            log.warning("channel layer failed; held leases poll instead", exc_info=True)
+            self.failed = True
+            self.deliver(list(self.by_node))  # every held lease looks again, then polls
+
+    def deliver(self, nodes: Iterable[int]) -> None:
+        nodes = set(nodes)
+        for node_id in nodes:
+            for waiter in self.by_node.get(node_id, ()):
+                waiter.event.set()
+        for waiter in self.unbound:
+            waiter.seen |= nodes
+
+    def add(self, waiter: _Waiter) -> None:
+        self.unbound.add(waiter)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._run())
+
+    def bind(self, waiter: _Waiter, node_id: int) -> None:
+        if waiter.node_id is None:
+            self.unbound.discard(waiter)
+            waiter.node_id = node_id
+            self.by_node.setdefault(node_id, set()).add(waiter)
+            if node_id in waiter.seen:
+                waiter.event.set()
+
+    def remove(self, waiter: _Waiter) -> None:
+        self.unbound.discard(waiter)
+        held = self.by_node.get(waiter.node_id) if waiter.node_id is not None else None
+        if held is not None:
+            held.discard(waiter)
+            if not held:
+                del self.by_node[waiter.node_id]  # type: ignore[arg-type]
+        if not (self.by_node or self.unbound) and self.task is not None:
+            self.task.cancel()  # no lease held here: stop receiving until the next one
+            self.task = None
+
+
+_dispatchers: dict[asyncio.AbstractEventLoop, _Dispatcher] = {}
+
+
+async def _dispatcher(layer: Any) -> _Dispatcher | None:
+    """This loop's dispatcher for `layer`, started on first use (on the layer's loop)."""
+    loop = asyncio.get_running_loop()
+    current = _dispatchers.get(loop)
+    if current is None or current.layer is not layer or not current.alive:
+        for old in [k for k in _dispatchers if k.is_closed()]:
+            del _dispatchers[old]  # loops of finished tests or servers
+        current = _dispatchers[loop] = _Dispatcher(layer)
+        await current.start()
+    return current if await current.ready else None
+
+
 class OrdersWaiter:
     """A held lease's subscription: `await wait(node_id, timeout)` returns True when orders
     for that node were committed since `open()` (look again), False when `timeout` passed.
 
-    Subscribe before reading the orders from the database, so that a commit between the read
-    and the wait still wakes us. If the channel layer fails, the waiter says "look again"
-    every POLL_WITHOUT_LAYER seconds instead: orders come a little later, never an error.
+    Open before reading the orders from the database, so that a commit between the read
+    and the wait still wakes us. The process's dispatcher (one channel-layer subscription
+    for all its held leases) does the listening. If the channel layer fails, the waiter
+    says "look again" every POLL_WITHOUT_LAYER seconds instead: orders come a little later,
+    never an error.
     """
 
     POLL_WITHOUT_LAYER = 1.0
 
     def __init__(self) -> None:
         self.layer = get_channel_layer()
-        self.channel = ""
+        self.dispatcher: _Dispatcher | None = None
+        self.waiter: _Waiter | None = None
 
     async def open(self) -> None:
-        if self.layer is None:
-            return
-        try:
-            self.channel = await on_layer_loop(self._open())
-        except Exception:
-            log.warning("channel layer unavailable; held leases poll instead", exc_info=True)
+        if self.layer is not None:
+            await on_layer_loop(self._open())
 
-    async def _open(self) -> str:
-        assert self.layer is not None
-        channel = str(await self.layer.new_channel("agent-lease."))
-        await self.layer.group_add(AGENT_GROUP, channel)
-        return channel
+    async def _open(self) -> None:
+        self.dispatcher = await _dispatcher(self.layer)
+        if self.dispatcher is not None:
+            self.waiter = _Waiter()
+            self.dispatcher.add(self.waiter)
 
     async def wait(self, node_id: int, timeout: float) -> bool:
         if timeout <= 0:
             return False
-        if self.layer is None or not self.channel:
+        if self.dispatcher is None or self.waiter is None or not self.dispatcher.alive:
             await asyncio.sleep(min(timeout, self.POLL_WITHOUT_LAYER))
             return True
-        try:
-            return await on_layer_loop(self._wait(node_id, timeout))
-        except Exception:
-            log.warning("channel layer failed while waiting; polling instead", exc_info=True)
-            await self.close()
-            return True
+        return await on_layer_loop(self._wait(node_id, timeout))
 
     async def _wait(self, node_id: int, timeout: float) -> bool:
-        assert self.layer is not None
-        deadline = asyncio.get_running_loop().time() + timeout
-        while (left := deadline - asyncio.get_running_loop().time()) > 0:
-            try:
-                message = await asyncio.wait_for(self.layer.receive(self.channel), left)
-            except TimeoutError:
-                return False
-            if node_id in message.get("nodes", ()):
-                return True
-        return False
+        assert self.dispatcher is not None and self.waiter is not None
+        self.dispatcher.bind(self.waiter, node_id)
+        try:
+            await asyncio.wait_for(self.waiter.event.wait(), timeout)
+        except TimeoutError:
+            return False
+        self.waiter.event.clear()
+        return True
 
     async def close(self) -> None:
-        if self.layer is not None and self.channel:
-            channel, self.channel = self.channel, ""
-            try:
-                await on_layer_loop(self.layer.group_discard(AGENT_GROUP, channel))
-            except Exception:  # the membership expires by itself
-                log.warning("could not leave the agents' group", exc_info=True)
+        if self.dispatcher is not None and self.waiter is not None:
+            dispatcher, waiter, self.waiter = self.dispatcher, self.waiter, None
+            await on_layer_loop(_remove(dispatcher, waiter))
+
+
+async def _remove(dispatcher: _Dispatcher, waiter: _Waiter) -> None:
+    dispatcher.remove(waiter)

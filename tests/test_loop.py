@@ -37,3 +37,47 @@ def test_its_log_line_shows_every_phase_in_ms(owner):
         assert re.search(rf" {name}=\d+\.\dms", line), (name, line)
     assert re.search(r" queries=\d+ ", line)
     assert " placed=1 " in line
+
+
+def test_a_cycle_without_housekeeping_leaves_the_clocks_checks_for_later(owner):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from scheduler.models import Node
+    from scheduler.states import NodeState
+
+    make_node("silent", last_heartbeat=timezone.now() - timedelta(hours=1))
+    run_scheduler_cycle(housekeeping=False)
+    assert Node.objects.get().state != NodeState.NOT_READY
+    run_scheduler_cycle()
+    assert Node.objects.get().state == NodeState.NOT_READY
+
+
+def test_run_scheduler_does_the_housekeeping_once_a_second(monkeypatch):
+    import threading
+
+    from scheduler.loop import HOUSEKEEPING_SECONDS
+    from scheduler.management.commands import run_scheduler
+
+    clock = iter(i * 0.2 for i in range(1000))  # read twice a cycle: a cycle every 0.4 s
+    monkeypatch.setattr(run_scheduler.time, "monotonic", lambda: next(clock))
+    stop, flags = threading.Event(), []
+
+    def cycle(interval: float, housekeeping: bool) -> object:
+        flags.append(housekeeping)
+        if len(flags) == 12:
+            stop.set()
+        return run_scheduler.CycleReport()
+
+    class Lock:
+        def try_acquire(self) -> bool:
+            return True
+
+        def still_held(self) -> bool:
+            return True
+
+    monkeypatch.setattr(run_scheduler, "_cycle_and_heartbeat", cycle)
+    run_scheduler.run_loop(Lock(), 0.2, stop)  # type: ignore[arg-type]
+    assert HOUSEKEEPING_SECONDS == 1.0
+    assert flags == [True, False, False] * 4  # at 0, 1.2, 2.4 and 3.6 s

@@ -20,14 +20,17 @@ Job states are derived from task states by the scheduler loop (scheduler/lifecyc
 from __future__ import annotations
 
 import logging
+import operator
 import random
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from functools import reduce
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from scheduler import gpu_history, notify
@@ -37,7 +40,7 @@ from scheduler.agent.times import parse_unix_time, process_time
 from scheduler.arrays import array_env
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.events import record
-from scheduler.models import Allocation, Device, Node, Task, TaskLog, hash_token
+from scheduler.models import Allocation, Device, Event, Node, Task, TaskLog, hash_token
 from scheduler.specs import NAME_RE, NAME_RULE, label_problems
 from scheduler.states import TASK_ON_NODE, TaskState
 
@@ -49,6 +52,7 @@ TRUNCATED = "\n[berth: output truncated: the rest of this attempt's output was d
 MAX_OUTPUT_BYTES = 2**62  # a bound for `output_bytes`, far above any real output
 INLINE_OUTPUT_BYTES = 16 * 1024  # output a report may carry inline (at most one log chunk)
 LEASE_JITTER = 0.25  # a lease is held between 1 and 1.25 leases, so renewals spread out
+RENEWAL_WRITE_SECONDS = 1.0  # a node's lease renewed more recently than this is not rewritten
 
 
 def lease_seconds() -> float:
@@ -369,7 +373,7 @@ def parse_tasks(data: object) -> tuple[list[Report], dict[str, Any], list[gpu_hi
     return reports, usage, samples
 
 
-def _wanted(task: Task | None, report: Report, node: Node) -> bool:
+def _wanted(task: Task | _Row | None, report: Report, node: Node) -> bool:
     """Is this report about the attempt the server wants running on this node?"""
     return (
         task is not None
@@ -391,6 +395,9 @@ class _Outcome:
     kill: list[dict[str, Any]] = field(default_factory=list)
     awaiting: list[dict[str, Any]] = field(default_factory=list)
     reported: set[int] = field(default_factory=set)  # tasks of this node the report lists
+    ended: list[Task] = field(default_factory=list)  # ended in memory, written together
+    kept: dict[tuple[int, int], int] = field(default_factory=dict)  # output held, read ahead
+    chunks: list[TaskLog] = field(default_factory=list)  # inline output, inserted together
 
 
 def apply_report(node: Node, data: object) -> dict[str, Any]:
@@ -398,20 +405,28 @@ def apply_report(node: Node, data: object) -> dict[str, Any]:
     reports, usage, _ = parse_tasks(data)  # GPU samples are kept from leases only
     now = timezone.now()
     outcome = _Outcome()
-    with transaction.atomic():
+    # One live push for the whole report (its output chunks and its task moves), not one each.
+    with notify.batch(), transaction.atomic():
         tasks = _lock_reported(node, reports)
+        outcome.kept = _kept_many(
+            [(r.id, r.attempt) for r in reports if r.id in tasks and r.state in FINAL_REPORTS]
+        )
         for report in reports:
             _apply_reported(node, tasks.get(report.id), report, now, outcome)
-        start = _reconcile_unreported(node, now, outcome)
-        was = node.state
+        start = _reconcile_unreported(node, tasks, now, outcome)
+        # ON CONFLICT DO NOTHING: the same chunk from a concurrent retry, without a savepoint.
+        TaskLog.objects.bulk_create(outcome.chunks, ignore_conflicts=True)
+        _save_ended(outcome.ended, node)
+        was, beat, old_usage = node.state, node.last_heartbeat, node.usage
         _renew(node, now)
         node.usage = usage
-        node.save(update_fields=["last_heartbeat", "state", "usage"])
+        if was != node.state or usage != old_usage or renewal_due(beat, now):
+            node.save(update_fields=["last_heartbeat", "state", "usage"])
         changed_node = bool(outcome.changed_jobs) or was != node.state
         notify.changed(jobs=outcome.changed_jobs, nodes=[node.pk] if changed_node else [])
-        start_messages = [_start_message(task, node) for task in start]
+        start_orders = start_messages(start, node)
     return {
-        "start": start_messages,
+        "start": start_orders,
         "kill": outcome.kill,
         "awaiting_output": outcome.awaiting,
         "lease_seconds": settings.BERTH_HEARTBEAT_INTERVAL,
@@ -419,15 +434,16 @@ def apply_report(node: Node, data: object) -> dict[str, Any]:
 
 
 def _lock_reported(node: Node, reports: list[Report]) -> dict[int, Task]:
-    """The reported tasks' rows, locked. The current attempt of a task placed on another node
-    is not this agent's to report (a node token acts only for its own node): refused whole.
-    An older attempt is a leftover of a task that moved on while this node was away: the
-    agent is told to kill it."""
+    """The reported tasks' rows and those of the tasks on this node, locked, in one query.
+    The current attempt of a task placed on another node is not this agent's to report (a
+    node token acts only for its own node): refused whole. An older attempt is a leftover of
+    a task that moved on while this node was away: the agent is told to kill it."""
     tasks = {
         t.pk: t
         for t in Task.objects.select_for_update(of=("self",))
-        .select_related("job")
-        .filter(pk__in=[r.id for r in reports])
+        .select_related("job__owner")
+        .filter(Q(pk__in=[r.id for r in reports]) | Q(node=node, state__in=TASK_ON_NODE))
+        .order_by("pk")
     }
     foreign = [
         r.id
@@ -453,24 +469,27 @@ def _apply_reported(
         return
     assert task is not None
     outcome.reported.add(task.pk)
-    if _apply_one(task, report, now, node, outcome.awaiting):
+    if _apply_one(task, report, now, node, outcome):
         outcome.changed_jobs.add(task.job_id)
     if report.state == "Running" and task.kill_requested and not report.stopping:
         outcome.kill.append(_kill_order(task.pk, task.attempt))
 
 
-def _reconcile_unreported(node: Node, now: Any, outcome: _Outcome) -> list[Task]:
+def _reconcile_unreported(
+    node: Node, tasks: dict[int, Task], now: Any, outcome: _Outcome
+) -> list[Task]:
     """Tasks the server placed here that the report does not list: to start, to kill, or
     Lost. A Running task missing from a report is gone from the node: a task becomes Running
     only when the agent lists it (in a report or a lease), and the agent never sends a report
     that leaves out a task it has listed before the server has taken its end."""
-    start = []
-    on_node = Task.objects.select_for_update(of=("self",)).select_related("job")
-    for task in on_node.filter(node=node, state__in=TASK_ON_NODE):
+    start: list[Task] = []
+    for task in tasks.values():  # locked by _lock_reported
+        if task.node_id != node.pk or task.state not in TASK_ON_NODE:
+            continue
         if task.pk in outcome.reported:
             continue
         if task.state == TaskState.RUNNING:
-            _finish(task, TaskState.LOST, None, "agent no longer runs it", now, node)
+            _finish(task, TaskState.LOST, None, "agent no longer runs it", now, outcome)
             outcome.changed_jobs.add(task.job_id)
         elif task.kill_requested:
             # Its start may be on its way to the agent in a lease answer: the agent
@@ -479,6 +498,13 @@ def _reconcile_unreported(node: Node, now: Any, outcome: _Outcome) -> list[Task]
         else:
             start.append(task)
     return start
+
+
+def renewal_due(last: Any, now: Any) -> bool:
+    """Whether a request must write the node's lease: a renewal less than
+    RENEWAL_WRITE_SECONDS old is left as it is (a busy node sends several requests a second;
+    node loss is judged over BERTH_HEARTBEAT_TIMEOUT, tens of seconds)."""
+    return last is None or (now - last).total_seconds() >= RENEWAL_WRITE_SECONDS
 
 
 def _renew(node: Node, now: Any) -> None:
@@ -490,25 +516,25 @@ def _renew(node: Node, now: Any) -> None:
         record("NodeReady", "LeaseRenewed", f"{was} -> {node.state}", node=node)
 
 
-def _apply_one(task: Task, report: Report, now: Any, node: Node,
-               awaiting: list[dict[str, Any]]) -> bool:  # fmt: skip
+def _apply_one(task: Task, report: Report, now: Any, node: Node, outcome: _Outcome) -> bool:
     """Move one task as its report says; True if its job may have changed."""
     if report.state == "Running":
         return _mark_running(task, now, node, report.started_at)
-    kept = None
-    if report.output is not None and report.output[1]:
-        kept = _store_chunk(task, report.attempt, *report.output, contiguous=True)  # inline
+    kept = outcome.kept.get((task.pk, report.attempt))
+    if report.output is not None and report.output[1]:  # inline
+        kept = _store_chunk(task, report.attempt, *report.output, contiguous=True, kept=kept,
+                            pending=outcome.chunks)  # fmt: skip
     held = _held_bytes(task, report.attempt, report.output_bytes, kept)
     if held < report.output_bytes:
         # The end is known, the output not all here yet: it stays Running until it is.
-        awaiting.append({"id": task.pk, "attempt": task.attempt, "have": held,
+        outcome.awaiting.append({"id": task.pk, "attempt": task.attempt, "have": held,
                          "want": report.output_bytes})  # fmt: skip
         return _mark_running(task, now, node, report.started_at)
     never_ran = report.state == "Killed" and report.exit_code is None
     if not never_ran and (task.started_at is None or report.started_at is not None):
         task.started_at = process_time(report.started_at, now, task.assigned_at, "start")
     ended = process_time(report.ended_at, now, task.started_at or task.assigned_at, "end")
-    _finish(task, FINAL_REPORTS[report.state], report.exit_code, report.message, ended, node)
+    _finish(task, FINAL_REPORTS[report.state], report.exit_code, report.message, ended, outcome)
     return True
 
 
@@ -536,23 +562,37 @@ def _held_bytes(task: Task, attempt: int, wanted: int, kept: int | None = None) 
 
 
 def _finish(task: Task, state: str, exit_code: int | None, message: str, now: Any,
-            node: Node) -> None:  # fmt: skip
-    """The task stopped: record how, and free its devices."""
+            outcome: _Outcome) -> None:  # fmt: skip
+    """The task stopped: record how (written with the report's other ends, `_save_ended`)."""
     task.state = state
     task.exit_code = exit_code
     task.finished_at = now
     task.message = message
-    task.save(update_fields=["state", "exit_code", "started_at", "finished_at", "message"])
-    record_task_ends([task], now)  # usage accounting, in the same transaction
-    Allocation.objects.filter(task=task).delete()
+    outcome.ended.append(task)
+
+
+def _save_ended(ended: list[Task], node: Node) -> None:
+    """Write the tasks a report ended, free their devices, account for what they used and
+    record why, a few statements for all of them."""
+    if not ended:
+        return
+    Task.objects.bulk_update(ended, ["state", "exit_code", "started_at", "finished_at", "message"])
+    record_task_ends(ended, timezone.now())  # each task's own finish time is kept
+    Allocation.objects.filter(task__in=[t.pk for t in ended]).delete()
+    Event.objects.bulk_create(
+        Event(kind=f"Task{t.state}", reason=t.state, message=_end_text(t), job_id=t.job_id,
+              flow_id=t.job.flow_id, node=node)
+        for t in ended
+    )  # fmt: skip
+
+
+def _end_text(task: Task) -> str:
     what = f"{task.group}-{task.index}"
-    if state == TaskState.FAILED:
-        text = f"{what} exited with code {exit_code}"
-    elif state == TaskState.SUCCEEDED:
-        text = f"{what} exited with code 0"
-    else:
-        text = f"{what}: {message}" if message else what
-    record(f"Task{state}", state, text, job=task.job, node=node)
+    if task.state == TaskState.FAILED:
+        return f"{what} exited with code {task.exit_code}"
+    if task.state == TaskState.SUCCEEDED:
+        return f"{what} exited with code 0"
+    return f"{what}: {task.message}" if task.message else what
 
 
 # --- lease -------------------------------------------------------------------------------
@@ -570,13 +610,16 @@ def renew_lease(token: str, data: object) -> tuple[Node, list[Report], dict[str,
         node = Node.objects.select_for_update().filter(token_hash=token_hash).first()
         if node is None or not token:
             raise ProtocolError({"detail": ["unknown node token; register again"]}, status=401)
-        was = node.state
+        was, beat, sampled = node.state, node.last_heartbeat, node.gpu_sampled_at
         gpu_history.record_samples(node, samples, now)
         _renew(node, now)
-        node.save(update_fields=["last_heartbeat", "state", "gpu_sampled_at"])
-        for task in started:
-            record("TaskStarted", "Started", f"{task.group}-{task.index} on {node.name}",
-                   job=task.job, node=node)  # fmt: skip
+        if sampled != node.gpu_sampled_at or was != node.state or renewal_due(beat, now):
+            node.save(update_fields=["last_heartbeat", "state", "gpu_sampled_at"])
+        Event.objects.bulk_create(
+            Event(kind="TaskStarted", reason="Started", job_id=t.job_id, flow_id=t.job.flow_id,
+                  node=node, message=f"{t.group}-{t.index} on {node.name}")
+            for t in started
+        )  # fmt: skip
         changed = bool(started) or was != node.state
         notify.changed(jobs={t.job_id for t in started}, nodes=[node.pk] if changed else [])
     return node, reports, lease_orders(node, reports)
@@ -603,15 +646,26 @@ def _confirm_started(token_hash: str, reports: list[Report], now: Any) -> list[T
     return started
 
 
+class _Row(NamedTuple):
+    """What deciding a lease's orders reads of a task (no model, no job)."""
+
+    pk: int
+    node_id: int | None
+    attempt: int
+    state: str
+    kill_requested: bool
+
+
 def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
     """Orders for the agent whose tasks are `reports`, read only: tasks placed here it does
-    not know yet, and tasks it runs that must stop."""
+    not know yet, and tasks it runs that must stop. The tasks are read as plain rows; only
+    those to start are loaded whole, with their jobs."""
     known = {(r.id, r.attempt) for r in reports}
     rows = {
-        t.pk: t
-        for t in Task.objects.select_related("job").filter(
+        row[0]: _Row(*row)
+        for row in Task.objects.filter(
             Q(node=node, state__in=TASK_ON_NODE) | Q(pk__in=[r.id for r in reports])
-        )
+        ).values_list("pk", "node_id", "attempt", "state", "kill_requested")
     }
     kill = []
     for report in reports:
@@ -626,7 +680,7 @@ def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
             continue  # not this node's to report; its report will be refused
         if not _wanted(task, report, node) or (task is not None and task.kill_requested):
             kill.append(_kill_order(report.id, report.attempt))
-    start = []
+    start: list[int] = []
     for task in rows.values():
         if task.node_id != node.pk or task.state != TaskState.ASSIGNED:
             continue
@@ -635,11 +689,46 @@ def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
         if task.kill_requested:
             kill.append(_kill_order(task.pk, task.attempt))
         else:
-            start.append(_start_message(task, node))
-    return {"start": start, "kill": kill, "lease_seconds": settings.BERTH_HEARTBEAT_INTERVAL}
+            start.append(task.pk)
+    return {
+        "start": start_messages(_to_start(start, node), node),
+        "kill": kill,
+        "lease_seconds": settings.BERTH_HEARTBEAT_INTERVAL,
+    }
 
 
-def _start_message(task: Task, node: Node) -> dict[str, Any]:
+def _to_start(ids: list[int], node: Node) -> list[Task]:
+    """The tasks of `ids` still Assigned here, whole, with their jobs and owners."""
+    if not ids:
+        return []
+    tasks = Task.objects.select_related("job__owner").filter(
+        pk__in=ids, node=node, state=TaskState.ASSIGNED, kill_requested=False
+    )
+    return sorted(tasks, key=lambda t: ids.index(t.pk))
+
+
+def start_messages(tasks: list[Task], node: Node) -> list[dict[str, Any]]:
+    """The start orders of `tasks` (placed on `node`, their jobs and owners loaded), with
+    their peers and devices read for all of them at once: three queries whatever their
+    number, not three per task."""
+    if not tasks:
+        return []
+    peers: dict[int, list[tuple[int, str, str, str, int]]] = defaultdict(list)
+    rows = Task.objects.filter(job_id__in={t.job_id for t in tasks}).values_list(
+        "job_id", "pk", "node__hostname", "node__name", "group", "index"
+    )
+    for job_id, *peer in rows:
+        peers[job_id].append(tuple(peer))  # type: ignore[arg-type]
+    devices: dict[int, list[int]] = defaultdict(list)
+    held = Allocation.objects.filter(task__in=[t.pk for t in tasks])
+    for task_id, index in held.values_list("task_id", "device__index"):
+        devices[task_id].append(index)
+    return [_start_message(t, node, peers[t.job_id], sorted(devices[t.pk])) for t in tasks]
+
+
+def _start_message(
+    task: Task, node: Node, peers: list[tuple[int, str, str, str, int]], devices: list[int]
+) -> dict[str, Any]:
     job = task.job
     spec = job.spec
     group: dict[str, Any] = next(
@@ -647,13 +736,9 @@ def _start_message(task: Task, node: Node) -> dict[str, Any]:
     )
     # Ranks follow the spec: its task groups in order, each group's tasks by index.
     position = {g.get("name"): i for i, g in enumerate(spec.get("tasks", []))}
-    tasks = sorted(
-        job.tasks.values_list("pk", "node__hostname", "node__name", "group", "index"),
-        key=lambda t: (position.get(t[3], len(position)), t[3], t[4]),
-    )
+    tasks = sorted(peers, key=lambda t: (position.get(t[3], len(position)), t[3], t[4]))
     rank = next(i for i, t in enumerate(tasks) if t[0] == task.pk)
     master = tasks[0][1] or tasks[0][2] or node.hostname or node.name
-    devices = sorted(task.allocations.values_list("device__index", flat=True))
     env = dict(group.get("env", {}))
     env.update(
         {
@@ -718,13 +803,18 @@ def append_log(node: Node, task_id: int, data: object) -> dict[str, Any]:
     return answer
 
 
-def _store_chunk(task: Task, attempt: int, offset: int, text: str, contiguous: bool = False) -> int:
+def _store_chunk(
+    task: Task, attempt: int, offset: int, text: str, contiguous: bool = False,
+    kept: int | None = None, pending: list[TaskLog] | None = None,
+) -> int:  # fmt: skip
     """Keep one chunk of an attempt's output at byte `offset` (a chunk held already, sent
     again, is ignored; past BERTH_LOG_MAX_BYTES the rest is dropped, said once; with
     `contiguous`, a chunk that would leave a gap is not kept). Returns the bytes held now:
-    BERTH_LOG_MAX_BYTES once the cap is hit. Inside a transaction."""
+    BERTH_LOG_MAX_BYTES once the cap is hit. Inside a transaction. `kept`: the bytes held,
+    when read already; `pending`: where to put the chunk for the caller to insert."""
     size = len(text.encode())
-    kept = _kept_bytes(task, attempt)
+    if kept is None:
+        kept = _kept_bytes(task, attempt)
     if kept >= settings.BERTH_LOG_MAX_BYTES or offset + size <= kept:
         return kept  # over the cap, or held already (a retried upload)
     if contiguous and offset > kept:
@@ -733,9 +823,11 @@ def _store_chunk(task: Task, attempt: int, offset: int, text: str, contiguous: b
     if capped:  # keep what fits, then say once that the rest is gone
         room = max(settings.BERTH_LOG_MAX_BYTES - kept, 0)
         text = text.encode()[:room].decode(errors="ignore") + TRUNCATED
-    # ON CONFLICT DO NOTHING: the same chunk from a concurrent retry, without a savepoint.
     chunk = TaskLog(task=task, attempt=attempt, offset=offset, data=text)
-    TaskLog.objects.bulk_create([chunk], ignore_conflicts=True)
+    if pending is not None:
+        pending.append(chunk)
+    else:  # ON CONFLICT DO NOTHING: the same chunk from a concurrent retry, no savepoint
+        TaskLog.objects.bulk_create([chunk], ignore_conflicts=True)
     notify.changed(jobs=[task.job_id])
     _published_log(task, attempt, offset, text)
     return settings.BERTH_LOG_MAX_BYTES if capped else max(kept, offset + size)
@@ -748,6 +840,31 @@ def storable_text(text: str) -> str:
     """Task output as the database can hold it: NUL (PostgreSQL refuses it in text) and lone
     surrogates (not UTF-8) become U+FFFD, as the agent already does for undecodable bytes."""
     return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _kept_many(attempts: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    """`_kept_bytes` of several (task id, attempt) at once: the last chunk of each, in two
+    queries (one when none has output yet)."""
+    wanted = set(attempts)
+    held = dict.fromkeys(wanted, 0)
+    if not wanted:
+        return held
+    last = (
+        TaskLog.objects.filter(task_id__in={t for t, _ in wanted})
+        .order_by()
+        .values_list("task_id", "attempt")
+        .annotate(last=Max("offset"))
+    )
+    where = [Q(task_id=t, attempt=a, offset=o) for t, a, o in last if (t, a) in wanted]
+    if not where:
+        return held
+    rows = TaskLog.objects.filter(reduce(operator.or_, where))
+    for task_id, attempt, offset, data in rows.values_list("task_id", "attempt", "offset", "data"):
+        truncated = data.endswith(TRUNCATED)
+        held[(task_id, attempt)] = settings.BERTH_LOG_MAX_BYTES if truncated else (
+            offset + len(data.encode())
+        )  # fmt: skip
+    return held
 
 
 def _kept_bytes(task: Task, attempt: int) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import Case, F, Min, OuterRef, Subquery, TextField, Value, When
+from django.db.models import F, Min, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 
 from scheduler import accounting, notify
@@ -146,15 +146,21 @@ def _mark_running(jobs: dict[int, list[TaskView]], now: datetime) -> int:
         if not locked:
             return 0
         messages = {j: f"{_started(jobs[j])}/{len(jobs[j])} tasks running" for j in locked}
-        Job.objects.filter(pk__in=sorted(locked)).update(
-            state=target(JobEvent.START),
-            reason="Started",
-            message=_per_job(messages),
-            started_at=Coalesce(F("started_at"), Value(now)),
-            pending_code="",
-            pending_message="",
-            estimated_start_at=None,
-        )
+        # One statement per distinct message ("1/1 tasks running" for most), not a CASE
+        # with a branch per job.
+        by_message: dict[str, list[int]] = defaultdict(list)
+        for job_id, message in messages.items():
+            by_message[message].append(job_id)
+        for message, ids in by_message.items():
+            Job.objects.filter(pk__in=sorted(ids)).update(
+                state=target(JobEvent.START),
+                reason="Started",
+                message=message,
+                started_at=Coalesce(F("started_at"), Value(now)),
+                pending_code="",
+                pending_message="",
+                estimated_start_at=None,
+            )
         _state_events(locked, target(JobEvent.START), "Started", messages)
         notify.changed(jobs=locked)
     return len(locked)
@@ -190,11 +196,6 @@ def _mark_succeeded(jobs: dict[int, list[TaskView]], now: datetime) -> int:
         accounting.record_jobs_end(locked, JobState.SUCCEEDED)
         notify.changed(jobs=locked)
     return len(locked)
-
-
-def _per_job(values: dict[int, str]) -> Case:
-    """One value per job in a single UPDATE."""
-    return Case(*[When(pk=pk, then=Value(v)) for pk, v in values.items()], output_field=TextField())
 
 
 def _sync_job(job: Job, tasks: Sequence[TaskView], now: datetime) -> bool:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from asgiref.sync import sync_to_async
 from channels.testing import HttpCommunicator
 from django.contrib.auth.models import User
 from django.db import connections
+from django.utils import timezone
 
 from berth.asgi import application
 from scheduler.agent.client import PROTOCOL
@@ -55,7 +57,8 @@ def _cluster(state: str = TaskState.PENDING) -> tuple[str, int, int, int]:
     Pending). Returns the node token and the node, job and task ids."""
     Queue.objects.get_or_create(name="default")  # transactional tests flush the migration's
     owner = User.objects.create_user("alice")
-    node = make_node("gpu-01", gpus=1)
+    # Renewed a minute ago: the held lease's own renewal is then written (and seen by _held).
+    node = make_node("gpu-01", gpus=1, last_heartbeat=timezone.now() - timedelta(minutes=1))
     token = node.issue_token()
     node.save()
     job = make_job(owner, gpu=1)

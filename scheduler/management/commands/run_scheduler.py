@@ -12,7 +12,7 @@ from django.db import close_old_connections
 
 from scheduler.heartbeat import record_cycle
 from scheduler.leader import LeaderLock, leader_lock
-from scheduler.loop import CycleReport, run_scheduler_cycle
+from scheduler.loop import HOUSEKEEPING_SECONDS, CycleReport, run_scheduler_cycle
 from scheduler.management.stopping import stop_on_signals
 
 log = logging.getLogger("berth.scheduler")
@@ -32,7 +32,8 @@ class Command(BaseCommand):
     help = (
         "Run the scheduler loop: each cycle carries out user requests, places jobs (enqueue,"
         " allocate, preempt, reclaim, backfill), reconciles flows and runs the lifecycle"
-        " (retries, deadlines, node health, TTL). One leader at a time: on PostgreSQL an"
+        " (job states and retries every cycle; deadlines, node health and TTL once a second)."
+        " One leader at a time: on PostgreSQL an"
         " advisory lock, on SQLite a file lock; other instances wait as hot standbys."
         " SIGTERM finishes the current cycle and exits."
     )
@@ -67,9 +68,11 @@ class Command(BaseCommand):
 def run_loop(
     lock: LeaderLock, interval: float, stop: threading.Event, log_idle: bool = True
 ) -> None:
-    """Lead when the lock is ours, else wait as a standby; one cycle per interval.
+    """Lead when the lock is ours, else wait as a standby; one cycle per interval, with the
+    clock's checks (deadlines, silent nodes, TTLs) once every HOUSEKEEPING_SECONDS at most.
     With `log_idle` off, only cycles that changed something are logged."""
     leading = False
+    housekeeping_at = 0.0
     while not stop.is_set():
         started = time.monotonic()
         if not leading:
@@ -83,8 +86,11 @@ def run_loop(
             log.warning("lost the leader lock; standing by")
             leading = False
             continue
+        housekeeping = started >= housekeeping_at
+        if housekeeping:
+            housekeeping_at = started + HOUSEKEEPING_SECONDS
         try:
-            report = _cycle_and_heartbeat(interval)
+            report = _cycle_and_heartbeat(interval, housekeeping)
             if log_idle or report.busy:
                 log.info(report.line())
         except Exception:  # a crash in one cycle is logged; the loop goes on
@@ -94,10 +100,10 @@ def run_loop(
         stop.wait(max(0.0, interval - (time.monotonic() - started)))
 
 
-def _cycle_and_heartbeat(interval: float) -> CycleReport:
+def _cycle_and_heartbeat(interval: float, housekeeping: bool = True) -> CycleReport:
     """One cycle, then the heartbeat /healthz and /metrics read (last cycle, phase timings)."""
     started = time.perf_counter()
-    report = run_scheduler_cycle()
+    report = run_scheduler_cycle(housekeeping=housekeeping)
     try:
         phases = {name: timing.seconds for name, timing in report.phases.items()}
         record_cycle(phases, time.perf_counter() - started, interval)
