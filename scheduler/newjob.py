@@ -83,7 +83,11 @@ def _insert(model: type[models.Model], rows: list[Any], link: str | None) -> tup
             if field.attname == link:
                 marks.append(JOB_ID)
                 continue
+            value = field.get_db_prep_save(field.pre_save(row, add=True), connection)
+            if value is None:  # fewer parameters: psycopg caches the parsing of a query
+                marks.append("NULL")  # of at most 50 (a new job's ~20 empty columns)
+                continue
             marks.append("%s")
-            params.append(field.get_db_prep_save(field.pre_save(row, add=True), connection))
+            params.append(value)
         values.append(f"({', '.join(marks)})")
     return f"{head} VALUES {', '.join(values)}", params

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, TypeVar
 
@@ -255,8 +256,10 @@ def never_fit_errors(
 # refuse is checked again on a fresh read, so a node that just joined never causes a 400.
 # A node forgotten in the last second may let through a job that then waits with a reason;
 # no node at all is never remembered (a first node must refuse what it can never run).
+# One thread of a process reads them again when they are due; the others wait for its read.
 OFFERS_MAX_AGE = 1.0
 _recent_offers: tuple[float, list[Offer]] = (-OFFERS_MAX_AGE, [])
+_offers_lock = threading.Lock()
 
 
 def forget_recent_offers() -> None:
@@ -265,17 +268,34 @@ def forget_recent_offers() -> None:
     _recent_offers = (-OFFERS_MAX_AGE, [])
 
 
+def _read_offers() -> list[Offer]:
+    global _recent_offers
+    read_at, offers = time.monotonic(), registered_offers()
+    _recent_offers = (read_at, offers)
+    return offers
+
+
+def _recent() -> list[Offer]:
+    read_at, offers = _recent_offers
+    return offers if time.monotonic() - read_at < OFFERS_MAX_AGE else []
+
+
+def _offers_to_accept() -> list[Offer]:
+    """The nodes' capacities, up to OFFERS_MAX_AGE old, to accept a job on."""
+    if offers := _recent():
+        return offers
+    if not _recent_offers[1]:
+        return _read_offers()  # no node: nothing worth waiting for another thread's read
+    with _offers_lock:
+        return _recent() or _read_offers()
+
+
 def refuse_never_fits(spec: dict[str, Any], queue: Queue | None = None) -> None:
     """400 when no registered node could ever run the job (none registered: accept), or its
     gang needs more than its queue may ever hold."""
-    global _recent_offers
-    read_at, offers = _recent_offers
-    recent = offers and time.monotonic() - read_at < OFFERS_MAX_AGE  # none: ask again
-    if recent and not never_fit_errors(spec, offers, queue):
+    if not never_fit_errors(spec, _offers_to_accept(), queue):
         return
-    read_at, offers = time.monotonic(), registered_offers()
-    _recent_offers = (read_at, offers)
-    problems = never_fit_errors(spec, offers, queue)
+    problems = never_fit_errors(spec, _read_offers(), queue)
     if problems:
         raise SpecError({path: [message] for path, message in problems.items()})
 

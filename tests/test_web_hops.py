@@ -34,6 +34,9 @@ SPEC = {"name": "hop", "tasks": [{"name": "main", "command": "true"}]}
 async def test_a_submission_through_the_asgi_app_takes_two_thread_hops(monkeypatch):
     from django.contrib.auth.models import User
 
+    from scheduler.models import Queue
+
+    await Queue.objects.aget_or_create(name="default")  # a flushed database has none
     user = await User.objects.acreate(username="hops")
     token = await Token.objects.acreate(user=user)
     calls: list[str] = []
