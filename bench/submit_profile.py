@@ -5,13 +5,14 @@
 
 Creates a fresh database (`--database-name`, dropped at the end), `--nodes` registered nodes
 of `--gpus` GPUs each (as `bench/e2e.py` starts; the never-fits check reads them), a user
-with a DRF token
-(as `bench/e2e.py` makes) or a self-service token (`--token-kind api`), and submits the
-one-GPU job of `bench/e2e.py` (`POST /api/v1/jobs/`) through Django's test client with the
-whole middleware stack, after `--warmup` unmeasured ones. Prints JSON, per submit: the CPU
-time of this process (`time.process_time`), the wall time, the SQL statements (BEGIN and
-COMMIT not counted) and the time inside them, and the CPU time of the live push after commit
-(`dashboard.live.publish`). `--profile N` prints cProfile's top N functions to stderr.
+with a DRF token (as `bench/e2e.py` makes) or a self-service token (`--token-kind api`), and
+submits the one-GPU job of `bench/e2e.py` (`POST /api/v1/jobs/`) through Django's test
+client with the whole middleware stack, after `--warmup` unmeasured ones. Prints JSON, per
+submit: the CPU time of this process (`time.process_time`), the wall time, the SQL
+statements (BEGIN and COMMIT not counted) and the time inside them, the CPU time of the live
+push after commit (`dashboard.live.publish`), and the CPU time of the PostgreSQL backend
+serving it (from /proc, when the server runs on this machine; null otherwise). `--profile N`
+prints cProfile's top N functions to stderr.
 """
 
 from __future__ import annotations
@@ -79,6 +80,15 @@ def make_nodes(count: int, gpus: int) -> None:
     )
 
 
+def backend_cpu_seconds(pid: int) -> float | None:
+    """CPU time of this connection's PostgreSQL backend, when it runs on this machine."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def submit_loop(client: Any, token: str, n: int, body: dict[str, Any]) -> None:
     for _ in range(n):
         response = client.post("/api/v1/jobs/", data=json.dumps(body),
@@ -103,6 +113,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     submit_loop(client, token, args.warmup, body)
     meter = QueryMeter()
     push.seconds = 0.0
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = int(cursor.fetchone()[0])
+    backend_before = backend_cpu_seconds(backend)
     profiler = cProfile.Profile() if args.profile else None
     with connection.execute_wrapper(meter):
         wall, cpu = time.perf_counter(), time.process_time()
@@ -112,6 +126,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if profiler:
             profiler.disable()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    backend_after = backend_cpu_seconds(backend)
     if profiler:
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(args.profile)
     n = args.submits
@@ -123,6 +138,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "wall_ms_per_submit": round(wall * 1000 / n, 2),
         "sql_statements_per_submit": round(meter.queries / n, 2),
         "in_database_ms_per_submit": round(meter.seconds * 1000 / n, 2),
+        "postgres_backend_cpu_ms_per_submit": (
+            round((backend_after - backend_before) * 1000 / n, 2)
+            if backend_before is not None and backend_after is not None
+            else None
+        ),
         "live_push_cpu_ms_per_submit": round(push.seconds * 1000 / n, 2),
         "profiled": bool(profiler),
     }
