@@ -59,15 +59,9 @@ def submit_job(
     `lower_priority_to_cap` (a flow step's job, whose priority came from a template), lowered
     to the cap with an event saying so.
     """
-    spec = normalize_job_spec(data)
-    queue = Queue.objects.filter(name=spec["queue"]).first()
-    if queue is None:
-        raise SpecError({"queue": [f'unknown queue "{spec["queue"]}"']})
-    spec = with_queue_defaults(spec, queue.default_cpu, queue.default_memory)
     policy_user = requested_by if requested_by is not None else owner
-    lowered = _priority_policy(spec, queue, policy_user, lower_priority_to_cap)
-    if flow is None:  # a flow's steps were checked when the flow was submitted
-        refuse_never_fits(spec, queue)
+    # A flow's steps were checked against the nodes when the flow was submitted.
+    spec, queue, lowered = _checked(data, policy_user, lower_priority_to_cap, flow is None)
     labels = _job_labels(spec, flow, template, step)
     if "array" in spec:
         if flow is not None:
@@ -93,6 +87,22 @@ def submit_job(
     _created_with(job, tasks)
     notify.changed(jobs=[job.pk], flows=[flow.pk] if flow else [])
     return job
+
+
+def _checked(
+    data: object, policy_user: Any, lower_to_cap: bool, check_fits: bool
+) -> tuple[dict[str, Any], Queue, str]:
+    """`data` as a normalized spec with its queue's defaults, its queue, and what the event
+    about a lowered priority says ("" if none); SpecError for anything not acceptable."""
+    spec = normalize_job_spec(data)
+    queue = Queue.objects.filter(name=spec["queue"]).first()
+    if queue is None:
+        raise SpecError({"queue": [f'unknown queue "{spec["queue"]}"']})
+    spec = with_queue_defaults(spec, queue.default_cpu, queue.default_memory)
+    lowered = _priority_policy(spec, queue, policy_user, lower_to_cap)
+    if check_fits:
+        refuse_never_fits(spec, queue)
+    return spec, queue, lowered
 
 
 def _priority_policy(spec: dict[str, Any], queue: Queue, user: Any, lower_to_cap: bool) -> str:
