@@ -1,12 +1,13 @@
 """Web tier under a burst of job submissions: compare serving stacks and worker counts.
 
-Starts one server as a real process on PostgreSQL and Redis (database `berth_bench_serve` on
-DATABASE_URL's server, dropped and recreated), submits N jobs from C concurrent HTTP clients
-and prints one JSON object: accepted/s, submit latency p50/p99, status-code counts, and the
-server's PostgreSQL connections (peak during the run, at rest before and after), and the
-server's CPU time per request (comparable across runs on a busy machine, unlike rates).
+Starts one server as a real process on PostgreSQL and Redis (database `--database-name`,
+default `berth_bench_serve`, on DATABASE_URL's server, dropped and recreated; `--nodes`
+registered nodes), submits N jobs from C concurrent HTTP clients and prints one JSON object:
+accepted/s, submit latency p50/p99, status-code counts, the server's PostgreSQL connections
+(peak during the run, at rest before and after), and the server's CPU time per request
+(comparable across runs on a busy machine, unlike rates).
 
-    python bench/serve.py --stack serve --workers 4 --jobs 800 --clients 16
+    python bench/serve.py --stack serve --workers 4 --jobs 800 --clients 16 [--nodes 100]
     python bench/serve.py --stack daphne --jobs 800 --clients 16
 
 Stacks: `serve` (./run serve: gunicorn + uvicorn workers), `daphne` (one daphne process, the
@@ -81,7 +82,15 @@ def main() -> None:
         default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
     )
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--database-name", default="berth_bench_serve",
+                        help="the bench's own database, dropped and created again")  # fmt: skip
+    parser.add_argument("--nodes", type=int, default=0,
+                        help="registered nodes (64 CPUs, 512Gi) the never-fits check reads;"
+                             " bench/e2e.py starts 100")  # fmt: skip
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per registered node")
     args = parser.parse_args()
+    if not args.database_name.replace("_", "").isalnum() or args.nodes < 0 or args.gpus < 0:
+        parser.error("--database-name: letters, digits, _; --nodes and --gpus: 0 or more")
     for name in ("workers", "jobs", "clients"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
@@ -92,7 +101,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="berth-serve-bench-"))
     env = {
         **os.environ,
-        "DATABASE_URL": f"{base}/berth_bench_serve",
+        "DATABASE_URL": f"{base}/{args.database_name}",
         "REDIS_URL": args.redis,
         "BERTH_SECRET_KEY": BENCH_SECRET_KEY,
         "BERTH_DATA_DIR": str(work),
@@ -101,13 +110,18 @@ def main() -> None:
         "DJANGO_SETTINGS_MODULE": "berth.settings",
     }
     with psycopg.connect(args.database, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS berth_bench_serve WITH (FORCE)")
-        conn.execute("CREATE DATABASE berth_bench_serve")
+        conn.execute(f'DROP DATABASE IF EXISTS "{args.database_name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{args.database_name}"')
     manage = [sys.executable, str(ROOT / "manage.py")]
     subprocess.run([*manage, "migrate", "-v0"], env=env, check=True, cwd=ROOT)
     make_token = (
         "from django.contrib.auth.models import User;"
         "from rest_framework.authtoken.models import Token;"
+        "from scheduler.models import Device, Node;"
+        f"nodes = Node.objects.bulk_create(Node(name=f'sim-{{i:04d}}', cpu=64000,"
+        f" memory=512 * 2**30) for i in range({args.nodes}));"
+        f"Device.objects.bulk_create(Device(node=n, index=i) for n in nodes"
+        f" for i in range({args.gpus}));"
         "print(Token.objects.create(user=User.objects.create_user('bench')).key)"
     )
     token = subprocess.run(

@@ -1,12 +1,13 @@
-"""ASGI entry point: HTTP through Django behind the request limits, websockets through
-Channels with login checks. `./run serve` runs it in several worker processes."""
+"""ASGI entry point: HTTP through Django behind the request limits (middleware and view in
+one thread hop: berth/handler.py), websockets through Channels with login checks.
+`./run serve` runs it in several worker processes."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from django.core.asgi import get_asgi_application
+from berth.handler import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "berth.settings")
 django_asgi_app = get_asgi_application()

@@ -209,7 +209,7 @@ else:
 if REDIS_URL:
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "berth.cache.SharedRedisCache",  # one client per process
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": os.environ.get("BERTH_CHANNEL_PREFIX", "berth") + "-cache",
         }

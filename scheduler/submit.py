@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any, TypeVar
 
 from django.db import models, transaction
@@ -15,6 +17,7 @@ from scheduler.core.resources import Resources
 from scheduler.events import record
 from scheduler.models import (
     Allocation,
+    Event,
     Flow,
     FlowStep,
     Job,
@@ -24,6 +27,7 @@ from scheduler.models import (
     Task,
     capability_problems,
 )
+from scheduler.newjob import write_job
 from scheduler.specs import (
     SpecError,
     normalize_flow_spec,
@@ -55,46 +59,67 @@ def submit_job(
     `lower_priority_to_cap` (a flow step's job, whose priority came from a template), lowered
     to the cap with an event saying so.
     """
-    spec = normalize_job_spec(data)
-    queue = Queue.objects.filter(name=spec["queue"]).first()
-    if queue is None:
-        raise SpecError({"queue": [f'unknown queue "{spec["queue"]}"']})
-    spec = with_queue_defaults(spec, queue.default_cpu, queue.default_memory)
     policy_user = requested_by if requested_by is not None else owner
-    refusal = queue.priority_refusal(policy_user, spec["priority"])
-    lowered_from: int | None = None
-    if refusal and lower_priority_to_cap:
-        lowered_from, spec["priority"] = spec["priority"], queue.priority_cap_for(policy_user)
-    elif refusal:
-        raise SpecError({"priority": [refusal]})
-    if flow is None:  # a flow's steps were checked when the flow was submitted
-        refuse_never_fits(spec, queue)
+    # A flow's steps were checked against the nodes when the flow was submitted.
+    spec, queue, lowered = _checked(data, policy_user, lower_priority_to_cap, flow is None)
     labels = _job_labels(spec, flow, template, step)
     if "array" in spec:
         if flow is not None:
             raise SpecError({"array": ["not in a flow step: a step fans out with items"]})
         return submit_array(owner, spec, queue, labels)
-    with transaction.atomic():
-        job = Job.objects.create(
-            **_job_fields(spec),
-            owner=owner,
-            queue=queue,
-            labels=labels,
-            flow=flow,
-            step=step,
-            item_index=item_index,
-            template=template,
-            hold_reason=hold_reason,
-        )
-        tasks = Task.objects.bulk_create(_new_tasks(job, spec))
-        _created_with(job, tasks)
-        record("JobSubmitted", "Submitted", f"{len(tasks)} tasks in queue {queue.name}", job=job)
-        if lowered_from is not None:
-            record("PriorityLowered", "PriorityPolicy",
-                   f"priority {lowered_from} lowered to {job.priority}: {refusal}",
-                   job=job)  # fmt: skip
-        notify.changed(jobs=[job.pk], flows=[flow.pk] if flow else [])
+    job = Job(
+        **_job_fields(spec),
+        owner=owner,
+        queue=queue,
+        labels=labels,
+        flow=flow,
+        step=step,
+        item_index=item_index,
+        template=template,
+        hold_reason=hold_reason,
+    )
+    tasks = _new_tasks(job, spec)
+    events = [_event(job, "JobSubmitted", "Submitted",
+                     f"{len(tasks)} tasks in queue {queue.name}")]  # fmt: skip
+    if lowered:
+        events.append(_event(job, "PriorityLowered", "PriorityPolicy", lowered))
+    write_job(job, tasks, events)  # one statement, atomic (scheduler/newjob.py)
+    _created_with(job, tasks)
+    notify.changed(jobs=[job.pk], flows=[flow.pk] if flow else [])
     return job
+
+
+def _checked(
+    data: object, policy_user: Any, lower_to_cap: bool, check_fits: bool
+) -> tuple[dict[str, Any], Queue, str]:
+    """`data` as a normalized spec with its queue's defaults, its queue, and what the event
+    about a lowered priority says ("" if none); SpecError for anything not acceptable."""
+    spec = normalize_job_spec(data)
+    queue = Queue.objects.filter(name=spec["queue"]).first()
+    if queue is None:
+        raise SpecError({"queue": [f'unknown queue "{spec["queue"]}"']})
+    spec = with_queue_defaults(spec, queue.default_cpu, queue.default_memory)
+    lowered = _priority_policy(spec, queue, policy_user, lower_to_cap)
+    if check_fits:
+        refuse_never_fits(spec, queue)
+    return spec, queue, lowered
+
+
+def _priority_policy(spec: dict[str, Any], queue: Queue, user: Any, lower_to_cap: bool) -> str:
+    """Refuse a priority above what `user` may ask for in `queue`, or with `lower_to_cap`
+    lower `spec`'s to the cap and return what the event about it says ("" if unchanged)."""
+    refusal = queue.priority_refusal(user, spec["priority"])
+    if not refusal:
+        return ""
+    if not lower_to_cap:
+        raise SpecError({"priority": [refusal]})
+    wanted, spec["priority"] = spec["priority"], queue.priority_cap_for(user)
+    return f"priority {wanted} lowered to {spec['priority']}: {refusal}"
+
+
+def _event(job: Job, kind: str, reason: str, message: str) -> Event:
+    """An unsaved event of `job` (scheduler/events.py's `record`, written with the job)."""
+    return Event(kind=kind, reason=reason, message=message, job=job, flow_id=job.flow_id)
 
 
 def _job_labels(
@@ -236,10 +261,51 @@ def never_fit_errors(
     return problems
 
 
+# The registered nodes' capacities, read at most once a second per process to accept jobs
+# (every submission checks its job could ever fit). Only an acceptance uses them: a job they
+# refuse is checked again on a fresh read, so a node that just joined never causes a 400.
+# A node forgotten in the last second may let through a job that then waits with a reason;
+# no node at all is never remembered (a first node must refuse what it can never run).
+# One thread of a process reads them again when they are due; the others wait for its read.
+OFFERS_MAX_AGE = 1.0
+_recent_offers: tuple[float, list[Offer]] = (-OFFERS_MAX_AGE, [])
+_offers_lock = threading.Lock()
+
+
+def forget_recent_offers() -> None:
+    """The next never-fits check reads the nodes afresh (tests, after changing nodes)."""
+    global _recent_offers
+    _recent_offers = (-OFFERS_MAX_AGE, [])
+
+
+def _read_offers() -> list[Offer]:
+    global _recent_offers
+    read_at, offers = time.monotonic(), registered_offers()
+    _recent_offers = (read_at, offers)
+    return offers
+
+
+def _recent() -> list[Offer]:
+    read_at, offers = _recent_offers
+    return offers if time.monotonic() - read_at < OFFERS_MAX_AGE else []
+
+
+def _offers_to_accept() -> list[Offer]:
+    """The nodes' capacities, up to OFFERS_MAX_AGE old, to accept a job on."""
+    if offers := _recent():
+        return offers
+    if not _recent_offers[1]:
+        return _read_offers()  # no node: nothing worth waiting for another thread's read
+    with _offers_lock:
+        return _recent() or _read_offers()
+
+
 def refuse_never_fits(spec: dict[str, Any], queue: Queue | None = None) -> None:
     """400 when no registered node could ever run the job (none registered: accept), or its
     gang needs more than its queue may ever hold."""
-    problems = never_fit_errors(spec, registered_offers(), queue)
+    if not never_fit_errors(spec, _offers_to_accept(), queue):
+        return
+    problems = never_fit_errors(spec, _read_offers(), queue)
     if problems:
         raise SpecError({path: [message] for path, message in problems.items()})
 

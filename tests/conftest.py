@@ -58,6 +58,15 @@ def _forget_sign_in_attempts() -> None:
     cache.clear()
 
 
+@pytest.fixture(autouse=True)
+def _forget_recent_offers() -> None:
+    """Submissions accept on the nodes' capacities read up to a second ago in this process
+    (scheduler/submit.py): each test starts from its own nodes, not the previous test's."""
+    from scheduler.submit import forget_recent_offers
+
+    forget_recent_offers()
+
+
 @pytest.fixture
 def owner(db: None) -> User:
     return User.objects.create_user("alice", password="alice-pass-123")

@@ -3,12 +3,16 @@ signs in with one query whatever the token, and takes a bounded number of SQL st
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from scheduler.models import Job
+from scheduler.models import Event, Job, Queue, Task
+from scheduler.specs import SpecError
 from scheduler.tokens import create_token
+from tests.factories import GI, make_node
 
 pytestmark = pytest.mark.django_db
 
@@ -21,11 +25,10 @@ SPEC = {
     ],
 }  # fmt: skip
 
-# Sign-in 1, queue 1, registered nodes' capacities for the never-fits check 1, job + tasks
-# (one insert for all of them) + event 3, and the transaction's two SAVEPOINT statements (a
-# test runs inside a transaction; a request's own BEGIN/COMMIT otherwise). The live push runs
-# after commit and is not counted here.
-MAX_SUBMIT_STATEMENTS = 8
+# Sign-in 1, queue 1, registered nodes' capacities for the never-fits check 1 (none here: a
+# cluster without nodes is read every time), and job + tasks + event in one INSERT, without a
+# transaction block (scheduler/newjob.py). The live push runs after it and is not counted.
+MAX_SUBMIT_STATEMENTS = 4
 
 
 def client_with(key: str) -> APIClient:
@@ -60,6 +63,67 @@ def test_a_submission_takes_a_bounded_number_of_statements(
     with django_assert_max_num_queries(MAX_SUBMIT_STATEMENTS):
         response = client.post("/api/v1/jobs/", SPEC, format="json")
     assert response.status_code == 201, response.content
+
+
+def test_with_nodes_registered_a_submission_takes_three_statements(
+    key, django_assert_num_queries
+):  # fmt: skip
+    """Sign-in, queue, insert: the nodes' capacities read by the first submission serve the
+    never-fits check of the next ones for a second (acceptances only)."""
+    make_node("gpu-a", gpus=4, cpu=32000, memory=256 * GI)
+    client = client_with(key)
+    assert client.post("/api/v1/jobs/", SPEC, format="json").status_code == 201
+    with django_assert_num_queries(3):
+        response = client.post("/api/v1/jobs/", SPEC, format="json")
+    assert response.status_code == 201, response.content
+
+
+def test_a_job_only_a_node_registered_since_can_run_is_accepted(owner):
+    """The capacities remembered for acceptances never refuse: a refusal reads them again."""
+    from scheduler.submit import submit_job
+
+    def one_task(gpu: int) -> dict[str, Any]:
+        return {"name": "one", "tasks": [{"name": "main", "command": "true",
+                                          "resources": {"gpu": gpu}}]}  # fmt: skip
+
+    make_node("small", gpus=1, cpu=32000, memory=256 * GI)
+    submit_job(owner, one_task(1))  # reads and remembers: one node of one GPU
+    big = one_task(8)
+    with pytest.raises(SpecError):
+        submit_job(owner, big)
+    make_node("big", gpus=8, cpu=32000, memory=256 * GI)
+    assert submit_job(owner, big).tasks.get().gpu == 8
+
+
+def test_the_single_insert_writes_what_the_orm_writes(owner, monkeypatch):
+    """PostgreSQL's one-statement insert and the ORM's path (SQLite) write the same rows:
+    job, tasks, the submission's event and a lowered priority's event."""
+    from django.db import connections
+
+    from scheduler.submit import submit_job
+
+    Queue.objects.filter(name="default").update(max_user_priority=10)
+    spec = {**SPEC, "priority": 50, "labels": {"team": "x"}}
+
+    def rows(job: Job) -> tuple[Any, ...]:
+        fields = {f.attname for f in Job._meta.concrete_fields} - {"id", "created_at"}
+        return (
+            {name: getattr(Job.objects.get(pk=job.pk), name) for name in fields},
+            list(job.tasks.order_by("group", "index")
+                 .values_list("group", "index", "cpu", "memory", "gpu", "state", "attempt")),
+            list(Event.objects.filter(job=job).order_by("id")
+                 .values_list("kind", "reason", "message", "flow_id", "node_id")),
+        )  # fmt: skip
+
+    fast = submit_job(owner, spec, lower_priority_to_cap=True)
+    monkeypatch.setattr(connections["default"], "vendor", "other")  # the ORM's path
+    slow = submit_job(owner, spec, lower_priority_to_cap=True)
+    monkeypatch.undo()
+    assert rows(fast) == rows(slow)
+    assert fast.priority == 10 and len(rows(fast)[2]) == 2
+    assert [t.pk for t in fast.tasks.all()] == list(
+        Task.objects.filter(job=fast).order_by("group", "index").values_list("pk", flat=True)
+    )
 
 
 def test_a_submitted_jobs_tasks_answer_like_any_related_rows(owner):
