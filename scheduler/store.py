@@ -284,7 +284,25 @@ def _write_pending(
     }
     if not changed:
         return set()
-    # Only jobs still waiting take the update; one that started meanwhile keeps its state.
+    still_waiting = _save_statuses(changed)
+    for job_id, message in loaded.invalid_jobs.items():
+        if job_id in still_waiting and job_id in changed:  # once, when the problem appears
+            log.warning("job %s skipped: %s", job_id, message)
+            events.append(
+                Event(
+                    kind="JobInvalid",
+                    reason="InvalidJob",
+                    message=message,
+                    job_id=job_id,
+                    flow_id=loaded.job_flows.get(job_id),
+                )
+            )
+    return still_waiting
+
+
+def _save_statuses(changed: dict[int, Status]) -> set[int]:
+    """Write each changed Status on its job. Only jobs still waiting take the update; one
+    that started meanwhile keeps its state. Returns the jobs written."""
     still_waiting: set[int] = set()
     for ids in chunks(sorted(changed)):
         still_waiting.update(
@@ -305,18 +323,6 @@ def _write_pending(
         ["pending_code", "pending_message", "pending_node_reasons"],
         batch_size=CHUNK,
     )
-    for job_id, message in loaded.invalid_jobs.items():
-        if job_id in still_waiting and job_id in changed:  # once, when the problem appears
-            log.warning("job %s skipped: %s", job_id, message)
-            events.append(
-                Event(
-                    kind="JobInvalid",
-                    reason="InvalidJob",
-                    message=message,
-                    job_id=job_id,
-                    flow_id=loaded.job_flows.get(job_id),
-                )
-            )
     return still_waiting
 
 
