@@ -21,6 +21,7 @@ from scheduler.core.status import Code
 from scheduler.specs import NAME_RE
 from scheduler.states import (
     JOB_FINAL,
+    PREEMPTED,
     FlowState,
     JobRequest,
     JobState,
@@ -527,8 +528,8 @@ class Job(models.Model):
         if self.hold_reason:
             code = Code.DEPENDENCY if self.hold_reason.startswith(DEPENDENCY_HOLD) else Code.HELD
             return {"code": str(code), "message": self.hold_reason, "node_reasons": {}}
-        # A preempted job (reason lifecycle.PREEMPTED) resumes by itself: the core says why.
-        if self.state == JobState.SUSPENDED and self.reason != "Preempted":
+        # A preempted job (reason states.PREEMPTED) resumes by itself: the core says why.
+        if self.state == JobState.SUSPENDED and self.reason != PREEMPTED:
             message = self.message or "suspended until its owner resumes it"
             return {"code": str(Code.HELD), "message": message, "node_reasons": {}}
         if not self.pending_code:

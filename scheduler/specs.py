@@ -85,13 +85,13 @@ def _show(value: object) -> str:
     return _shorten(repr(value), 40)
 
 
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def _too_long(text: str, max_bytes: int) -> str | None:
     """What is wrong with `text` as a stored string: too long, or holding a NUL or a lone
     surrogate (REST refuses those while parsing; the admin and commands come through here)."""
-    if _UNSTORABLE.search(text):
+    if UNSTORABLE.search(text):
         return "must not contain NUL characters or lone surrogates"
     size = len(text.encode())
     return f"at most {max_bytes} bytes, got {size}" if size > max_bytes else None
@@ -271,9 +271,7 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
     return spec
 
 
-def _job_level_fields(
-    errors: _Errors, data: dict[str, Any], name_required: bool
-) -> dict[str, Any]:
+def _job_level_fields(errors: _Errors, data: dict[str, Any], name_required: bool) -> dict[str, Any]:
     """The job-level fields of a spec (all but tasks, min_available and array)."""
     spec: dict[str, Any] = {}
     if name_required or data.get("name") is not None:
@@ -328,8 +326,16 @@ def _task_group(
     _unknown(errors, task, TASK_FIELDS, path)
     return {
         "name": _name(errors, task.get("name", default_name), f"{path}.name"),
-        "replicas": _int(errors, task, "replicas", f"{path}.replicas", default=1, minimum=1,
-                         maximum=limit("TASKS_PER_JOB")) or 1,  # fmt: skip
+        "replicas": _int(
+            errors,
+            task,
+            "replicas",
+            f"{path}.replicas",
+            default=1,
+            minimum=1,
+            maximum=limit("TASKS_PER_JOB"),
+        )
+        or 1,  # fmt: skip
         "command": _command(errors, task.get("command"), f"{path}.command"),
         "env": _str_map(errors, task.get("env"), f"{path}.env", env=True),
         "resources": _resources(errors, task.get("resources"), f"{path}.resources"),

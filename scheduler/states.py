@@ -16,6 +16,9 @@ class JobState(models.TextChoices):
 
 
 JOB_FINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+# The reason a job suspended by preemption carries (it resumes by itself; a user's suspend
+# waits for a resume).
+PREEMPTED = "Preempted"
 JOB_ACTIVE = (JobState.PENDING, JobState.RUNNING, JobState.TERMINATING, JobState.SUSPENDED)
 
 
@@ -58,7 +61,6 @@ class StepState(models.TextChoices):
     FAILED = "Failed"
     CANCELLED = "Cancelled"
     SKIPPED = "Skipped"
-
 
 
 class JobRequest(models.TextChoices):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import operator
 import random
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import reduce
@@ -41,7 +40,7 @@ from scheduler.arrays import array_env
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.events import record
 from scheduler.models import Allocation, Device, Event, Node, Task, TaskLog, hash_token
-from scheduler.specs import NAME_RE, NAME_RULE, label_problems
+from scheduler.specs import NAME_RE, NAME_RULE, UNSTORABLE, label_problems
 from scheduler.states import TASK_ON_NODE, TaskState
 
 log = logging.getLogger("berth.agent")
@@ -833,13 +832,10 @@ def _store_chunk(
     return settings.BERTH_LOG_MAX_BYTES if capped else max(kept, offset + size)
 
 
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
 def storable_text(text: str) -> str:
     """Task output as the database can hold it: NUL (PostgreSQL refuses it in text) and lone
     surrogates (not UTF-8) become U+FFFD, as the agent already does for undecodable bytes."""
-    return _UNSTORABLE.sub("\ufffd", text)
+    return UNSTORABLE.sub("\ufffd", text)
 
 
 def _kept_many(attempts: list[tuple[int, int]]) -> dict[tuple[int, int], int]:

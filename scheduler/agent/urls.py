@@ -9,5 +9,5 @@ urlpatterns = [
     path("report/", views.ReportView.as_view(), name="agent-report"),
     path("lease/", views.lease_view, name="agent-lease"),
     path("heartbeat/", views.HeartbeatView.as_view(), name="agent-heartbeat"),
-    path("tasks/<int:task_id>/log/", views.TaskLogView.as_view(), name="agent-task-log"),
+    path("tasks/<int:task_id>/log/", views.AgentTaskLogView.as_view(), name="agent-task-log"),
 ]

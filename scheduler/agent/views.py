@@ -132,7 +132,7 @@ class HeartbeatView(AgentView):
         return Response({"detail": f"protocol {PROTOCOL} uses report/ and lease/"}, status=410)
 
 
-class TaskLogView(AgentView):
+class AgentTaskLogView(AgentView):
     authentication_classes = [NodeTokenAuthentication]
     permission_classes = [IsNode]
     # Task output may hold NUL or stray surrogates: append_log stores them as U+FFFD.

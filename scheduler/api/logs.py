@@ -107,7 +107,7 @@ def parse_attempt(raw: str, task: Task) -> int | None:
     return int(raw)
 
 
-class TaskLogView(APIView):
+class TaskAttemptLogView(APIView):
     renderer_classes = [JSONRenderer, PlainTextRenderer]
 
     @extend_schema(

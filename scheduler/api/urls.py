@@ -19,7 +19,7 @@ urlpatterns = [
          name="node-gpu-history"),
     path("jobs/<int:job_id>/gpu-history/", gpu_history.JobGpuHistoryView.as_view(),
          name="job-gpu-history"),
-    path("jobs/<int:job_id>/tasks/<int:task_id>/log/", logs.TaskLogView.as_view(),
+    path("jobs/<int:job_id>/tasks/<int:task_id>/log/", logs.TaskAttemptLogView.as_view(),
          name="task-log"),
     path("jobs/<int:job_id>/resubmit/", flows.JobResubmitView.as_view(), name="job-resubmit"),
     path("flows/<int:flow_id>/retry/", flows.FlowRetryView.as_view(), name="flow-retry"),

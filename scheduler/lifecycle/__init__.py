@@ -17,8 +17,9 @@ from scheduler.lifecycle.deadlines import LATEST, after, enforce_deadlines
 from scheduler.lifecycle.nodes import check_nodes, lose_orphaned_tasks, lose_tasks_of_node
 from scheduler.lifecycle.requests import process_requests
 from scheduler.lifecycle.sync import JobView, TaskView, sync_jobs
-from scheduler.lifecycle.transitions import PREEMPTED, USER_SUSPENDED, terminate_job
+from scheduler.lifecycle.transitions import USER_SUSPENDED, terminate_job
 from scheduler.lifecycle.ttl import cleanup_ttl, ttl_expired_jobs
+from scheduler.states import PREEMPTED
 
 __all__ = [
     "LATEST",

@@ -14,10 +14,16 @@ from scheduler import accounting, notify
 from scheduler.events import record
 from scheduler.jobstate import JobEvent, event_into, next_state
 from scheduler.models import Allocation, Job, Task
-from scheduler.states import JOB_FINAL, TASK_ON_NODE, JobRequest, JobState, TaskState
+from scheduler.states import (
+    JOB_FINAL,
+    TASK_ON_NODE,
+    JobRequest,
+    JobState,
+    TaskState,
+)
 
-# Reasons a job is Suspended; a preempted job resumes by itself, a user-suspended one waits.
-PREEMPTED = "Preempted"
+# Reasons a job is Suspended: a preempted job (states.PREEMPTED) resumes by itself, a
+# user-suspended one waits.
 USER_SUSPENDED = "UserSuspended"
 
 
