@@ -204,8 +204,10 @@ def _allocate_tasks(
     session: Session, job: JobInfo, statement: Statement, fits: Fits | None
 ) -> tuple[int, TaskInfo | None]:
     """Allocate what fits of the job's pending tasks; how many, and the first that did not."""
-    need = session.needed(job)
     cap = session.queues[job.queue].info.capability
+    if cap is None and _alike_at_once(session, job):
+        return _allocate_alike(session, job, statement, fits)
+    need = session.needed(job)
     room = cap - session.queues[job.queue].allocated if cap is not None else None
     scan = NodeScan(session, job, fits)
     placed = 0
@@ -224,6 +226,53 @@ def _allocate_tasks(
             room = room - task.resources
         placed += 1
     return placed, first_miss
+
+
+def _alike_at_once(session: Session, job: JobInfo) -> bool:
+    """May the job's pending tasks be placed in one scan (`_allocate_alike`)? When they are
+    all alike and without devices, the node order is static and no predicate is asked when
+    placing: placing one then changes only what is free on its node."""
+    if not session.alike_at_once or session.placing_predicates or not session.static_node_order:
+        return False
+    shape = session.shape(job)
+    return shape is not None and shape[0].gpu == 0
+
+
+def _allocate_alike(
+    session: Session, job: JobInfo, statement: Statement, fits: Fits | None
+) -> tuple[int, TaskInfo | None]:
+    """`_allocate_tasks` for a job whose pending tasks are alike and without devices (and
+    no queue capability): one scan in the node order, each node given as many of the tasks
+    as it takes before the next, which is where placing them one by one puts them (a scan
+    resumes at the node the last task took, and nothing before it can take the next). Tasks
+    stop at the first that no node takes: the same shape fits nowhere after it either."""
+    tasks = session.pending_tasks(job)
+    first = tasks[0]
+    cpu, memory = first.resources.cpu, first.resources.memory
+    order = (
+        session.ordered_nodes(first) if session.max_devices == 0 else session.candidate_nodes(first)
+    )
+    nominated = session.nominated
+    count, placed = len(tasks), 0
+    for node in order:
+        if node.free_cpu < cpu or node.free_memory < memory or node.name in nominated:
+            continue
+        take = count - placed
+        if cpu and node.free_cpu // cpu < take:
+            take = node.free_cpu // cpu
+        if memory and node.free_memory // memory < take:
+            take = node.free_memory // memory
+        if fits is not None:
+            taken = 0
+            while taken < take and fits(node, tasks[placed + taken]):
+                taken += 1
+            take = taken
+        if take:
+            statement.allocate_alike(job, tasks[placed : placed + take], node)
+            placed += take
+            if placed == count:
+                return placed, None
+    return placed, tasks[placed]
 
 
 def _same_shape(a: TaskInfo, b: TaskInfo) -> bool:

@@ -239,12 +239,10 @@ def _fits_around(session: Session, job: JobInfo, reservation: Reservation) -> Fi
 
 def _consume_spare(session: Session, job: JobInfo, reservation: Reservation) -> None:
     """A backfilled job that runs past the reservation's start uses up spare where it runs."""
-    tasks = {t.id: t for t in job.tasks}
-    for bind in reversed(session.binds):
-        if bind.job_id != job.id:
+    for bound_job, task, node, _devices in reversed(session.bound):
+        if bound_job is not job:
             break
-        task = tasks[bind.task_id]
-        reservation.spare.take(bind.node, task.resources)
+        reservation.spare.take(node.name, task.resources)
 
 
 def _reserve(session: Session, job: JobInfo) -> None:

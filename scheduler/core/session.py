@@ -117,6 +117,9 @@ class Session:
         self.placing_predicates = [p for p in self.hooks["predicate"] if not p.implied_by_index]
         self.static_node_order = all(p.static_node_order for p in self.hooks["node_order"])
         self.gang_decides = any(p.name == "gang" for p in self.hooks["job_ready"])
+        # A job's alike tasks without devices placed in one scan rather than one by one (the
+        # same binds; False only to compare the two in tests).
+        self.alike_at_once = True
         self.nodes = [NodeView(n) for n in snapshot.nodes]
         self.node_by_name = {n.name: n for n in self.nodes}
         self.all_ready = all(n.ready for n in self.nodes)
@@ -186,6 +189,8 @@ class Session:
         self.now = now
         self.pending: dict[int, Status] = {}
         self.binds: list[Bind] = []
+        # What each bind bound, in the same order: (job, task, node, devices).
+        self.bound: list[tuple[JobInfo, TaskInfo, NodeView, tuple[int, ...]]] = []
         self.evictions: list[Evict] = []
         self.placed: set[int] = set()
         self.evicted: set[int] = set()

@@ -14,6 +14,7 @@ and plugins are opened once, not once per cycle.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 
 from scheduler.core.cycle import CycleResult, run_actions
 from scheduler.core.model import (
@@ -22,12 +23,11 @@ from scheduler.core.model import (
     QueueInfo,
     SchedulingPolicy,
     Snapshot,
-    TaskInfo,
 )
 from scheduler.core.plugins import default_plugins
 from scheduler.core.resources import Resources
 from scheduler.core.session import Session, grows, need_of
-from scheduler.core.types import HOLDS_RESOURCES, Bind, NodeView
+from scheduler.core.types import HOLDS_RESOURCES, NodeView
 
 
 class StandingSession:
@@ -118,7 +118,7 @@ class StandingSession:
             node.tasks = [held for held in node.tasks if id(held[1]) not in ended]
         return Resources(cpu, memory, gpu)
 
-    def _plan_stands(self, placed: list[tuple[JobInfo, TaskInfo, str]], now: float) -> bool:
+    def _plan_stands(self, started: Iterable[JobInfo], now: float) -> bool:
         """Do the walltime ends of what started leave the reservation plan as it was? Those
         backfilled after it end before its start; the others held their room in it with no
         end, so an end after its start changes nothing before it."""
@@ -129,7 +129,7 @@ class StandingSession:
         harmless = self.session.plan_harmless
         return all(
             job.id in harmless or (job.walltime is not None and now + job.walltime > start)
-            for job, _task, _node in placed
+            for job in started
         )
 
     def cycle(self, now: float) -> CycleResult:
@@ -137,30 +137,26 @@ class StandingSession:
         session = self.session
         session.begin_cycle(now)
         result = run_actions(session)
-        self._start(result.binds, now)
+        self._start(now)
         return result
 
-    def _start(self, binds: list[Bind], now: float) -> None:
+    def _start(self, now: float) -> None:
+        """Start the tasks the cycle bound (`session.bound`, the binds' own objects)."""
         session = self.session
+        bound = session.bound
+        if not bound:
+            return
         started: dict[int, JobInfo] = {}
-        tasks: dict[int, TaskInfo] = {}
-        placed: list[tuple[JobInfo, TaskInfo, str]] = []
-        for bind in binds:
-            job = session.jobs[bind.job_id]
-            if job.id not in started:
-                tasks.update((t.id, t) for t in job.tasks)
-            task = tasks[bind.task_id]
+        for job, task, node, devices in bound:
             task.state, task.node, task.devices, task.started_at = (
-                "Running", bind.node, bind.devices, now,
+                "Running", node.name, devices, now,
             )  # fmt: skip
-            session.node_by_name[bind.node].tasks.append((job, task))
-            placed.append((job, task, bind.node))
+            node.tasks.append((job, task))
             started[job.id] = job
-        if binds:
-            session.add_ends(placed)
-            session.version += 1
-            if self._plan_stands(placed, now):
-                session.carry_plan()
+        session.add_ends([(job, task, node.name) for job, task, node, _devices in bound])
+        session.version += 1
+        if self._plan_stands(started.values(), now):
+            session.carry_plan()
         for job in started.values():
             session.forget_job(job.id)
             if job.state != "Running":

@@ -34,6 +34,15 @@ class Statement:
         self.allocations.append((job, task, node, devices))
         return devices
 
+    def allocate_alike(self, job: JobInfo, tasks: list[TaskInfo], node: NodeView) -> None:
+        """`allocate` for alike tasks without devices, all on one node."""
+        request = tasks[0].resources
+        cpu, memory = request.cpu * len(tasks), request.memory * len(tasks)
+        node.free_cpu -= cpu
+        node.free_memory -= memory
+        self.session.freed(node, -cpu, -memory, 0)
+        self.allocations.extend([(job, task, node, ()) for task in tasks])
+
     # --- evictions -------------------------------------------------------------------
 
     def evict(self, victim: JobInfo, reason: str, preemptor: JobInfo) -> None:
@@ -93,6 +102,7 @@ class Statement:
             for job, task, node, devices in self.allocations
         ]
         session.binds.extend(binds)
+        session.bound.extend(self.allocations)
         if self.allocations:
             job = self.allocations[0][0]  # a statement is one job's
             cpu = memory = gpu = 0
