@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Iterator
+from itertools import filterfalse
 
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources
@@ -72,14 +73,16 @@ def in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[JobI
 
     `skip` is asked as each job comes up: the callers' skips change only for the job that
     was just yielded, so asking late skips the same jobs as asking first."""
-    cursors = {}
-    for name, queue in session.queues.items():
-        if queue.jobs:
-            cursors[name] = (j for j in queue.jobs if not skip(j))
-    if len(cursors) == 1:
+    busy = [name for name, queue in session.queues.items() if queue.jobs]
+    if len(busy) == 1:
         # One queue with work: the order is its own; no shares to compare.
-        yield from next(iter(cursors.values()))
-        return
+        return filterfalse(skip, session.queues[busy[0]].jobs)
+    return _across_queues(
+        session, {name: filterfalse(skip, session.queues[name].jobs) for name in busy}
+    )
+
+
+def _across_queues(session: Session, cursors: dict[str, Iterator[JobInfo]]) -> Iterator[JobInfo]:
     heap = [(session.queue_key(session.queues[name]), name) for name in cursors]
     heapq.heapify(heap)
     while heap:

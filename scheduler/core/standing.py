@@ -74,7 +74,7 @@ class StandingSession:
         if job_id in self._waiting:
             self._leave(job)
         session.need.pop(job_id, None)
-        session.running = [j for j in session.running if j is not job]
+        _remove(session.running, job)
         held = self._release(job)
         queue = session.queues.get(job.queue)
         if queue is not None:
@@ -98,11 +98,14 @@ class StandingSession:
     def _release(self, job: JobInfo) -> Resources:
         """Give back what the job's tasks hold on their nodes; the total they held."""
         session = self.session
+        by_name = session.node_by_name
         cpu = memory = gpu = 0
-        gone: dict[NodeView, set[int]] = {}  # node -> ids of its tasks that ended
+        nodes: dict[NodeView, None] = {}  # where its tasks ended, in order
         for task in job.tasks:
-            node = session.node_by_name.get(task.node or "")
-            if task.state not in HOLDS_RESOURCES or node is None:
+            if task.state not in HOLDS_RESOURCES:
+                continue
+            node = by_name.get(task.node or "")
+            if node is None:
                 continue
             request = task.resources
             node.free_cpu += request.cpu
@@ -111,11 +114,13 @@ class StandingSession:
                 node.free_devices = sorted(node.free_devices + list(task.devices))
                 session.index_dirty = True
             session.freed(node, request.cpu, request.memory, len(task.devices))
-            gone.setdefault(node, set()).add(id(task))
+            nodes[node] = None
             cpu, memory, gpu = cpu + request.cpu, memory + request.memory, gpu + request.gpu
             task.state = "Succeeded"
-        for node, ended in gone.items():
-            node.tasks = [held for held in node.tasks if id(held[1]) not in ended]
+        for node in nodes:
+            # Every task of the job that held resources on the node ended.
+            held = node.tasks
+            node.tasks = [] if len(held) == 1 else [t for t in held if t[0] is not job]
         return Resources(cpu, memory, gpu)
 
     def _plan_stands(self, started: Iterable[JobInfo], now: float) -> bool:
