@@ -185,6 +185,7 @@ def total_refusal(session: Session, job: JobInfo, cpu: int, memory: int) -> Fail
         first = session.pending_tasks(job)[0]
         could_fit = bool(session.eligible_nodes(job, first))
         refusal = session.refusals[key] = _failure(session, job, "", could_fit, 0, {})
+        session.refusal_statuses[id(refusal)] = refusal.status()
     return refusal
 
 
@@ -368,20 +369,20 @@ def allocate(session: Session) -> None:
     """Start jobs in order. With strict order, stop at the first job blocked by resources:
     the jobs after it may only start through backfill, which protects its reservation."""
     memo = Memo()
+    strict = session.config.strict_order
     for job in in_order(session, skip=lambda j: j.id in session.failures):
-        if session.blocked is not None and session.config.strict_order:
+        if session.blocked is not None and strict:
             break
-
-        def work(job: JobInfo = job) -> None:
+        try:  # `guarded`, without a closure per job
             failure = place(session, job, "allocate", memo)
             if failure is None:
-                return
+                continue
             session.failures[job.id] = failure
-            session.set_pending(job, failure.status())
+            session.set_pending(job, session.status_of(failure))
             if failure.blocked_by_resources and session.blocked is None:
                 session.blocked = job
-
-        guarded(session, job, work)
+        except Exception as exc:  # noqa: BLE001 - fault isolation is the point
+            record_fault(session, job, exc)
     if session.blocked is not None and session.config.strict_order and session.explain_failures:
         for job in in_order(
             session, skip=lambda j: j.id in session.failures or j.id in session.placed

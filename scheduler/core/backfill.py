@@ -108,10 +108,10 @@ class _Backfill:
 
     def _quick_refusal(self, job: JobInfo) -> Failure | None:
         session = self.session
-        shape = Memo.key(session, job)
+        shape = session.shape(job)
         if shape is None:
             return quick_refusal(session, job)
-        key = (shape, session.needed(job))
+        key = (shape, job.queue, session.needed(job))
         refusal = self.refusals.get(key)
         if refusal is None:
             refusal = quick_refusal(session, job)
@@ -125,7 +125,7 @@ class _Backfill:
         self.session.failures[job.id] = refusal
         status = self.statuses.get(id(refusal))
         if status is None:
-            status = self.statuses[id(refusal)] = refusal.status()
+            status = self.statuses[id(refusal)] = self.session.status_of(refusal)
         self.session.set_pending(job, status)
         return True
 
@@ -162,7 +162,7 @@ def _explain_wait(
     if not session.explain_failures and _without_devices(session, job):
         # Trying it without the reservation changes nothing but this status: skipped when
         # failures are not explained (with devices it moves nodes in the index: kept).
-        session.set_pending(job, failure.status())
+        session.set_pending(job, session.status_of(failure))
         return
     if fits is not None and failure.blocked_by_resources:
         if shape is None or shape not in delays:

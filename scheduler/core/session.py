@@ -33,6 +33,7 @@ from scheduler.core.types import (
     Reservation,
 )
 
+_UNKNOWN: Any = object()
 Fits = Callable[[NodeView, TaskInfo], bool]
 Shape = tuple[Resources, tuple[tuple[str, str], ...]]
 
@@ -157,6 +158,8 @@ class Session:
         self._eligible_names: dict[Shape, list[str]] = {}
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
+        # The status of each of `refusals` (by id: they are kept as long as the session).
+        self.refusal_statuses: dict[int, Status] = {}
         # Bumped whenever what runs where changes for good (commits, completions): what
         # was computed from it at the same version still holds.
         self.version = 0
@@ -315,8 +318,9 @@ class Session:
 
     def shape(self, job: JobInfo) -> Shape | None:
         """(resources, node selector) of the job's pending tasks if they are all alike."""
-        if job.id in self._shapes:
-            return self._shapes[job.id]
+        known = self._shapes.get(job.id, _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known
         tasks = self.pending_tasks(job)
         shape: Shape | None = None
         if tasks:
@@ -536,6 +540,12 @@ class Session:
         )
         detail = f"0/{len(self.nodes)} nodes fit: {parts}" if parts else "no nodes"
         return detail, could_fit, dict(counts)
+
+    def status_of(self, failure: Failure) -> Status:
+        """The failure's status: made once for a refusal kept in `refusals` (statuses are
+        never changed once set, so jobs refused alike share it), else made now."""
+        status = self.refusal_statuses.get(id(failure))
+        return failure.status() if status is None else status
 
     def set_pending(self, job: JobInfo, info: Status) -> None:
         self.pending[job.id] = info
