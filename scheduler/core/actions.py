@@ -18,7 +18,7 @@ from scheduler.core.resources import Resources
 from scheduler.core.session import Fits, NodeScan, Session
 from scheduler.core.statement import Statement
 from scheduler.core.status import Code, Status
-from scheduler.core.types import Failure
+from scheduler.core.types import Failure, NodeView
 
 log = logging.getLogger("berth.core")
 
@@ -258,6 +258,7 @@ def _allocate_alike(
     )
     nominated = session.nominated
     count, placed = len(tasks), 0
+    taking: list[tuple[NodeView, int]] = []  # (node, how many), allocated after the scan
     for node in order:
         if node.free_cpu < cpu or node.free_memory < memory or node.name in nominated:
             continue
@@ -272,11 +273,13 @@ def _allocate_alike(
                 taken += 1
             take = taken
         if take:
-            statement.allocate_alike(job, tasks[placed : placed + take], node)
+            taking.append((node, take))
             placed += take
             if placed == count:
-                return placed, None
-    return placed, tasks[placed]
+                break
+    # (The scan looks at each node once: taking from one earlier changes nothing later.)
+    statement.allocate_alike(job, tasks, taking)
+    return placed, tasks[placed] if placed < count else None
 
 
 def _same_shape(a: TaskInfo, b: TaskInfo) -> bool:

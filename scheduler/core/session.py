@@ -295,6 +295,12 @@ class Session:
             self.ready_free_gpu += gpu
             self._stale_free.add(node)
 
+    def took(self, nodes: list[NodeView], cpu: int, memory: int) -> None:
+        """`freed` for ready nodes that together gave `cpu` and `memory` (no devices)."""
+        self.ready_free_cpu -= cpu
+        self.ready_free_memory -= memory
+        self._stale_free.update(nodes)
+
     def free_on_ready_nodes(self) -> dict[str, Resources]:
         """What is free on each ready node now."""
         for node in self._stale_free:

@@ -34,14 +34,25 @@ class Statement:
         self.allocations.append((job, task, node, devices))
         return devices
 
-    def allocate_alike(self, job: JobInfo, tasks: list[TaskInfo], node: NodeView) -> None:
-        """`allocate` for alike tasks without devices, all on one node."""
+    def allocate_alike(
+        self, job: JobInfo, tasks: list[TaskInfo], taking: list[tuple[NodeView, int]]
+    ) -> None:
+        """`allocate` for alike tasks without devices on ready nodes: the first of `tasks`
+        to each node in `taking` as many as it says, in order."""
         request = tasks[0].resources
-        cpu, memory = request.cpu * len(tasks), request.memory * len(tasks)
-        node.free_cpu -= cpu
-        node.free_memory -= memory
-        self.session.freed(node, -cpu, -memory, 0)
-        self.allocations.extend([(job, task, node, ()) for task in tasks])
+        allocations = self.allocations
+        i = total_cpu = total_memory = 0
+        for node, count in taking:
+            cpu, memory = request.cpu * count, request.memory * count
+            node.free_cpu -= cpu
+            node.free_memory -= memory
+            total_cpu, total_memory = total_cpu + cpu, total_memory + memory
+            if count == 1:
+                allocations.append((job, tasks[i], node, ()))
+            else:
+                allocations.extend([(job, task, node, ()) for task in tasks[i : i + count]])
+            i += count
+        self.session.took([node for node, _count in taking], total_cpu, total_memory)
 
     # --- evictions -------------------------------------------------------------------
 
