@@ -257,6 +257,7 @@ def _allocate_alike(
         session.ordered_nodes(first) if session.max_devices == 0 else session.candidate_nodes(first)
     )
     nominated = session.nominated
+    many = getattr(fits, "many", None)  # how many alike tasks fit, if it can tell at once
     count, placed = len(tasks), 0
     taking: list[tuple[NodeView, int]] = []  # (node, how many), allocated after the scan
     for node in order:
@@ -267,7 +268,9 @@ def _allocate_alike(
             take = node.free_cpu // cpu
         if memory and node.free_memory // memory < take:
             take = node.free_memory // memory
-        if fits is not None:
+        if many is not None:
+            take = many(node, first.resources, take)
+        elif fits is not None:
             taken = 0
             while taken < take and fits(node, tasks[placed + taken]):
                 taken += 1

@@ -222,19 +222,40 @@ def _fits_around(session: Session, job: JobInfo, reservation: Reservation) -> Fi
         and session.now + job.walltime <= reservation.start
     ):
         return None  # it ends before the reservation starts
-    planned: dict[str, Resources] = {}
+    return _AroundReservation(reservation.spare)
 
-    def fits(node: NodeView, task: TaskInfo) -> bool:
-        spare = reservation.spare.get(node.name)
+
+class _AroundReservation:
+    """A backfilled job's tasks must fit in the reservation's spare on their nodes, beside
+    what its earlier tasks took of it (`Fits`, and `many` for a run of alike tasks)."""
+
+    __slots__ = ("spare", "planned")
+
+    def __init__(self, spare: Spare) -> None:
+        self.spare = spare
+        self.planned: dict[str, Resources] = {}  # node -> what the job's tasks took there
+
+    def __call__(self, node: NodeView, task: TaskInfo) -> bool:
+        return self.many(node, task.resources, 1) == 1
+
+    def many(self, node: NodeView, request: Resources, count: int) -> int:
+        """How many (at most `count`) more tasks asking `request` fit in the node's spare,
+        taken as one by one would: each fits if it and those before it do."""
+        spare = self.spare.get(node.name)
         if spare is None:
-            return False
-        used = planned.get(node.name, Resources()) + task.resources
-        if not used.fits_in(spare):
-            return False
-        planned[node.name] = used
-        return True
-
-    return fits
+            return 0
+        used = self.planned.get(node.name)
+        room = spare if used is None else spare - used
+        for have, want in zip(room, request, strict=True):
+            if want:
+                count = min(count, have // want)
+            elif have < 0:
+                return 0
+        if count <= 0:
+            return 0
+        taken = Resources(request.cpu * count, request.memory * count, request.gpu * count)
+        self.planned[node.name] = taken if used is None else used + taken
+        return count
 
 
 def _consume_spare(session: Session, job: JobInfo, reservation: Reservation) -> None:
