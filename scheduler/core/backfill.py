@@ -57,7 +57,9 @@ class _Backfill:
         self.deferred: JobInfo | None = None
         # While the plan is deferred nothing is placed: a job's quick refusal then depends
         # only on its shape, queue and gang size (as plugins' `overused` may only depend on
-        # the queue and the job's request), so one is kept per (shape, queue, need).
+        # the queue and the job's request), so one is kept per (shape, queue, need). Beyond
+        # the pass it depends on the ready nodes' free totals and the queue's allocation
+        # too: `session.quick_refusals` keeps it with them.
         self.refusals: dict[tuple[object, ...], Failure] = {}
         # The status of each refusal, made once: jobs refused alike share it (statuses are
         # never changed once set). By id: a refusal stays in `session.failures` all cycle.
@@ -113,10 +115,20 @@ class _Backfill:
             return quick_refusal(session, job)
         key = (shape, job.queue, session.needed(job))
         refusal = self.refusals.get(key)
-        if refusal is None:
+        if refusal is not None:
+            return refusal
+        # Kept across passes too, for as long as what it depends on is the same.
+        state = (session.ready_free_cpu, session.ready_free_memory)
+        allocated = session.queues[job.queue].allocated
+        kept = session.quick_refusals.get(key)
+        if kept is not None and kept[0] == state and kept[1] == allocated:
+            refusal = kept[2]
+        else:
             refusal = quick_refusal(session, job)
             if refusal is not None:
-                self.refusals[key] = refusal
+                session.quick_refusals[key] = (state, allocated, refusal)
+        if refusal is not None:
+            self.refusals[key] = refusal
         return refusal
 
     def _refused(self, job: JobInfo, refusal: Failure | None) -> bool:

@@ -158,6 +158,9 @@ class Session:
         self._eligible_names: dict[Shape, list[str]] = {}
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
+        # (shape, queue, need) -> (ready free cpu and memory, the queue's allocation, the
+        # backfill's quick refusal of such a job then): see `_Backfill._quick_refusal`.
+        self.quick_refusals: dict[tuple[object, ...], tuple[object, Resources, Failure]] = {}
         # The status of each of `refusals` (by id: they are kept as long as the session).
         self.refusal_statuses: dict[int, Status] = {}
         # Bumped whenever what runs where changes for good (commits, completions): what
