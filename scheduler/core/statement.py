@@ -7,7 +7,7 @@ from __future__ import annotations
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources
 from scheduler.core.session import Session
-from scheduler.core.types import Bind, Evict, NodeView
+from scheduler.core.types import Bind, Evict, NodeView, new_bind
 
 EVICTED_STATES = ("Assigned", "Running")  # what an evicted job's tasks give back
 
@@ -109,7 +109,7 @@ class Statement:
             session.version += 1
         session.evictions.extend(evict for _victim, evict in self.evictions)
         binds = [
-            Bind(job.id, task.id, node.name, devices, action)
+            new_bind(job.id, task.id, node.name, devices, action)
             for job, task, node, devices in self.allocations
         ]
         session.binds.extend(binds)
