@@ -60,7 +60,7 @@ class _Backfill:
         # the queue and the job's request), so one is kept per (shape, queue, need). Beyond
         # the pass it depends on the ready nodes' free totals and the queue's allocation
         # too: `session.quick_refusals` keeps it with them.
-        self.refusals: dict[tuple[object, ...], Failure] = {}
+        self.refusals: dict[tuple[object, ...] | None, Failure] = {}
         # The status of each refusal, made once: jobs refused alike share it (statuses are
         # never changed once set). By id: a refusal stays in `session.failures` all cycle.
         self.statuses: dict[int, Status] = {}
@@ -82,8 +82,14 @@ class _Backfill:
 
     def one(self, job: JobInfo) -> None:
         session = self.session
-        if self.deferred is not None and self._refused(job, self._quick_refusal(job)):
-            return
+        if self.deferred is not None:
+            # Most jobs end here, refused alike: the kept refusal first, without a call.
+            refusal = self.refusals.get(session.alike_key(job)) or self._quick_refusal(job)
+            if refusal is not None:
+                session.failures[job.id] = refusal
+                status = self.statuses.get(id(refusal))
+                session.pending[job.id] = status or self._status(refusal)
+                return
         reservation = self.planned()
         fits = _fits_around(session, job, reservation) if reservation else None
         if fits is not None:
@@ -110,10 +116,9 @@ class _Backfill:
 
     def _quick_refusal(self, job: JobInfo) -> Failure | None:
         session = self.session
-        shape = session.shape(job)
-        if shape is None:
+        key = session.alike_key(job)
+        if key is None:
             return quick_refusal(session, job)
-        key = (shape, job.queue, session.needed(job))
         refusal = self.refusals.get(key)
         if refusal is not None:
             return refusal
@@ -136,10 +141,12 @@ class _Backfill:
             return False
         self.session.failures[job.id] = refusal
         status = self.statuses.get(id(refusal))
-        if status is None:
-            status = self.statuses[id(refusal)] = self.session.status_of(refusal)
-        self.session.set_pending(job, status)
+        self.session.set_pending(job, status or self._status(refusal))
         return True
+
+    def _status(self, refusal: Failure) -> Status:
+        status = self.statuses[id(refusal)] = self.session.status_of(refusal)
+        return status
 
 
 def _refusal_by_spare(session: Session, job: JobInfo, reservation: Reservation) -> Failure | None:

@@ -153,6 +153,7 @@ class Session:
         self._shapes: dict[int, Shape | None] = {}
         self._min_requests: dict[int, Resources] = {}
         self._gang_runs: dict[int, list[tuple[TaskInfo, int]]] = {}
+        self._alike_keys: dict[int, tuple[Shape, str, int] | None] = {}
         self._job_keys: dict[int, tuple[Any, ...]] = {}
         self._eligible: dict[Shape, list[NodeView]] = {}
         self._eligible_names: dict[Shape, list[str]] = {}
@@ -342,6 +343,15 @@ class Session:
         self._shapes[job.id] = shape
         return shape
 
+    def alike_key(self, job: JobInfo) -> tuple[Shape, str, int] | None:
+        """(shape, queue, gang size) of a job whose pending tasks are alike, else None."""
+        key = self._alike_keys.get(job.id, _UNKNOWN)
+        if key is _UNKNOWN:
+            shape = self.shape(job)
+            key = None if shape is None else (shape, job.queue, self.needed(job))
+            self._alike_keys[job.id] = key
+        return key  # type: ignore[no-any-return]
+
     def gang_runs(self, job: JobInfo) -> list[tuple[TaskInfo, int]]:
         """The gang (the first `needed` pending tasks) as runs of consecutive alike tasks:
         (the first of them, how many)."""
@@ -375,6 +385,7 @@ class Session:
         self._shapes.pop(job_id, None)
         self._min_requests.pop(job_id, None)
         self._gang_runs.pop(job_id, None)
+        self._alike_keys.pop(job_id, None)
 
     def forget_key(self, job_id: int) -> None:
         """The job is gone: its order key is no longer needed."""
