@@ -57,15 +57,25 @@ class _Backfill:
         self.deferred: JobInfo | None = None
         # While the plan is deferred nothing is placed: a job's quick refusal then depends
         # only on its shape, queue and gang size (as plugins' `overused` may only depend on
-        # the queue and the job's request), so one is kept per (shape, queue, need). Beyond
-        # the pass it depends on the ready nodes' free totals and the queue's allocation
-        # too: `session.quick_refusals` keeps it with them.
-        self.refusals: dict[tuple[object, ...] | None, Failure] = {}
+        # the queue and the job's request) and on what is free and allocated (`state`). It
+        # is kept per job with its status (`session.kept_refusals`) and per (shape, queue,
+        # gang size) (`session.quick_refusals`) with the state it was made in, and used
+        # again while the state is the same, in this pass or a later one.
+        self.state: tuple[object, ...] = ()
         # The status of each refusal, made once: jobs refused alike share it (statuses are
         # never changed once set). By id: a refusal stays in `session.failures` all cycle.
         self.statuses: dict[int, Status] = {}
         if self.holder is not None:
-            self.deferred = _hold(session, self.holder)
+            self._defer(self.holder)
+
+    def _defer(self, holder: JobInfo) -> None:
+        session = self.session
+        self.deferred = _hold(session, holder)
+        self.state = (
+            session.ready_free_cpu,
+            session.ready_free_memory,
+            *(queue.allocated for queue in session.queues.values()),
+        )
 
     def skip(self, job: JobInfo) -> bool:
         session = self.session
@@ -83,12 +93,13 @@ class _Backfill:
     def one(self, job: JobInfo) -> None:
         session = self.session
         if self.deferred is not None:
-            # Most jobs end here, refused alike: the kept refusal first, without a call.
-            refusal = self.refusals.get(session.alike_key(job)) or self._quick_refusal(job)
-            if refusal is not None:
-                session.failures[job.id] = refusal
-                status = self.statuses.get(id(refusal))
-                session.pending[job.id] = status or self._status(refusal)
+            # Most jobs end here, refused as in the last pass: without a call.
+            kept = session.kept_refusals.get(job.id)
+            if kept is not None and kept[0] == self.state:
+                session.failures[job.id] = kept[1]
+                session.pending[job.id] = kept[2]
+                return
+            if self._refused_quickly(job):
                 return
         reservation = self.planned()
         fits = _fits_around(session, job, reservation) if reservation else None
@@ -109,31 +120,33 @@ class _Backfill:
         session.failures[job.id] = failure
         if reservation is None and failure.blocked_by_resources:
             self.holder = job
-            self.deferred = _hold(session, job)
-            self.refusals = {}  # jobs were placed since the last were kept
+            self._defer(job)
             return
         _explain_wait(session, job, failure, fits, reservation, self.delays)
+
+    def _refused_quickly(self, job: JobInfo) -> bool:
+        """Refuse the job without trying nodes, if that is how it fails; keep why."""
+        session = self.session
+        refusal = self._quick_refusal(job)
+        if refusal is None:
+            return False
+        status = self.statuses.get(id(refusal)) or self._status(refusal)
+        session.kept_refusals[job.id] = (self.state, refusal, status)
+        session.failures[job.id] = refusal
+        session.set_pending(job, status)
+        return True
 
     def _quick_refusal(self, job: JobInfo) -> Failure | None:
         session = self.session
         key = session.alike_key(job)
         if key is None:
             return quick_refusal(session, job)
-        refusal = self.refusals.get(key)
-        if refusal is not None:
-            return refusal
-        # Kept across passes too, for as long as what it depends on is the same.
-        state = (session.ready_free_cpu, session.ready_free_memory)
-        allocated = session.queues[job.queue].allocated
         kept = session.quick_refusals.get(key)
-        if kept is not None and kept[0] == state and kept[1] == allocated:
-            refusal = kept[2]
-        else:
-            refusal = quick_refusal(session, job)
-            if refusal is not None:
-                session.quick_refusals[key] = (state, allocated, refusal)
+        if kept is not None and kept[0] == self.state:
+            return kept[1]
+        refusal = quick_refusal(session, job)
         if refusal is not None:
-            self.refusals[key] = refusal
+            session.quick_refusals[key] = (self.state, refusal)
         return refusal
 
     def _refused(self, job: JobInfo, refusal: Failure | None) -> bool:

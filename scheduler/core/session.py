@@ -159,9 +159,10 @@ class Session:
         self._eligible_names: dict[Shape, list[str]] = {}
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
-        # (shape, queue, need) -> (ready free cpu and memory, the queue's allocation, the
-        # backfill's quick refusal of such a job then): see `_Backfill._quick_refusal`.
-        self.quick_refusals: dict[tuple[object, ...], tuple[object, Resources, Failure]] = {}
+        # The backfill's quick refusals, with the state they were made in (what is free and
+        # allocated): per (shape, queue, need), and per job with its status.
+        self.quick_refusals: dict[tuple[object, ...], tuple[tuple[object, ...], Failure]] = {}
+        self.kept_refusals: dict[int, tuple[tuple[object, ...], Failure, Status]] = {}
         # The status of each of `refusals` (by id: they are kept as long as the session).
         self.refusal_statuses: dict[int, Status] = {}
         # Bumped whenever what runs where changes for good (commits, completions): what
@@ -386,6 +387,7 @@ class Session:
         self._min_requests.pop(job_id, None)
         self._gang_runs.pop(job_id, None)
         self._alike_keys.pop(job_id, None)
+        self.kept_refusals.pop(job_id, None)
 
     def forget_key(self, job_id: int) -> None:
         """The job is gone: its order key is no longer needed."""
