@@ -278,14 +278,23 @@ class _AroundReservation:
             return 0
         used = self.planned.get(node.name)
         room = spare if used is None else spare - used
-        for have, want in zip(room, request, strict=True):
-            if want:
-                count = min(count, have // want)
-            elif have < 0:
-                return 0
+        cpu, memory, gpu = request
+        # Each dimension: as many as its room holds, or none if it is over already.
+        if cpu:
+            count = min(count, room.cpu // cpu)
+        elif room.cpu < 0:
+            return 0
+        if memory:
+            count = min(count, room.memory // memory)
+        elif room.memory < 0:
+            return 0
+        if gpu:
+            count = min(count, room.gpu // gpu)
+        elif room.gpu < 0:
+            return 0
         if count <= 0:
             return 0
-        taken = Resources(request.cpu * count, request.memory * count, request.gpu * count)
+        taken = tuple_new(Resources, (cpu * count, memory * count, gpu * count))
         self.planned[node.name] = taken if used is None else used + taken
         return count
 
