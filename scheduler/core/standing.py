@@ -152,13 +152,22 @@ class StandingSession:
         if not bound:
             return
         started: dict[int, JobInfo] = {}
+        ends = session.walltime_ends
         for job, task, node, devices in bound:
             task.state, task.node, task.devices, task.started_at = (
                 "Running", node.name, devices, now,
             )  # fmt: skip
             node.tasks.append((job, task))
             started[job.id] = job
-        session.add_ends([(job, task, node.name) for job, task, node, _devices in bound])
+            if job.walltime is not None:  # (as `Session.add_ends` does, in the same loop)
+                request = task.resources
+                release = (
+                    request
+                    if request.gpu == len(devices)
+                    else Resources(request.cpu, request.memory, len(devices))
+                )
+                ends.append((now + job.walltime, node.name, task.id, job.id, release))
+        ends.sort()
         session.version += 1
         if self._plan_stands(started.values(), now):
             session.carry_plan()
