@@ -11,13 +11,14 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Iterator
+from itertools import filterfalse
 
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources
 from scheduler.core.session import Fits, NodeScan, Session
 from scheduler.core.statement import Statement
 from scheduler.core.status import Code, Status
-from scheduler.core.types import Failure
+from scheduler.core.types import Failure, NodeView
 
 log = logging.getLogger("berth.core")
 
@@ -72,14 +73,16 @@ def in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[JobI
 
     `skip` is asked as each job comes up: the callers' skips change only for the job that
     was just yielded, so asking late skips the same jobs as asking first."""
-    cursors = {}
-    for name, queue in session.queues.items():
-        if queue.jobs:
-            cursors[name] = (j for j in queue.jobs if not skip(j))
-    if len(cursors) == 1:
+    busy = [name for name, queue in session.queues.items() if queue.jobs]
+    if len(busy) == 1:
         # One queue with work: the order is its own; no shares to compare.
-        yield from next(iter(cursors.values()))
-        return
+        return filterfalse(skip, session.queues[busy[0]].jobs)
+    return _across_queues(
+        session, {name: filterfalse(skip, session.queues[name].jobs) for name in busy}
+    )
+
+
+def _across_queues(session: Session, cursors: dict[str, Iterator[JobInfo]]) -> Iterator[JobInfo]:
     heap = [(session.queue_key(session.queues[name]), name) for name in cursors]
     heapq.heapify(heap)
     while heap:
@@ -182,6 +185,7 @@ def total_refusal(session: Session, job: JobInfo, cpu: int, memory: int) -> Fail
         first = session.pending_tasks(job)[0]
         could_fit = bool(session.eligible_nodes(job, first))
         refusal = session.refusals[key] = _failure(session, job, "", could_fit, 0, {})
+        session.refusal_statuses[id(refusal)] = refusal.status()
     return refusal
 
 
@@ -204,8 +208,10 @@ def _allocate_tasks(
     session: Session, job: JobInfo, statement: Statement, fits: Fits | None
 ) -> tuple[int, TaskInfo | None]:
     """Allocate what fits of the job's pending tasks; how many, and the first that did not."""
-    need = session.needed(job)
     cap = session.queues[job.queue].info.capability
+    if cap is None and _alike_at_once(session, job):
+        return _allocate_alike(session, job, statement, fits)
+    need = session.needed(job)
     room = cap - session.queues[job.queue].allocated if cap is not None else None
     scan = NodeScan(session, job, fits)
     placed = 0
@@ -224,6 +230,59 @@ def _allocate_tasks(
             room = room - task.resources
         placed += 1
     return placed, first_miss
+
+
+def _alike_at_once(session: Session, job: JobInfo) -> bool:
+    """May the job's pending tasks be placed in one scan (`_allocate_alike`)? When they are
+    all alike and without devices, the node order is static and no predicate is asked when
+    placing: placing one then changes only what is free on its node."""
+    if not session.alike_at_once or session.placing_predicates or not session.static_node_order:
+        return False
+    shape = session.shape(job)
+    return shape is not None and shape[0].gpu == 0
+
+
+def _allocate_alike(
+    session: Session, job: JobInfo, statement: Statement, fits: Fits | None
+) -> tuple[int, TaskInfo | None]:
+    """`_allocate_tasks` for a job whose pending tasks are alike and without devices (and
+    no queue capability): one scan in the node order, each node given as many of the tasks
+    as it takes before the next, which is where placing them one by one puts them (a scan
+    resumes at the node the last task took, and nothing before it can take the next). Tasks
+    stop at the first that no node takes: the same shape fits nowhere after it either."""
+    tasks = session.pending_tasks(job)
+    first = tasks[0]
+    cpu, memory = first.resources.cpu, first.resources.memory
+    order = (
+        session.ordered_nodes(first) if session.max_devices == 0 else session.candidate_nodes(first)
+    )
+    nominated = session.nominated
+    many = getattr(fits, "many", None)  # how many alike tasks fit, if it can tell at once
+    count, placed = len(tasks), 0
+    taking: list[tuple[NodeView, int]] = []  # (node, how many), allocated after the scan
+    for node in order:
+        if node.free_cpu < cpu or node.free_memory < memory or node.name in nominated:
+            continue
+        take = count - placed
+        if cpu and node.free_cpu // cpu < take:
+            take = node.free_cpu // cpu
+        if memory and node.free_memory // memory < take:
+            take = node.free_memory // memory
+        if many is not None:
+            take = many(node, first.resources, take)
+        elif fits is not None:
+            taken = 0
+            while taken < take and fits(node, tasks[placed + taken]):
+                taken += 1
+            take = taken
+        if take:
+            taking.append((node, take))
+            placed += take
+            if placed == count:
+                break
+    # (The scan looks at each node once: taking from one earlier changes nothing later.)
+    statement.allocate_alike(job, tasks, taking)
+    return placed, tasks[placed] if placed < count else None
 
 
 def _same_shape(a: TaskInfo, b: TaskInfo) -> bool:
@@ -316,20 +375,20 @@ def allocate(session: Session) -> None:
     """Start jobs in order. With strict order, stop at the first job blocked by resources:
     the jobs after it may only start through backfill, which protects its reservation."""
     memo = Memo()
+    strict = session.config.strict_order
     for job in in_order(session, skip=lambda j: j.id in session.failures):
-        if session.blocked is not None and session.config.strict_order:
+        if session.blocked is not None and strict:
             break
-
-        def work(job: JobInfo = job) -> None:
+        try:  # `guarded`, without a closure per job
             failure = place(session, job, "allocate", memo)
             if failure is None:
-                return
+                continue
             session.failures[job.id] = failure
-            session.set_pending(job, failure.status())
+            session.set_pending(job, session.status_of(failure))
             if failure.blocked_by_resources and session.blocked is None:
                 session.blocked = job
-
-        guarded(session, job, work)
+        except Exception as exc:  # noqa: BLE001 - fault isolation is the point
+            record_fault(session, job, exc)
     if session.blocked is not None and session.config.strict_order and session.explain_failures:
         for job in in_order(
             session, skip=lambda j: j.id in session.failures or j.id in session.placed

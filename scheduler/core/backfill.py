@@ -57,13 +57,25 @@ class _Backfill:
         self.deferred: JobInfo | None = None
         # While the plan is deferred nothing is placed: a job's quick refusal then depends
         # only on its shape, queue and gang size (as plugins' `overused` may only depend on
-        # the queue and the job's request), so one is kept per (shape, queue, need).
-        self.refusals: dict[tuple[object, ...], Failure] = {}
+        # the queue and the job's request) and on what is free and allocated (`state`). It
+        # is kept per job with its status (`session.kept_refusals`) and per (shape, queue,
+        # gang size) (`session.quick_refusals`) with the state it was made in, and used
+        # again while the state is the same, in this pass or a later one.
+        self.state: tuple[object, ...] = ()
         # The status of each refusal, made once: jobs refused alike share it (statuses are
         # never changed once set). By id: a refusal stays in `session.failures` all cycle.
         self.statuses: dict[int, Status] = {}
         if self.holder is not None:
-            self.deferred = _hold(session, self.holder)
+            self._defer(self.holder)
+
+    def _defer(self, holder: JobInfo) -> None:
+        session = self.session
+        self.deferred = _hold(session, holder)
+        self.state = (
+            session.ready_free_cpu,
+            session.ready_free_memory,
+            *(queue.allocated for queue in session.queues.values()),
+        )
 
     def skip(self, job: JobInfo) -> bool:
         session = self.session
@@ -80,8 +92,15 @@ class _Backfill:
 
     def one(self, job: JobInfo) -> None:
         session = self.session
-        if self.deferred is not None and self._refused(job, self._quick_refusal(job)):
-            return
+        if self.deferred is not None:
+            # Most jobs end here, refused as in the last pass: without a call.
+            kept = session.kept_refusals.get(job.id)
+            if kept is not None and kept[0] == self.state:
+                session.failures[job.id] = kept[1]
+                session.pending[job.id] = kept[2]
+                return
+            if self._refused_quickly(job):
+                return
         reservation = self.planned()
         fits = _fits_around(session, job, reservation) if reservation else None
         if fits is not None:
@@ -101,22 +120,33 @@ class _Backfill:
         session.failures[job.id] = failure
         if reservation is None and failure.blocked_by_resources:
             self.holder = job
-            self.deferred = _hold(session, job)
-            self.refusals = {}  # jobs were placed since the last were kept
+            self._defer(job)
             return
         _explain_wait(session, job, failure, fits, reservation, self.delays)
 
+    def _refused_quickly(self, job: JobInfo) -> bool:
+        """Refuse the job without trying nodes, if that is how it fails; keep why."""
+        session = self.session
+        refusal = self._quick_refusal(job)
+        if refusal is None:
+            return False
+        status = self.statuses.get(id(refusal)) or self._status(refusal)
+        session.kept_refusals[job.id] = (self.state, refusal, status)
+        session.failures[job.id] = refusal
+        session.set_pending(job, status)
+        return True
+
     def _quick_refusal(self, job: JobInfo) -> Failure | None:
         session = self.session
-        shape = Memo.key(session, job)
-        if shape is None:
+        key = session.alike_key(job)
+        if key is None:
             return quick_refusal(session, job)
-        key = (shape, session.needed(job))
-        refusal = self.refusals.get(key)
-        if refusal is None:
-            refusal = quick_refusal(session, job)
-            if refusal is not None:
-                self.refusals[key] = refusal
+        kept = session.quick_refusals.get(key)
+        if kept is not None and kept[0] == self.state:
+            return kept[1]
+        refusal = quick_refusal(session, job)
+        if refusal is not None:
+            session.quick_refusals[key] = (self.state, refusal)
         return refusal
 
     def _refused(self, job: JobInfo, refusal: Failure | None) -> bool:
@@ -124,10 +154,12 @@ class _Backfill:
             return False
         self.session.failures[job.id] = refusal
         status = self.statuses.get(id(refusal))
-        if status is None:
-            status = self.statuses[id(refusal)] = refusal.status()
-        self.session.set_pending(job, status)
+        self.session.set_pending(job, status or self._status(refusal))
         return True
+
+    def _status(self, refusal: Failure) -> Status:
+        status = self.statuses[id(refusal)] = self.session.status_of(refusal)
+        return status
 
 
 def _refusal_by_spare(session: Session, job: JobInfo, reservation: Reservation) -> Failure | None:
@@ -162,7 +194,7 @@ def _explain_wait(
     if not session.explain_failures and _without_devices(session, job):
         # Trying it without the reservation changes nothing but this status: skipped when
         # failures are not explained (with devices it moves nodes in the index: kept).
-        session.set_pending(job, failure.status())
+        session.set_pending(job, session.status_of(failure))
         return
     if fits is not None and failure.blocked_by_resources:
         if shape is None or shape not in delays:
@@ -222,29 +254,57 @@ def _fits_around(session: Session, job: JobInfo, reservation: Reservation) -> Fi
         and session.now + job.walltime <= reservation.start
     ):
         return None  # it ends before the reservation starts
-    planned: dict[str, Resources] = {}
+    return _AroundReservation(reservation.spare)
 
-    def fits(node: NodeView, task: TaskInfo) -> bool:
-        spare = reservation.spare.get(node.name)
+
+class _AroundReservation:
+    """A backfilled job's tasks must fit in the reservation's spare on their nodes, beside
+    what its earlier tasks took of it (`Fits`, and `many` for a run of alike tasks)."""
+
+    __slots__ = ("spare", "planned")
+
+    def __init__(self, spare: Spare) -> None:
+        self.spare = spare
+        self.planned: dict[str, Resources] = {}  # node -> what the job's tasks took there
+
+    def __call__(self, node: NodeView, task: TaskInfo) -> bool:
+        return self.many(node, task.resources, 1) == 1
+
+    def many(self, node: NodeView, request: Resources, count: int) -> int:
+        """How many (at most `count`) more tasks asking `request` fit in the node's spare,
+        taken as one by one would: each fits if it and those before it do."""
+        spare = self.spare.get(node.name)
         if spare is None:
-            return False
-        used = planned.get(node.name, Resources()) + task.resources
-        if not used.fits_in(spare):
-            return False
-        planned[node.name] = used
-        return True
-
-    return fits
+            return 0
+        used = self.planned.get(node.name)
+        room = spare if used is None else spare - used
+        cpu, memory, gpu = request
+        # Each dimension: as many as its room holds, or none if it is over already.
+        if cpu:
+            count = min(count, room.cpu // cpu)
+        elif room.cpu < 0:
+            return 0
+        if memory:
+            count = min(count, room.memory // memory)
+        elif room.memory < 0:
+            return 0
+        if gpu:
+            count = min(count, room.gpu // gpu)
+        elif room.gpu < 0:
+            return 0
+        if count <= 0:
+            return 0
+        taken = tuple_new(Resources, (cpu * count, memory * count, gpu * count))
+        self.planned[node.name] = taken if used is None else used + taken
+        return count
 
 
 def _consume_spare(session: Session, job: JobInfo, reservation: Reservation) -> None:
     """A backfilled job that runs past the reservation's start uses up spare where it runs."""
-    tasks = {t.id: t for t in job.tasks}
-    for bind in reversed(session.binds):
-        if bind.job_id != job.id:
+    for bound_job, task, node, _devices in reversed(session.bound):
+        if bound_job is not job:
             break
-        task = tasks[bind.task_id]
-        reservation.spare.take(bind.node, task.resources)
+        reservation.spare.take(node.name, task.resources)
 
 
 def _reserve(session: Session, job: JobInfo) -> None:

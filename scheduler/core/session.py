@@ -33,6 +33,7 @@ from scheduler.core.types import (
     Reservation,
 )
 
+_UNKNOWN: Any = object()
 Fits = Callable[[NodeView, TaskInfo], bool]
 Shape = tuple[Resources, tuple[tuple[str, str], ...]]
 
@@ -117,6 +118,9 @@ class Session:
         self.placing_predicates = [p for p in self.hooks["predicate"] if not p.implied_by_index]
         self.static_node_order = all(p.static_node_order for p in self.hooks["node_order"])
         self.gang_decides = any(p.name == "gang" for p in self.hooks["job_ready"])
+        # A job's alike tasks without devices placed in one scan rather than one by one (the
+        # same binds; False only to compare the two in tests).
+        self.alike_at_once = True
         self.nodes = [NodeView(n) for n in snapshot.nodes]
         self.node_by_name = {n.name: n for n in self.nodes}
         self.all_ready = all(n.ready for n in self.nodes)
@@ -149,11 +153,18 @@ class Session:
         self._shapes: dict[int, Shape | None] = {}
         self._min_requests: dict[int, Resources] = {}
         self._gang_runs: dict[int, list[tuple[TaskInfo, int]]] = {}
+        self._alike_keys: dict[int, tuple[Shape, str, int] | None] = {}
         self._job_keys: dict[int, tuple[Any, ...]] = {}
         self._eligible: dict[Shape, list[NodeView]] = {}
         self._eligible_names: dict[Shape, list[str]] = {}
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
+        # The backfill's quick refusals, with the state they were made in (what is free and
+        # allocated): per (shape, queue, need), and per job with its status.
+        self.quick_refusals: dict[tuple[object, ...], tuple[tuple[object, ...], Failure]] = {}
+        self.kept_refusals: dict[int, tuple[tuple[object, ...], Failure, Status]] = {}
+        # The status of each of `refusals` (by id: they are kept as long as the session).
+        self.refusal_statuses: dict[int, Status] = {}
         # Bumped whenever what runs where changes for good (commits, completions): what
         # was computed from it at the same version still holds.
         self.version = 0
@@ -186,6 +197,8 @@ class Session:
         self.now = now
         self.pending: dict[int, Status] = {}
         self.binds: list[Bind] = []
+        # What each bind bound, in the same order: (job, task, node, devices).
+        self.bound: list[tuple[JobInfo, TaskInfo, NodeView, tuple[int, ...]]] = []
         self.evictions: list[Evict] = []
         self.placed: set[int] = set()
         self.evicted: set[int] = set()
@@ -287,6 +300,12 @@ class Session:
             self.ready_free_gpu += gpu
             self._stale_free.add(node)
 
+    def took(self, nodes: list[NodeView], cpu: int, memory: int) -> None:
+        """`freed` for ready nodes that together gave `cpu` and `memory` (no devices)."""
+        self.ready_free_cpu -= cpu
+        self.ready_free_memory -= memory
+        self._stale_free.update(nodes)
+
     def free_on_ready_nodes(self) -> dict[str, Resources]:
         """What is free on each ready node now."""
         for node in self._stale_free:
@@ -310,8 +329,9 @@ class Session:
 
     def shape(self, job: JobInfo) -> Shape | None:
         """(resources, node selector) of the job's pending tasks if they are all alike."""
-        if job.id in self._shapes:
-            return self._shapes[job.id]
+        known = self._shapes.get(job.id, _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known
         tasks = self.pending_tasks(job)
         shape: Shape | None = None
         if tasks:
@@ -323,6 +343,15 @@ class Session:
                 shape = task_shape(first)
         self._shapes[job.id] = shape
         return shape
+
+    def alike_key(self, job: JobInfo) -> tuple[Shape, str, int] | None:
+        """(shape, queue, gang size) of a job whose pending tasks are alike, else None."""
+        key = self._alike_keys.get(job.id, _UNKNOWN)
+        if key is _UNKNOWN:
+            shape = self.shape(job)
+            key = None if shape is None else (shape, job.queue, self.needed(job))
+            self._alike_keys[job.id] = key
+        return key  # type: ignore[no-any-return]
 
     def gang_runs(self, job: JobInfo) -> list[tuple[TaskInfo, int]]:
         """The gang (the first `needed` pending tasks) as runs of consecutive alike tasks:
@@ -357,6 +386,8 @@ class Session:
         self._shapes.pop(job_id, None)
         self._min_requests.pop(job_id, None)
         self._gang_runs.pop(job_id, None)
+        self._alike_keys.pop(job_id, None)
+        self.kept_refusals.pop(job_id, None)
 
     def forget_key(self, job_id: int) -> None:
         """The job is gone: its order key is no longer needed."""
@@ -531,6 +562,12 @@ class Session:
         )
         detail = f"0/{len(self.nodes)} nodes fit: {parts}" if parts else "no nodes"
         return detail, could_fit, dict(counts)
+
+    def status_of(self, failure: Failure) -> Status:
+        """The failure's status: made once for a refusal kept in `refusals` (statuses are
+        never changed once set, so jobs refused alike share it), else made now."""
+        status = self.refusal_statuses.get(id(failure))
+        return failure.status() if status is None else status
 
     def set_pending(self, job: JobInfo, info: Status) -> None:
         self.pending[job.id] = info

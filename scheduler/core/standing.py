@@ -14,6 +14,7 @@ and plugins are opened once, not once per cycle.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 
 from scheduler.core.cycle import CycleResult, run_actions
 from scheduler.core.model import (
@@ -22,12 +23,11 @@ from scheduler.core.model import (
     QueueInfo,
     SchedulingPolicy,
     Snapshot,
-    TaskInfo,
 )
 from scheduler.core.plugins import default_plugins
 from scheduler.core.resources import Resources
 from scheduler.core.session import Session, grows, need_of
-from scheduler.core.types import HOLDS_RESOURCES, Bind, NodeView
+from scheduler.core.types import HOLDS_RESOURCES, NodeView
 
 
 class StandingSession:
@@ -74,7 +74,7 @@ class StandingSession:
         if job_id in self._waiting:
             self._leave(job)
         session.need.pop(job_id, None)
-        session.running = [j for j in session.running if j is not job]
+        _remove(session.running, job)
         held = self._release(job)
         queue = session.queues.get(job.queue)
         if queue is not None:
@@ -98,11 +98,14 @@ class StandingSession:
     def _release(self, job: JobInfo) -> Resources:
         """Give back what the job's tasks hold on their nodes; the total they held."""
         session = self.session
+        by_name = session.node_by_name
         cpu = memory = gpu = 0
-        gone: dict[NodeView, set[int]] = {}  # node -> ids of its tasks that ended
+        nodes: dict[NodeView, None] = {}  # where its tasks ended, in order
         for task in job.tasks:
-            node = session.node_by_name.get(task.node or "")
-            if task.state not in HOLDS_RESOURCES or node is None:
+            if task.state not in HOLDS_RESOURCES:
+                continue
+            node = by_name.get(task.node or "")
+            if node is None:
                 continue
             request = task.resources
             node.free_cpu += request.cpu
@@ -111,14 +114,16 @@ class StandingSession:
                 node.free_devices = sorted(node.free_devices + list(task.devices))
                 session.index_dirty = True
             session.freed(node, request.cpu, request.memory, len(task.devices))
-            gone.setdefault(node, set()).add(id(task))
+            nodes[node] = None
             cpu, memory, gpu = cpu + request.cpu, memory + request.memory, gpu + request.gpu
             task.state = "Succeeded"
-        for node, ended in gone.items():
-            node.tasks = [held for held in node.tasks if id(held[1]) not in ended]
+        for node in nodes:
+            # Every task of the job that held resources on the node ended.
+            held = node.tasks
+            node.tasks = [] if len(held) == 1 else [t for t in held if t[0] is not job]
         return Resources(cpu, memory, gpu)
 
-    def _plan_stands(self, placed: list[tuple[JobInfo, TaskInfo, str]], now: float) -> bool:
+    def _plan_stands(self, started: Iterable[JobInfo], now: float) -> bool:
         """Do the walltime ends of what started leave the reservation plan as it was? Those
         backfilled after it end before its start; the others held their room in it with no
         end, so an end after its start changes nothing before it."""
@@ -129,7 +134,7 @@ class StandingSession:
         harmless = self.session.plan_harmless
         return all(
             job.id in harmless or (job.walltime is not None and now + job.walltime > start)
-            for job, _task, _node in placed
+            for job in started
         )
 
     def cycle(self, now: float) -> CycleResult:
@@ -137,30 +142,35 @@ class StandingSession:
         session = self.session
         session.begin_cycle(now)
         result = run_actions(session)
-        self._start(result.binds, now)
+        self._start(now)
         return result
 
-    def _start(self, binds: list[Bind], now: float) -> None:
+    def _start(self, now: float) -> None:
+        """Start the tasks the cycle bound (`session.bound`, the binds' own objects)."""
         session = self.session
+        bound = session.bound
+        if not bound:
+            return
         started: dict[int, JobInfo] = {}
-        tasks: dict[int, TaskInfo] = {}
-        placed: list[tuple[JobInfo, TaskInfo, str]] = []
-        for bind in binds:
-            job = session.jobs[bind.job_id]
-            if job.id not in started:
-                tasks.update((t.id, t) for t in job.tasks)
-            task = tasks[bind.task_id]
+        ends = session.walltime_ends
+        for job, task, node, devices in bound:
             task.state, task.node, task.devices, task.started_at = (
-                "Running", bind.node, bind.devices, now,
+                "Running", node.name, devices, now,
             )  # fmt: skip
-            session.node_by_name[bind.node].tasks.append((job, task))
-            placed.append((job, task, bind.node))
+            node.tasks.append((job, task))
             started[job.id] = job
-        if binds:
-            session.add_ends(placed)
-            session.version += 1
-            if self._plan_stands(placed, now):
-                session.carry_plan()
+            if job.walltime is not None:  # (as `Session.add_ends` does, in the same loop)
+                request = task.resources
+                release = (
+                    request
+                    if request.gpu == len(devices)
+                    else Resources(request.cpu, request.memory, len(devices))
+                )
+                ends.append((now + job.walltime, node.name, task.id, job.id, release))
+        ends.sort()
+        session.version += 1
+        if self._plan_stands(started.values(), now):
+            session.carry_plan()
         for job in started.values():
             session.forget_job(job.id)
             if job.state != "Running":

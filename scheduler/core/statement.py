@@ -7,7 +7,7 @@ from __future__ import annotations
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources
 from scheduler.core.session import Session
-from scheduler.core.types import Bind, Evict, NodeView
+from scheduler.core.types import Bind, Evict, NodeView, new_bind
 
 EVICTED_STATES = ("Assigned", "Running")  # what an evicted job's tasks give back
 
@@ -33,6 +33,26 @@ class Statement:
         self.session.freed(node, -request.cpu, -request.memory, -len(devices))
         self.allocations.append((job, task, node, devices))
         return devices
+
+    def allocate_alike(
+        self, job: JobInfo, tasks: list[TaskInfo], taking: list[tuple[NodeView, int]]
+    ) -> None:
+        """`allocate` for alike tasks without devices on ready nodes: the first of `tasks`
+        to each node in `taking` as many as it says, in order."""
+        request = tasks[0].resources
+        allocations = self.allocations
+        i = total_cpu = total_memory = 0
+        for node, count in taking:
+            cpu, memory = request.cpu * count, request.memory * count
+            node.free_cpu -= cpu
+            node.free_memory -= memory
+            total_cpu, total_memory = total_cpu + cpu, total_memory + memory
+            if count == 1:
+                allocations.append((job, tasks[i], node, ()))
+            else:
+                allocations.extend([(job, task, node, ()) for task in tasks[i : i + count]])
+            i += count
+        self.session.took([node for node, _count in taking], total_cpu, total_memory)
 
     # --- evictions -------------------------------------------------------------------
 
@@ -89,10 +109,11 @@ class Statement:
             session.version += 1
         session.evictions.extend(evict for _victim, evict in self.evictions)
         binds = [
-            Bind(job.id, task.id, node.name, devices, action)
+            new_bind(job.id, task.id, node.name, devices, action)
             for job, task, node, devices in self.allocations
         ]
         session.binds.extend(binds)
+        session.bound.extend(self.allocations)
         if self.allocations:
             job = self.allocations[0][0]  # a statement is one job's
             cpu = memory = gpu = 0

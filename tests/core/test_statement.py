@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from scheduler.core.model import SchedulingPolicy
 from scheduler.core.plugins import default_plugins
 from scheduler.core.resources import Resources
 from scheduler.core.session import Session
 from scheduler.core.statement import Statement
+from scheduler.core.types import Bind, new_bind
 from tests.core.builders import job, node, snapshot
 
 
@@ -62,3 +67,13 @@ def test_commit_keeps_binds_and_evictions_alike():
     assert session.placed == {2}
     # The queue holds the preemptor's task and no longer the victim's.
     assert session.queues["default"].allocated == Resources(1000, 1 << 30, 2)
+
+
+def test_a_bind_made_without_its_init_is_a_bind_like_any_other():
+    made = new_bind(7, 70, "n1", (0, 1), "backfill")
+    plain = Bind(7, 70, "n1", (0, 1), "backfill")
+    assert type(made) is Bind
+    assert made == plain and hash(made) == hash(plain) and repr(made) == repr(plain)
+    assert vars(made) == vars(plain)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.node = "n2"  # type: ignore[misc]
