@@ -188,9 +188,11 @@ class Session:
         self._stale_free: set[NodeView] = set()
         self.walltime_ends: list[tuple[float, str, int, int, Resources]] = []
         self.releasing = 0
+        started: list[tuple[JobInfo, TaskInfo, str]] = []
         for node in self.nodes:
             self.releasing += sum(task.state == "Releasing" for _job, task in node.tasks)
-            self.add_ends([(job, task, node.name) for job, task in node.tasks])
+            started.extend((job, task, node.name) for job, task in node.tasks)
+        self.add_ends(started)  # one sort for the whole cluster, not one per node
 
     def begin_cycle(self, now: float) -> None:
         """Forget what the last cycle decided; keep the cluster as it stands."""
