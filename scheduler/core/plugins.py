@@ -11,18 +11,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from scheduler.core.model import JobInfo, SchedulingPolicy, TaskInfo
-from scheduler.core.quantity import format_cpu, format_memory
-from scheduler.core.resources import DIMENSIONS, Resources
+from scheduler.core.resources import DIMENSIONS
 from scheduler.core.session import Plugin, Session
 from scheduler.core.status import Code, Status
 from scheduler.core.types import LabelGroup, NodeView, QueueState
 
 __all__ = ["Plugin", "default_plugins"]
-
-
-def describe(resources: Resources, dim: str) -> str:
-    value = getattr(resources, dim)
-    return {"cpu": format_cpu, "memory": format_memory}.get(dim, str)(value)
 
 
 class PriorityPlugin(Plugin):
@@ -118,8 +112,8 @@ class CapabilityPlugin(Plugin):
                 if getattr(cap, dim) is not None and getattr(need, dim) > getattr(cap, dim):
                     return Status(
                         Code.NEVER_FITS,
-                        f'needs {dim} {describe(need, dim)}, more than queue "{job.queue}"'
-                        f" may ever hold ({describe(cap, dim)})",
+                        f'needs {dim} {need.describe(dim)}, more than queue "{job.queue}"'
+                        f" may ever hold ({cap.describe(dim)})",
                     )
         return None
 
@@ -135,7 +129,7 @@ class CapabilityPlugin(Plugin):
                 return Status(
                     Code.QUEUE_QUOTA,
                     f'queue "{queue.info.name}" at capability'
-                    f" ({dim} {describe(queue.allocated, dim)}/{describe(cap, dim)})",
+                    f" ({dim} {queue.allocated.describe(dim)}/{cap.describe(dim)})",
                 )
         return None
 

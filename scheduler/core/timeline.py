@@ -67,9 +67,6 @@ class Timeline:
                 return run
         return None
 
-    def breakpoints(self) -> list[float]:
-        return self.times
-
     def hold(self, start: float, end: float, amount: Free) -> None:
         """Take `amount` over [start, end)."""
         self._split(start)
