@@ -51,6 +51,8 @@ class CycleReport:
     errors: list[str] = field(default_factory=list)
     # The phase running now: the query meter counts each query towards it.
     current_phase: str = field(default="load", repr=False)
+    # Nothing changed since the previous cycle: this one did nothing (see run_scheduler_cycle).
+    skipped: bool = False
 
     @property
     def durations(self) -> dict[str, float]:
@@ -131,19 +133,39 @@ def _load() -> store.Loaded:
         return store.load_snapshot()
 
 
+def take_changes() -> bool:
+    """Were rows the cycle reads written since the last call? Deletes the change marks
+    (scheduler/migrations/0014_sched2.py) in a statement of its own, before the cycle reads
+    anything: a change committed before it is seen by this cycle, one committed after it
+    leaves its mark for the next. True where the database keeps no marks (SQLite)."""
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:  # autocommit: its own transaction
+        cursor.execute("DELETE FROM berth_change")
+        return cursor.rowcount != 0
+
+
 def run_scheduler_cycle(
-    config: SchedulingPolicy | None = None, housekeeping: bool = True
+    config: SchedulingPolicy | None = None, housekeeping: bool = True, skip_unchanged: bool = False
 ) -> CycleReport:
     """One full cycle. Returns what it did and where its time went, for the log line, tests
     and benchmarks. Everything the cycle changed is published once, at its end.
 
     `housekeeping` False leaves out the checks that follow the clock rather than what
     happened (deadlines, silent nodes, orphaned tasks, TTLs): `run_scheduler` runs them once
-    every HOUSEKEEPING_SECONDS instead of every cycle."""
+    every HOUSEKEEPING_SECONDS instead of every cycle. With `skip_unchanged`, a cycle without
+    housekeeping does nothing (`report.skipped`) when no row it reads was written since the
+    previous cycle: the same rows would give the same decisions. Decisions that follow the
+    clock alone (backfill windows, estimates) wait for the next housekeeping cycle."""
     report = CycleReport()
     started = time.perf_counter()
     try:
         with connection.execute_wrapper(_QueryMeter(report)):
+            report.current_phase = "load"
+            changed = _phase(report, "load", take_changes, "changes")
+            if skip_unchanged and not housekeeping and changed is False:
+                report.skipped = True
+                return report
             with notify.batch():
                 _cycle(report, config)
                 _lifecycle(report, housekeeping)

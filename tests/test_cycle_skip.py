@@ -1,0 +1,112 @@
+"""A cycle with nothing changed since the previous one is skipped: one statement, not twenty.
+
+The change marks are PostgreSQL triggers (scheduler/migrations/0014_sched2.py); every write
+the cycle would react to must still be picked up by the very next cycle.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from scheduler.loop import run_scheduler_cycle, take_changes
+from scheduler.models import Node, Queue, Task
+from scheduler.states import NodeState, TaskState
+from tests.factories import make_job, make_node
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _postgresql() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("change marks are kept on PostgreSQL only")
+
+
+def idle() -> object:
+    return run_scheduler_cycle(housekeeping=False, skip_unchanged=True)
+
+
+def test_an_idle_cycle_is_one_statement(owner):
+    make_node("gpu-1", gpus=2)
+    make_job(owner, gpu=1)
+    run_scheduler_cycle()  # places the job
+    run_scheduler_cycle(housekeeping=False, skip_unchanged=True)  # its own writes: a full one
+    report = idle()
+    assert report.skipped  # type: ignore[attr-defined]
+    assert report.queries == 1  # type: ignore[attr-defined]
+
+
+def test_a_job_submitted_between_cycles_is_placed_by_the_next_one(owner):
+    make_node("gpu-1", gpus=2)
+    run_scheduler_cycle()
+    assert idle().skipped  # type: ignore[attr-defined]
+    job = make_job(owner, gpu=1)
+    report = idle()
+    assert not report.skipped  # type: ignore[attr-defined]
+    assert Task.objects.get(job=job).state == TaskState.ASSIGNED
+
+
+def test_a_task_that_ended_moves_its_job_in_the_next_cycle(owner):
+    make_node("gpu-1", gpus=1)
+    job = make_job(owner, gpu=1)
+    run_scheduler_cycle()
+    run_scheduler_cycle()
+    assert idle().skipped  # type: ignore[attr-defined]
+    Task.objects.filter(job=job).update(state=TaskState.SUCCEEDED, exit_code=0)
+    assert not idle().skipped  # type: ignore[attr-defined]
+    job.refresh_from_db()
+    assert job.state == "Succeeded"
+
+
+def test_lease_renewals_leave_no_mark_but_a_node_change_does(owner):
+    node = make_node("gpu-1", gpus=1)
+    run_scheduler_cycle()
+    node.last_heartbeat = timezone.now()
+    node.save(update_fields=["last_heartbeat", "state"])  # as a lease renewal saves it
+    assert idle().skipped  # type: ignore[attr-defined]
+    Node.objects.filter(pk=node.pk).update(state=NodeState.DRAINING)
+    assert not idle().skipped  # type: ignore[attr-defined]
+    node.devices.update(healthy=False)
+    assert take_changes()
+    Queue.objects.update(weight=3)
+    assert take_changes()
+    assert not take_changes()
+
+
+def test_housekeeping_cycles_always_run(owner):
+    make_node("gpu-1", gpus=1)
+    run_scheduler_cycle()
+    report = run_scheduler_cycle(housekeeping=True, skip_unchanged=True)
+    assert not report.skipped
+    assert report.queries > 1
+
+
+def test_the_loop_never_skips_its_first_cycle_nor_the_one_after_a_failure(monkeypatch):
+    from scheduler.loop import CycleReport
+    from scheduler.management.commands import run_scheduler
+
+    stop, calls = threading.Event(), []
+
+    def cycle(interval: float, housekeeping: bool, skip_unchanged: bool = False) -> object:
+        calls.append(skip_unchanged)
+        report = CycleReport()
+        if len(calls) == 2:
+            report.errors.append("load")
+        if len(calls) == 4:
+            stop.set()
+        return report
+
+    class Lock:
+        def try_acquire(self) -> bool:
+            return True
+
+        def still_held(self) -> bool:
+            return True
+
+    monkeypatch.setattr(run_scheduler, "_cycle_and_heartbeat", cycle)
+    run_scheduler.run_loop(Lock(), 0.001, stop)  # type: ignore[arg-type]
+    assert calls == [False, True, False, True]
