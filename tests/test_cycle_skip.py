@@ -77,12 +77,16 @@ def test_lease_renewals_leave_no_mark_but_a_node_change_does(owner):
     assert not take_changes()
 
 
-def test_housekeeping_cycles_always_run(owner):
-    make_node("gpu-1", gpus=1)
-    run_scheduler_cycle()
+def test_a_quiet_housekeeping_cycle_still_runs_the_clocks_checks(owner):
+    from datetime import timedelta
+
+    node = make_node("silent", gpus=1, last_heartbeat=timezone.now() - timedelta(hours=1))
+    run_scheduler_cycle(housekeeping=False)
     report = run_scheduler_cycle(housekeeping=True, skip_unchanged=True)
-    assert not report.skipped
-    assert report.queries > 1
+    assert report.skipped  # nothing written: no placement, no job states
+    node.refresh_from_db()
+    assert node.state == NodeState.NOT_READY  # but the silent node was found
+    assert not idle().skipped  # and what that changed makes the next cycle a full one
 
 
 def test_the_loop_never_skips_its_first_cycle_nor_the_one_after_a_failure(monkeypatch):
@@ -110,3 +114,31 @@ def test_the_loop_never_skips_its_first_cycle_nor_the_one_after_a_failure(monkey
     monkeypatch.setattr(run_scheduler, "_cycle_and_heartbeat", cycle)
     run_scheduler.run_loop(Lock(), 0.001, stop)  # type: ignore[arg-type]
     assert calls == [False, True, False, True]
+
+
+def test_the_loop_runs_a_full_cycle_every_few_seconds_even_when_nothing_changed(monkeypatch):
+    from scheduler.loop import FULL_CYCLE_SECONDS, CycleReport
+    from scheduler.management.commands import run_scheduler
+
+    clock = iter(i * 0.1 for i in range(10_000))  # read twice a cycle: a cycle every 0.2 s
+    monkeypatch.setattr(run_scheduler.time, "monotonic", lambda: next(clock))
+    stop, calls = threading.Event(), []
+
+    def cycle(interval: float, housekeeping: bool, skip_unchanged: bool = False) -> object:
+        calls.append(skip_unchanged)
+        if len(calls) == 60:
+            stop.set()
+        return CycleReport(skipped=skip_unchanged)  # nothing ever changes
+
+    class Lock:
+        def try_acquire(self) -> bool:
+            return True
+
+        def still_held(self) -> bool:
+            return True
+
+    monkeypatch.setattr(run_scheduler, "_cycle_and_heartbeat", cycle)
+    run_scheduler.run_loop(Lock(), 0.2, stop)  # type: ignore[arg-type]
+    assert FULL_CYCLE_SECONDS == 5.0
+    full = [i for i, skip in enumerate(calls) if not skip]
+    assert full == [0, 25, 50]  # at 0, 5 and 10 s

@@ -12,7 +12,12 @@ from django.db import close_old_connections
 
 from scheduler.heartbeat import record_cycle
 from scheduler.leader import LeaderLock, leader_lock
-from scheduler.loop import HOUSEKEEPING_SECONDS, CycleReport, run_scheduler_cycle
+from scheduler.loop import (
+    FULL_CYCLE_SECONDS,
+    HOUSEKEEPING_SECONDS,
+    CycleReport,
+    run_scheduler_cycle,
+)
 from scheduler.management.stopping import stop_on_signals
 
 log = logging.getLogger("berth.scheduler")
@@ -70,12 +75,14 @@ def run_loop(
 ) -> None:
     """Lead when the lock is ours, else wait as a standby; one cycle per interval, with the
     clock's checks (deadlines, silent nodes, TTLs) once every HOUSEKEEPING_SECONDS at most.
-    A cycle that finds nothing changed since the previous one, and no housekeeping due, is
-    skipped; never the first one as leader, nor the one after a failure.
+    A cycle that finds nothing changed since the previous one skips placement (running only
+    the housekeeping if due); never the first one as leader, nor the one after a failure, nor
+    when the last full cycle is FULL_CYCLE_SECONDS old.
     With `log_idle` off, only cycles that changed something are logged."""
     leading = False
     housekeeping_at = 0.0
     healthy = False  # the previous cycle as leader ran without a failure
+    full_at = 0.0  # when a full cycle is due even if nothing changed
     while not stop.is_set():
         started = time.monotonic()
         if not leading:
@@ -92,11 +99,13 @@ def run_loop(
         housekeeping = started >= housekeeping_at
         if housekeeping:
             housekeeping_at = started + HOUSEKEEPING_SECONDS
-        healthy, was_healthy = False, healthy
+        skip, healthy = healthy and started < full_at, False
         try:
-            report = _cycle_and_heartbeat(interval, housekeeping, skip_unchanged=was_healthy)
+            report = _cycle_and_heartbeat(interval, housekeeping, skip_unchanged=skip)
             healthy = not report.errors
-            if report.skipped:
+            if not report.skipped:
+                full_at = started + FULL_CYCLE_SECONDS
+            if report.skipped and not report.busy:
                 log.debug("cycle skipped: nothing changed")
             elif log_idle or report.busy:
                 log.info(report.line())
