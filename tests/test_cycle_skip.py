@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from scheduler.loop import run_scheduler_cycle, take_changes
+from scheduler.loop import CycleReport, run_scheduler_cycle, take_changes
 from scheduler.models import Node, Queue, Task
 from scheduler.states import NodeState, TaskState
 from tests.factories import make_job, make_node
@@ -26,7 +26,7 @@ def _postgresql() -> None:
         pytest.skip("change marks are kept on PostgreSQL only")
 
 
-def idle() -> object:
+def idle() -> CycleReport:
     return run_scheduler_cycle(housekeeping=False, skip_unchanged=True)
 
 
@@ -36,17 +36,17 @@ def test_an_idle_cycle_is_one_statement(owner):
     run_scheduler_cycle()  # places the job
     run_scheduler_cycle(housekeeping=False, skip_unchanged=True)  # its own writes: a full one
     report = idle()
-    assert report.skipped  # type: ignore[attr-defined]
-    assert report.queries == 1  # type: ignore[attr-defined]
+    assert report.skipped
+    assert report.queries == 1
 
 
 def test_a_job_submitted_between_cycles_is_placed_by_the_next_one(owner):
     make_node("gpu-1", gpus=2)
     run_scheduler_cycle()
-    assert idle().skipped  # type: ignore[attr-defined]
+    assert idle().skipped
     job = make_job(owner, gpu=1)
     report = idle()
-    assert not report.skipped  # type: ignore[attr-defined]
+    assert not report.skipped
     assert Task.objects.get(job=job).state == TaskState.ASSIGNED
 
 
@@ -55,9 +55,9 @@ def test_a_task_that_ended_moves_its_job_in_the_next_cycle(owner):
     job = make_job(owner, gpu=1)
     run_scheduler_cycle()
     run_scheduler_cycle()
-    assert idle().skipped  # type: ignore[attr-defined]
+    assert idle().skipped
     Task.objects.filter(job=job).update(state=TaskState.SUCCEEDED, exit_code=0)
-    assert not idle().skipped  # type: ignore[attr-defined]
+    assert not idle().skipped
     job.refresh_from_db()
     assert job.state == "Succeeded"
 
@@ -67,9 +67,9 @@ def test_lease_renewals_leave_no_mark_but_a_node_change_does(owner):
     run_scheduler_cycle()
     node.last_heartbeat = timezone.now()
     node.save(update_fields=["last_heartbeat", "state"])  # as a lease renewal saves it
-    assert idle().skipped  # type: ignore[attr-defined]
+    assert idle().skipped
     Node.objects.filter(pk=node.pk).update(state=NodeState.DRAINING)
-    assert not idle().skipped  # type: ignore[attr-defined]
+    assert not idle().skipped
     node.devices.update(healthy=False)
     assert take_changes()
     Queue.objects.update(weight=3)
@@ -90,7 +90,6 @@ def test_a_quiet_housekeeping_cycle_still_runs_the_clocks_checks(owner):
 
 
 def test_the_loop_never_skips_its_first_cycle_nor_the_one_after_a_failure(monkeypatch):
-    from scheduler.loop import CycleReport
     from scheduler.management.commands import run_scheduler
 
     stop, calls = threading.Event(), []
@@ -117,7 +116,7 @@ def test_the_loop_never_skips_its_first_cycle_nor_the_one_after_a_failure(monkey
 
 
 def test_the_loop_runs_a_full_cycle_every_few_seconds_even_when_nothing_changed(monkeypatch):
-    from scheduler.loop import FULL_CYCLE_SECONDS, CycleReport
+    from scheduler.loop import FULL_CYCLE_SECONDS
     from scheduler.management.commands import run_scheduler
 
     clock = iter(i * 0.1 for i in range(10_000))  # read twice a cycle: a cycle every 0.2 s
