@@ -12,6 +12,11 @@ full cycles through `scheduler.loop.run_scheduler_cycle`:
 - `started`: every placed task reported Running (one UPDATE, as agents would): jobs go Running;
 - `finished`: every task Succeeded and its devices released: jobs go Succeeded.
 
+With `--idle-seconds S`, after `started` the scheduler loop itself (`run_loop`, housekeeping
+once a second, `--interval` apart) runs for S seconds on that cluster where nothing changes
+(every job running): `idle` shows the cycles run and skipped and the CPU the loop's process
+and its PostgreSQL backend spent per second (from /proc), the steady drain of a quiet cluster.
+
 Prints JSON: per cycle, the wall time of each phase (load, core, commit, flows, lifecycle,
 publish, total) in ms, the time spent inside database calls and the number of queries.
 `db_phases_ms` is what the cycle spends outside the pure core and the live push: load + commit
@@ -145,6 +150,59 @@ def measure(meter: QueryMeter) -> dict[str, Any]:
     }
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process on this machine, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_idle(seconds: float, interval: float) -> dict[str, Any]:
+    """Run the scheduler loop for `seconds` where nothing changes: CPU per second spent."""
+    import threading
+
+    from django.db import connection
+
+    from scheduler.management.commands import run_scheduler
+
+    reports: list[Any] = []
+    real_cycle = run_scheduler._cycle_and_heartbeat
+
+    def cycle(*args: Any, **kwargs: Any) -> Any:
+        reports.append(real_cycle(*args, **kwargs))
+        return reports[-1]
+
+    class Lock:
+        def try_acquire(self) -> bool:
+            return True
+
+        def still_held(self) -> bool:
+            return True
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    done = threading.Event()
+    stop = threading.Timer(seconds, done.set)
+    run_scheduler._cycle_and_heartbeat = cycle  # type: ignore[assignment]
+    cpu, pg, start = time.process_time(), _cpu_seconds(backend), time.perf_counter()
+    try:
+        stop.start()
+        run_scheduler.run_loop(Lock(), interval, done, log_idle=False)  # type: ignore[arg-type]
+    finally:
+        run_scheduler._cycle_and_heartbeat = real_cycle  # type: ignore[assignment]
+    wall = time.perf_counter() - start
+    cpu, pg = time.process_time() - cpu, _cpu_seconds(backend) - pg
+    skipped = sum(bool(getattr(r, "skipped", False)) for r in reports)
+    return {
+        "seconds": round(wall, 1),
+        "cycles": len(reports),
+        "skipped": skipped,
+        "queries": sum(r.queries for r in reports),
+        "scheduler_cpu_ms_per_s": round(cpu * 1000 / wall, 1),
+        "postgres_cpu_ms_per_s": round(pg * 1000 / wall, 1),
+    }
+
+
 def count(text: str) -> int:
     value = int(text)
     if not 1 <= value <= 1_000_000:
@@ -159,6 +217,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=count, default=1000, help="pending one-GPU jobs")
     parser.add_argument("--steady", type=count, default=5, help="steady cycles (median shown)")
     parser.add_argument("--database-name", default="bench_cycle_db")
+    parser.add_argument("--idle-seconds", type=float, default=0.0,
+                        help="run the loop this long on the steady cluster (0: not)")  # fmt: skip
+    parser.add_argument("--interval", type=float, default=0.2, help="loop interval (s)")
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         parser.error("needs PostgreSQL: set DATABASE_URL=postgres://user@host:port/db")
@@ -180,6 +241,9 @@ def main() -> None:
         cycles["steady"]["total_ms_all"] = [c["ms"]["total"] for c in steady]
         Task.objects.filter(state=TaskState.ASSIGNED).update(state=TaskState.RUNNING)
         cycles["started"] = measure(meter)
+        if args.idle_seconds > 0:
+            measure(meter)  # the jobs' move to Running is written; now nothing changes
+            result["idle"] = measure_idle(args.idle_seconds, args.interval)
         Allocation.objects.all().delete()
         Task.objects.filter(state=TaskState.RUNNING).update(state=TaskState.SUCCEEDED, exit_code=0)
         cycles["finished"] = measure(meter)

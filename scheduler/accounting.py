@@ -27,12 +27,7 @@ def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = N
     started = [t for t in tasks if t.started_at is not None]
     if not started:
         return 0
-    jobs = {
-        job_id: (owner_id, username, queue)
-        for job_id, owner_id, username, queue in Job.objects.filter(
-            pk__in={t.job_id for t in started}
-        ).values_list("id", "owner_id", "owner__username", "queue__name")
-    }
+    jobs = _owners_and_queues(started)
     records = []
     for task in started:
         if task.job_id not in jobs:
@@ -53,6 +48,24 @@ def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = N
     # A report re-sent for an attempt already recorded is ignored, never counted twice.
     UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
     return len(records)
+
+
+def _owners_and_queues(tasks: list[Task]) -> dict[int, tuple[int, str, str]]:
+    """job id -> (owner id, username, queue name): from the rows the caller already loaded
+    with the tasks (`select_related("job__owner", "job__queue")`), else in one query."""
+    jobs: dict[int, tuple[int, str, str]] = {}
+    for task in tasks:
+        if Task.job.is_cached(task):  # type: ignore[attr-defined]
+            job = task.job
+            if Job.owner.is_cached(job) and Job.queue.is_cached(job):  # type: ignore[attr-defined]
+                jobs[job.pk] = (job.owner_id, job.owner.username, job.queue.name)
+    missing = {t.job_id for t in tasks} - jobs.keys()
+    if missing:
+        rows = Job.objects.filter(pk__in=missing).values_list(
+            "id", "owner_id", "owner__username", "queue__name"
+        )
+        jobs.update((job_id, (owner, username, queue)) for job_id, owner, username, queue in rows)
+    return jobs
 
 
 def _start(task: Task, finished: datetime) -> datetime:

@@ -27,6 +27,8 @@ log = logging.getLogger("berth.scheduler")
 
 # How often `run_scheduler` runs the checks the clock decides (deadlines, silent nodes, TTLs).
 HOUSEKEEPING_SECONDS = 1.0
+# How often at least `run_scheduler` runs a full cycle when nothing changed (run_scheduler_cycle).
+FULL_CYCLE_SECONDS = 5.0
 # The phases of a cycle, in order; `total` is the whole cycle.
 PHASES = ("load", "core", "plan", "commit", "flows", "lifecycle", "publish")
 
@@ -51,6 +53,8 @@ class CycleReport:
     errors: list[str] = field(default_factory=list)
     # The phase running now: the query meter counts each query towards it.
     current_phase: str = field(default="load", repr=False)
+    # Nothing changed since the previous cycle: this one did nothing (see run_scheduler_cycle).
+    skipped: bool = False
 
     @property
     def durations(self) -> dict[str, float]:
@@ -131,19 +135,45 @@ def _load() -> store.Loaded:
         return store.load_snapshot()
 
 
+def take_changes() -> bool:
+    """Were rows the cycle reads written since the last call? Deletes the change marks
+    (scheduler/migrations/0014_sched2.py) in a statement of its own, before the cycle reads
+    anything: a change committed before it is seen by this cycle, one committed after it
+    leaves its mark for the next. True where the database keeps no marks (SQLite)."""
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:  # autocommit: its own transaction
+        cursor.execute("DELETE FROM berth_change")
+        return cursor.rowcount != 0
+
+
 def run_scheduler_cycle(
-    config: SchedulingPolicy | None = None, housekeeping: bool = True
+    config: SchedulingPolicy | None = None, housekeeping: bool = True, skip_unchanged: bool = False
 ) -> CycleReport:
     """One full cycle. Returns what it did and where its time went, for the log line, tests
     and benchmarks. Everything the cycle changed is published once, at its end.
 
     `housekeeping` False leaves out the checks that follow the clock rather than what
     happened (deadlines, silent nodes, orphaned tasks, TTLs): `run_scheduler` runs them once
-    every HOUSEKEEPING_SECONDS instead of every cycle."""
+    every HOUSEKEEPING_SECONDS instead of every cycle. With `skip_unchanged`, a cycle finding
+    no row it reads written since the previous cycle skips placement, flows and job states
+    (`report.skipped`): the same rows would give the same decisions. It still runs the
+    housekeeping when asked; whatever that changes leaves marks, so the next cycle is full.
+    Decisions that follow the clock alone (backfill windows, estimates) wait for the next full
+    cycle, which `run_scheduler` runs at least every FULL_CYCLE_SECONDS."""
     report = CycleReport()
     started = time.perf_counter()
     try:
         with connection.execute_wrapper(_QueryMeter(report)):
+            report.current_phase = "load"
+            changed = _phase(report, "load", take_changes, "changes")
+            if skip_unchanged and changed is False:
+                report.skipped = True
+                if housekeeping:
+                    with notify.batch():
+                        _phase(report, "lifecycle", lifecycle.lose_orphaned_tasks, "orphans")
+                        _clock_checks(report)
+                return report
             with notify.batch():
                 _cycle(report, config)
                 _lifecycle(report, housekeeping)
@@ -200,15 +230,19 @@ def _lifecycle(report: CycleReport, housekeeping: bool) -> None:
         _phase(report, "lifecycle", lifecycle.lose_orphaned_tasks, "orphans")
     report.counts["jobs_changed"] = _phase(report, "lifecycle", lifecycle.sync_jobs) or 0
     if housekeeping:
-        _phase(report, "lifecycle", lifecycle.enforce_deadlines, "deadlines")
-        _phase(report, "lifecycle", lifecycle.check_nodes, "nodes")
-        ttl = _phase(report, "lifecycle", lifecycle.cleanup_ttl, "ttl") or 0
-        ttl += (
-            _phase(report, "lifecycle", lambda: flow_ttl.cleanup_flows(timezone.now()), "flow-ttl")
-            or 0
-        )
-        report.counts["ttl_deleted"] = ttl
-        _phase(report, "lifecycle", gpu_history.prune_if_due, "gpu-history")  # once a minute
+        _clock_checks(report)
     # A flow whose last job just finished is closed in this cycle, not the next one.
     _phase(report, "flows", flow_controller.reconcile_flows)
     _phase(report, "lifecycle", arrays.refresh_parents, "arrays")
+
+
+def _clock_checks(report: CycleReport) -> None:
+    """What the clock decides: deadlines, silent nodes, TTLs, old GPU samples."""
+    _phase(report, "lifecycle", lifecycle.enforce_deadlines, "deadlines")
+    _phase(report, "lifecycle", lifecycle.check_nodes, "nodes")
+    ttl = _phase(report, "lifecycle", lifecycle.cleanup_ttl, "ttl") or 0
+    ttl += (
+        _phase(report, "lifecycle", lambda: flow_ttl.cleanup_flows(timezone.now()), "flow-ttl") or 0
+    )
+    report.counts["ttl_deleted"] = ttl
+    _phase(report, "lifecycle", gpu_history.prune_if_due, "gpu-history")  # once a minute

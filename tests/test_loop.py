@@ -64,7 +64,7 @@ def test_run_scheduler_does_the_housekeeping_once_a_second(monkeypatch):
     monkeypatch.setattr(run_scheduler.time, "monotonic", lambda: next(clock))
     stop, flags = threading.Event(), []
 
-    def cycle(interval: float, housekeeping: bool) -> object:
+    def cycle(interval: float, housekeeping: bool, skip_unchanged: bool = False) -> object:
         flags.append(housekeeping)
         if len(flags) == 12:
             stop.set()

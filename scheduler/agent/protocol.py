@@ -440,7 +440,7 @@ def _lock_reported(node: Node, reports: list[Report]) -> dict[int, Task]:
     tasks = {
         t.pk: t
         for t in Task.objects.select_for_update(of=("self",))
-        .select_related("job__owner")
+        .select_related("job__owner", "job__queue")  # for the usage records of tasks that end
         .filter(Q(pk__in=[r.id for r in reports]) | Q(node=node, state__in=TASK_ON_NODE))
         .order_by("pk")
     }

@@ -103,3 +103,20 @@ async def test_held_leases_of_a_process_share_one_subscription(settings):
     assert not await second.wait(8, 0.05)  # another node's orders
     await first.close()
     await second.close()
+
+
+def test_a_final_report_reads_owner_and_queue_with_the_tasks_it_locks(owner):
+    """The usage records of the tasks a report ends take the owner and queue from the rows
+    locked with the tasks: no separate query for them."""
+    token = register({**NODE, "devices": [{"index": i} for i in range(8)]}).json()["token"]
+    [task] = _place(owner, 1)
+    lease(token, wait=0)
+    running = [{"id": task.pk, "attempt": 0, "state": "Running"}]
+    lease(token, running, wait=0)
+    ended = [{**running[0], "state": "Succeeded", "exit_code": 0, "output_bytes": 0}]
+    with CaptureQueriesContext(connection) as queries:
+        assert beat(token, ended).status_code == 200
+    job_reads = [q["sql"] for q in queries if q["sql"].startswith('SELECT "scheduler_job"')]
+    assert job_reads == []
+    record = UsageRecord.objects.get()
+    assert (record.username, record.queue, record.user_id) == (owner.username, "default", owner.pk)

@@ -12,7 +12,12 @@ from django.db import close_old_connections
 
 from scheduler.heartbeat import record_cycle
 from scheduler.leader import LeaderLock, leader_lock
-from scheduler.loop import HOUSEKEEPING_SECONDS, CycleReport, run_scheduler_cycle
+from scheduler.loop import (
+    FULL_CYCLE_SECONDS,
+    HOUSEKEEPING_SECONDS,
+    CycleReport,
+    run_scheduler_cycle,
+)
 from scheduler.management.stopping import stop_on_signals
 
 log = logging.getLogger("berth.scheduler")
@@ -70,9 +75,14 @@ def run_loop(
 ) -> None:
     """Lead when the lock is ours, else wait as a standby; one cycle per interval, with the
     clock's checks (deadlines, silent nodes, TTLs) once every HOUSEKEEPING_SECONDS at most.
+    A cycle that finds nothing changed since the previous one skips placement (running only
+    the housekeeping if due); never the first one as leader, nor the one after a failure, nor
+    when the last full cycle is FULL_CYCLE_SECONDS old.
     With `log_idle` off, only cycles that changed something are logged."""
     leading = False
     housekeeping_at = 0.0
+    healthy = False  # the previous cycle as leader ran without a failure
+    full_at = 0.0  # when a full cycle is due even if nothing changed
     while not stop.is_set():
         started = time.monotonic()
         if not leading:
@@ -84,14 +94,20 @@ def run_loop(
                 continue
         elif not lock.still_held():
             log.warning("lost the leader lock; standing by")
-            leading = False
+            leading = healthy = False
             continue
         housekeeping = started >= housekeeping_at
         if housekeeping:
             housekeeping_at = started + HOUSEKEEPING_SECONDS
+        skip, healthy = healthy and started < full_at, False
         try:
-            report = _cycle_and_heartbeat(interval, housekeeping)
-            if log_idle or report.busy:
+            report = _cycle_and_heartbeat(interval, housekeeping, skip_unchanged=skip)
+            healthy = not report.errors
+            if not report.skipped:
+                full_at = started + FULL_CYCLE_SECONDS
+            if report.skipped and not report.busy:
+                log.debug("cycle skipped: nothing changed")
+            elif log_idle or report.busy:
                 log.info(report.line())
         except Exception:  # a crash in one cycle is logged; the loop goes on
             log.exception("scheduler cycle failed")
@@ -100,12 +116,19 @@ def run_loop(
         stop.wait(max(0.0, interval - (time.monotonic() - started)))
 
 
-def _cycle_and_heartbeat(interval: float, housekeeping: bool = True) -> CycleReport:
-    """One cycle, then the heartbeat /healthz and /metrics read (last cycle, phase timings)."""
+def _cycle_and_heartbeat(
+    interval: float, housekeeping: bool = True, skip_unchanged: bool = False
+) -> CycleReport:
+    """One cycle, then the heartbeat /healthz and /metrics read (last cycle, phase timings;
+    a skipped cycle counts in the total only, so the phases describe cycles that ran)."""
     started = time.perf_counter()
-    report = run_scheduler_cycle(housekeeping=housekeeping)
+    report = run_scheduler_cycle(housekeeping=housekeeping, skip_unchanged=skip_unchanged)
     try:
-        phases = {name: timing.seconds for name, timing in report.phases.items()}
+        phases = (
+            {}
+            if report.skipped
+            else {name: timing.seconds for name, timing in report.phases.items()}
+        )
         record_cycle(phases, time.perf_counter() - started, interval)
     except Exception:  # the heartbeat is for monitoring; a failure never stops scheduling
         log.exception("recording the scheduler heartbeat failed")
