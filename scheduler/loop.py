@@ -137,7 +137,7 @@ def _load() -> store.Loaded:
 
 def take_changes() -> bool:
     """Were rows the cycle reads written since the last call? Deletes the change marks
-    (scheduler/migrations/0014_sched2.py) in a statement of its own, before the cycle reads
+    (scheduler/migrations/0014_change_marks.py) in a statement of its own, before the cycle reads
     anything: a change committed before it is seen by this cycle, one committed after it
     leaves its mark for the next. True where the database keeps no marks (SQLite)."""
     if connection.vendor != "postgresql":

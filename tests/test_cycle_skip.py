@@ -1,6 +1,6 @@
 """A cycle with nothing changed since the previous one is skipped: one statement, not twenty.
 
-The change marks are PostgreSQL triggers (scheduler/migrations/0014_sched2.py); every write
+The change marks are PostgreSQL triggers (scheduler/migrations/0014_change_marks.py); every write
 the cycle would react to must still be picked up by the very next cycle.
 """
 
