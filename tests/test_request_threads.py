@@ -1,6 +1,6 @@
 """How a web worker schedules its requests (berth/handler.py, berth/serve.py): a fixed set
 of threads taken first come, first served, 503 + Retry-After for one that waits too long, the
-body read before a thread is taken, `Connection: close` from a crowded worker, the agents'
+body read before a thread is taken, the agents' requests first, the agents'
 leases on shared threads instead of a new one each, and the loaded objects frozen out of
 the garbage collector's sight."""
 
@@ -65,11 +65,33 @@ async def test_threads_are_handed_out_in_arrival_order():
     for n in range(4):
         waiters.append(asyncio.create_task(wait_for_it(n)))
         await asyncio.sleep(0)  # each one queued before the next arrives
-    assert threads.waiting == 4 and threads.crowded()
+    assert threads.waiting == 4
     threads.give_back(first)
     await asyncio.gather(*waiters)
     assert order == [0, 1, 2, 3]
     assert threads.waiting == 0
+
+
+@pytest.mark.asyncio
+async def test_urgent_requests_go_ahead_of_the_others_each_in_arrival_order():
+    threads = RequestThreads(1)
+    first = await threads.take(1)
+    assert first is not None
+    order: list[str] = []
+
+    async def wait_for_it(name: str) -> None:
+        executor = await threads.take(5, urgent=name.startswith("agent"))
+        assert executor is not None
+        order.append(name)
+        threads.give_back(executor)
+
+    waiters = []
+    for name in ("submit-1", "agent-1", "submit-2", "agent-2"):
+        waiters.append(asyncio.create_task(wait_for_it(name)))
+        await asyncio.sleep(0)
+    threads.give_back(first)
+    await asyncio.gather(*waiters)
+    assert order == ["agent-1", "agent-2", "submit-1", "submit-2"]
 
 
 @pytest.mark.asyncio
@@ -98,24 +120,6 @@ async def test_a_slow_upload_holds_no_thread():
     assert handler.threads.waiting == 0
     await slow.send_input({"type": "http.request", "body": b"}", "more_body": False})
     assert (await slow.receive_output(timeout=10))["status"] == 404
-
-
-@pytest.mark.asyncio
-async def test_a_crowded_worker_asks_the_client_to_reconnect():
-    handler = OneHopASGIHandler(threads=1)
-    held = await handler.threads.take(1)
-    assert held is not None
-    first = asyncio.create_task(_get(handler))  # waits: one round queued ahead of the next
-    while handler.threads.waiting < 1:
-        await asyncio.sleep(0.001)
-    second = asyncio.create_task(_get(handler))
-    while handler.threads.waiting < 2:
-        await asyncio.sleep(0.001)
-    handler.threads.give_back(held)
-    answers = await asyncio.gather(first, second)
-    assert [a["status"] for a in answers] == [404, 404]
-    assert b"connection" not in _headers(answers[0])  # it found the queue short: keep-alive
-    assert _headers(answers[1])[b"connection"] == b"close"
 
 
 @pytest.mark.asyncio
