@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from berth.handler import get_asgi_application
+from berth.handler import SharedThreads, get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "berth.settings")
 django_asgi_app = get_asgi_application()
@@ -21,8 +21,9 @@ from berth.limits import RequestLimits  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from scheduler.agent.views import LeaseApp  # noqa: E402
 
-# Agents' held lease requests skip the middleware stack (scheduler/agent/views.py).
-lease_app: Any = LeaseApp()
+# Agents' held lease requests skip the middleware stack (scheduler/agent/views.py), and run
+# their database calls on two threads kept for the process's life (berth/handler.py).
+lease_app: Any = SharedThreads(LeaseApp(), size=2)
 django_app: Any = django_asgi_app
 http_routes = [path("api/v1/agent/lease/", lease_app), re_path(r"", django_app)]
 

@@ -8,6 +8,7 @@ websockets (berth.asgi) with its own bounded database pool.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import tempfile
@@ -36,6 +37,7 @@ class BerthUvicornWorker(UvicornWorker):
     def load_wsgi(self) -> None:
         super().load_wsgi()
         open_database_pool()
+        freeze_loaded_objects()
 
 
 def open_database_pool() -> None:
@@ -46,6 +48,20 @@ def open_database_pool() -> None:
     pool = getattr(connections["default"], "pool", None)
     if pool is not None:
         pool.open(wait=False)
+
+
+def freeze_loaded_objects() -> None:
+    """Load every view now and move what the worker holds after loading out of the garbage
+    collector's sight (`gc.freeze`). Those ~hundreds of thousands of objects (modules,
+    classes, URL patterns, settings) live as long as the process, yet every full collection
+    walked them all again: under load, a worker's full collections took 0.3-0.5 s each, with
+    every request of the process stopped meanwhile (docs/benchmarks.md, "The web tier's
+    tail"). Objects made afterwards are collected as before."""
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns  # noqa: B018 - imports every urls and views module
+    gc.collect()
+    gc.freeze()
 
 
 def settings_problems(environ: Mapping[str, str]) -> list[str]:

@@ -223,6 +223,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("BERTH_MAX_BODY_BYTES", 2 * 1024 * 1024, m
 # Agents' held lease requests count too (one per node for up to ~12 s), hence the headroom.
 BERTH_MAX_INFLIGHT = env_int("BERTH_MAX_INFLIGHT", 1000, minimum=0)
 BERTH_RETRY_AFTER_SECONDS = env_int("BERTH_RETRY_AFTER_SECONDS", 1, minimum=1)
+# Requests that run Django's middleware and views at once per worker process, each on a
+# thread kept for the process's life (berth/handler.py); the others wait their turn, first
+# come first served, up to BERTH_DB_POOL_TIMEOUT seconds, then get 503 + Retry-After.
+# Default: the database pool's size, so a running request never waits for a connection.
+BERTH_WEB_THREADS = env_int("BERTH_WEB_THREADS", DB_POOL_MAX or 4, minimum=1)
 # POSTs to sign-in-like endpoints per client address (and per username) per window.
 BERTH_LOGIN_ATTEMPTS = env_int("BERTH_LOGIN_ATTEMPTS", 10, minimum=1)
 BERTH_LOGIN_WINDOW_SECONDS = env_int("BERTH_LOGIN_WINDOW_SECONDS", 60, minimum=1)
