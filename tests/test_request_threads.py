@@ -1,6 +1,6 @@
 """How a web worker schedules its requests (berth/handler.py, berth/serve.py): a fixed set
 of threads taken first come, first served, 503 + Retry-After for one that waits too long, the
-body read before a thread is taken, the agents' requests first, the agents'
+body read before a thread is taken (agents' requests wait in the same line), the agents'
 leases on shared threads instead of a new one each, and the loaded objects frozen out of
 the garbage collector's sight."""
 
@@ -70,28 +70,6 @@ async def test_threads_are_handed_out_in_arrival_order():
     await asyncio.gather(*waiters)
     assert order == [0, 1, 2, 3]
     assert threads.waiting == 0
-
-
-@pytest.mark.asyncio
-async def test_urgent_requests_go_ahead_of_the_others_each_in_arrival_order():
-    threads = RequestThreads(1)
-    first = await threads.take(1)
-    assert first is not None
-    order: list[str] = []
-
-    async def wait_for_it(name: str) -> None:
-        executor = await threads.take(5, urgent=name.startswith("agent"))
-        assert executor is not None
-        order.append(name)
-        threads.give_back(executor)
-
-    waiters = []
-    for name in ("submit-1", "agent-1", "submit-2", "agent-2"):
-        waiters.append(asyncio.create_task(wait_for_it(name)))
-        await asyncio.sleep(0)
-    threads.give_back(first)
-    await asyncio.gather(*waiters)
-    assert order == ["agent-1", "agent-2", "submit-1", "submit-2"]
 
 
 @pytest.mark.asyncio
