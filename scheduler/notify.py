@@ -243,10 +243,8 @@ class _Dispatcher:
         self.ready.set_result(True)
 
     async def _run(self) -> None:
+        refreshing = asyncio.ensure_future(self._refresh())
         try:
-            if asyncio.get_running_loop().time() - self.refreshed > self.REFRESH_SECONDS:
-                self.refreshed = asyncio.get_running_loop().time()
-                await self.layer.group_add(AGENT_GROUP, self.channel)
             while True:
                 message = await self.layer.receive(self.channel)
                 self.deliver(message.get("nodes", ()))
@@ -254,6 +252,21 @@ class _Dispatcher:
             log.warning("channel layer failed; held leases poll instead", exc_info=True)
             self.failed = True
             self.deliver(list(self.by_node))  # every held lease looks again, then polls
+        finally:
+            refreshing.cancel()
+
+    async def _refresh(self) -> None:
+        """Renew the membership every REFRESH_SECONDS while receiving: a process whose
+        leases are held without a break for longer than the layer's group expiry would
+        otherwise stop hearing wake-ups (leases would then wait out their whole time)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await asyncio.sleep(max(0.0, self.refreshed + self.REFRESH_SECONDS - loop.time()))
+                self.refreshed = loop.time()
+                await self.layer.group_add(AGENT_GROUP, self.channel)
+        except Exception:  # the receive loop notices a failed layer and falls back to polling
+            log.warning("could not renew the agents' group membership", exc_info=True)
 
     def deliver(self, nodes: Iterable[int]) -> None:
         nodes = set(nodes)

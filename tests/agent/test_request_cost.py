@@ -105,6 +105,38 @@ async def test_held_leases_of_a_process_share_one_subscription(settings):
     await second.close()
 
 
+@pytest.mark.asyncio
+async def test_the_shared_subscription_is_renewed_while_leases_are_held(settings, monkeypatch):
+    """A process whose leases are held without a break keeps its membership of the agents'
+    group fresh (the layer forgets a group member after its expiry): wake-ups keep coming."""
+    import asyncio
+
+    from channels.layers import get_channel_layer
+
+    from scheduler import notify
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    monkeypatch.setattr(notify._Dispatcher, "REFRESH_SECONDS", 0.05)
+    layer = get_channel_layer()
+    joined: list[str] = []
+    group_add = layer.group_add
+
+    async def counting_group_add(group: str, channel: str) -> None:
+        joined.append(channel)
+        await group_add(group, channel)
+
+    monkeypatch.setattr(layer, "group_add", counting_group_add)
+    waiter = notify.OrdersWaiter()
+    await waiter.open()
+    assert not await waiter.wait(7, 0.3)  # held, nothing for node 7
+    await waiter.close()
+    assert len(joined) >= 4  # the first join, then renewed while the lease was held
+    await asyncio.sleep(0.15)
+    stopped = len(joined)
+    await asyncio.sleep(0.15)
+    assert len(joined) == stopped  # no lease held: no renewals either
+
+
 def test_a_final_report_reads_owner_and_queue_with_the_tasks_it_locks(owner):
     """The usage records of the tasks a report ends take the owner and queue from the rows
     locked with the tasks: no separate query for them."""
