@@ -703,7 +703,8 @@ def _to_start(ids: list[int], node: Node) -> list[Task]:
     tasks = Task.objects.select_related("job__owner").filter(
         pk__in=ids, node=node, state=TaskState.ASSIGNED, kill_requested=False
     )
-    return sorted(tasks, key=lambda t: ids.index(t.pk))
+    order = {pk: i for i, pk in enumerate(ids)}
+    return sorted(tasks, key=lambda t: order[t.pk])
 
 
 def start_messages(tasks: list[Task], node: Node) -> list[dict[str, Any]]:
@@ -856,20 +857,21 @@ def _kept_many(attempts: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
         return held
     rows = TaskLog.objects.filter(reduce(operator.or_, where))
     for task_id, attempt, offset, data in rows.values_list("task_id", "attempt", "offset", "data"):
-        truncated = data.endswith(TRUNCATED)
-        held[(task_id, attempt)] = settings.BERTH_LOG_MAX_BYTES if truncated else (
-            offset + len(data.encode())
-        )  # fmt: skip
+        held[(task_id, attempt)] = _held_after(offset, data)
     return held
 
 
 def _kept_bytes(task: Task, attempt: int) -> int:
     last = TaskLog.objects.filter(task=task, attempt=attempt).order_by("-offset").first()
-    if last is None:
-        return 0
-    if last.data.endswith(TRUNCATED):
+    return 0 if last is None else _held_after(last.offset, last.data)
+
+
+def _held_after(offset: int, data: str) -> int:
+    """The bytes of an attempt's output held, given its last chunk: BERTH_LOG_MAX_BYTES once
+    the cap cut it (the chunk ends with TRUNCATED)."""
+    if data.endswith(TRUNCATED):
         return settings.BERTH_LOG_MAX_BYTES
-    return last.offset + len(last.data.encode())
+    return offset + len(data.encode())
 
 
 def _published_log(task: Task, attempt: int, offset: int, text: str) -> None:
