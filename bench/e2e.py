@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import cpu_use  # noqa: E402
 import slurm_peer  # noqa: E402
 from processes import free_port, stop_groups  # noqa: E402
 
@@ -382,6 +383,7 @@ def _submit_all(args: argparse.Namespace, submitter: Submitter) -> int:
 
 def _load(args: argparse.Namespace, url: str, token: str, db: Database) -> dict[str, Any]:
     submitter = Submitter(url, token)
+    cpu_before = cpu_use.snapshot()
     sampler = QueueSampler(db)
     accepted = _submit_all(args, submitter)
     submit_s = time.monotonic() - sampler.t0
@@ -390,6 +392,7 @@ def _load(args: argparse.Namespace, url: str, token: str, db: Database) -> dict[
                               "('Succeeded','Failed','Cancelled')") >= accepted,
                args.timeout, "every job to end")  # fmt: skip
     total_s = time.monotonic() - sampler.t0
+    cpu = cpu_use.used(cpu_before, cpu_use.snapshot())
     sampler.stop()
     rows = db.conn.execute(
         "SELECT extract(epoch FROM started_at - created_at), state FROM scheduler_job"
@@ -408,6 +411,8 @@ def _load(args: argparse.Namespace, url: str, token: str, db: Database) -> dict[
         "status_codes": dict(submitter.statuses),
         "wait_to_start_s": {"p50": pct(waits, 0.5), "p99": pct(waits, 0.99)},
         "connections": {"peak": sampler.peak},
+        "cpu_ms_per_job": {role: round(1000 * s / max(accepted, 1), 2) for role, s in cpu.items()}
+        | {"all": round(1000 * sum(cpu.values()) / max(accepted, 1), 2), "cores": os.cpu_count()},
         "queue_depth": sampler.samples,
     }  # fmt: skip
 

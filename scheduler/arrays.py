@@ -33,6 +33,7 @@ from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
 from scheduler.events import record
 from scheduler.jobstate import JobEvent, event_into, next_state, sources, target
 from scheduler.models import Event, Job, Queue, Task
+from scheduler.setbased import update_rows
 from scheduler.specs import array_max_elements
 from scheduler.states import (
     JOB_ACTIVE,
@@ -43,6 +44,11 @@ from scheduler.states import (
     TaskState,
 )
 
+# What a parent's refresh from its elements writes.
+PARENT_COLUMNS = (
+    "state", "reason", "message", "started_at", "finished_at", "array_counts",
+    "hold_reason", "pending_code", "pending_message", "estimated_start_at",
+)  # fmt: skip
 BATCH = 2000  # rows per INSERT/UPDATE statement (SQLite's variable limit allows it)
 PARENT_ACTIVE = (JobState.PENDING, JobState.RUNNING)
 TaskGroup = tuple[str, int, int, int, int]  # name, replicas, cpu, memory, gpu
@@ -331,11 +337,8 @@ def refresh_parents(now: datetime | None = None) -> int:
                 _move(parent, state, fresh, now)
             parent.array_counts, parent.hold_reason = fresh, text
             changed.append(parent)
-        Job.objects.bulk_update(
-            changed,
-            ["state", "reason", "message", "started_at", "finished_at", "array_counts",
-             "hold_reason", "pending_code", "pending_message", "estimated_start_at"],
-        )  # fmt: skip
+        update_rows(Job, {p.pk: tuple(getattr(p, c) for c in PARENT_COLUMNS) for p in changed},
+                    PARENT_COLUMNS)  # fmt: skip
         notify.changed(jobs=[p.pk for p in changed])
     return len(changed)
 

@@ -20,7 +20,7 @@ from scheduler.core.cycle import CycleResult
 from scheduler.core.model import SchedulingPolicy
 from scheduler.core.plan import Plan, fingerprint, plan_positions, plan_starts
 from scheduler.models import Job
-from scheduler.setbased import CHUNK, chunks, update_rows
+from scheduler.setbased import chunks, update_rows
 from scheduler.snapshot import Loaded
 
 # An estimate that moved less than this is not news (it drifts with every cycle's "now").
@@ -76,11 +76,8 @@ def persist(loaded: Loaded, plan: Plan) -> int:
     if moved or left or estimated:
         with transaction.atomic():
             update_rows(Job, {j: (p,) for j, p in moved.items()}, per_row=["queue_position"])
-            Job.objects.bulk_update(
-                [Job(pk=j, estimated_start_at=_when(plan.starts[j])) for j in sorted(estimated)],
-                ["estimated_start_at"],
-                batch_size=CHUNK,
-            )
+            starts = {j: (_when(plan.starts[j]),) for j in estimated}
+            update_rows(Job, starts, per_row=["estimated_start_at"])
             for ids in chunks(sorted(left)):
                 Job.objects.filter(pk__in=ids).update(queue_position=None)
     changed = set(moved) | set(left) | estimated

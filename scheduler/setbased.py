@@ -44,6 +44,17 @@ def _prep(field: Field[Any, Any], value: Any) -> Any:
     return field.get_db_prep_save(value, connection)
 
 
+def _values_row(fields: Sequence[Field[Any, Any]], typed: bool) -> str:
+    """A VALUES row of placeholders: the pk, then `fields`. On PostgreSQL the first row says
+    each column's type, so a column of NULLs only (or of untyped literals) is still of the
+    field's type, not text; SQLite needs no types."""
+    marks = ["%s"]
+    for field in fields:
+        db_type = field.cast_db_type(connection) if typed else None
+        marks.append(f"CAST(%s AS {db_type})" if db_type else "%s")
+    return f"({', '.join(marks)})"
+
+
 def update_rows(
     model: type[Model],
     rows: Mapping[int, Sequence[Any]],
@@ -69,7 +80,8 @@ def update_rows(
     conditions = "".join(f" AND {table}.{quote(f.column)} = %s" for f, _ in guard_fields)
     const_params = [_prep(f, v) for f, v in const_fields]
     guard_params = [_prep(f, v) for f, v in guard_fields]
-    placeholder = "(" + ", ".join(["%s"] * (len(per_row) + 1)) + ")"
+    first = _values_row(row_fields, typed=connection.vendor == "postgresql")
+    placeholder = _values_row(row_fields, typed=False)
     updated: set[int] = set()
     with connection.cursor() as cursor:
         for batch in chunks(sorted(rows.items())):
@@ -80,7 +92,7 @@ def update_rows(
             ]
             cursor.execute(
                 f"UPDATE {table} SET {', '.join(assignments)}"
-                f" FROM (VALUES {', '.join([placeholder] * len(batch))}) AS v"
+                f" FROM (VALUES {', '.join([first] + [placeholder] * (len(batch) - 1))}) AS v"
                 f" WHERE {table}.{pk_column} = v.column1{conditions}"
                 f" RETURNING {table}.{pk_column}",
                 [*const_params, *values, *guard_params],

@@ -310,18 +310,10 @@ def _save_statuses(changed: dict[int, Status]) -> set[int]:
                 pk__in=ids, state__in=(JobState.PENDING, JobState.SUSPENDED)
             ).values_list("pk", flat=True)
         )
-    Job.objects.bulk_update(
-        [
-            Job(
-                pk=j,
-                pending_code=changed[j].code,
-                pending_message=changed[j].message,
-                pending_node_reasons=changed[j].node_reasons,
-            )
-            for j in sorted(still_waiting)
-        ],
-        ["pending_code", "pending_message", "pending_node_reasons"],
-        batch_size=CHUNK,
+    update_rows(
+        Job,
+        {j: (changed[j].code, changed[j].message, changed[j].node_reasons) for j in still_waiting},
+        per_row=["pending_code", "pending_message", "pending_node_reasons"],
     )
     return still_waiting
 

@@ -40,6 +40,7 @@ from scheduler.arrays import array_env
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.events import record
 from scheduler.models import Allocation, Device, Event, Node, Task, TaskLog, hash_token
+from scheduler.setbased import update_rows
 from scheduler.specs import NAME_RE, NAME_RULE, UNSTORABLE, label_problems
 from scheduler.states import TASK_ON_NODE, TaskState
 
@@ -575,7 +576,9 @@ def _save_ended(ended: list[Task], node: Node) -> None:
     record why, a few statements for all of them."""
     if not ended:
         return
-    Task.objects.bulk_update(ended, ["state", "exit_code", "started_at", "finished_at", "message"])
+    update_rows(Task, {t.pk: (t.state, t.exit_code, t.started_at, t.finished_at, t.message)
+                       for t in ended},
+                per_row=["state", "exit_code", "started_at", "finished_at", "message"])  # fmt: skip
     record_task_ends(ended, timezone.now())  # each task's own finish time is kept
     Allocation.objects.filter(task__in=[t.pk for t in ended]).delete()
     Event.objects.bulk_create(
@@ -641,7 +644,8 @@ def _confirm_started(token_hash: str, reports: list[Report], now: Any) -> list[T
     for task in started:
         task.state = TaskState.RUNNING  # when the agent says the process started, bounded
         task.started_at = process_time(running[task.pk].started_at, now, task.assigned_at, "start")
-    Task.objects.bulk_update(started, ["state", "started_at"])
+    update_rows(Task, {t.pk: (t.state, t.started_at) for t in started},
+                per_row=["state", "started_at"])  # fmt: skip
     return started
 
 

@@ -1,0 +1,61 @@
+"""Set-based writes: each row its own values in one statement, read back as the ORM wrote."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from scheduler.models import Job, Task
+from scheduler.setbased import update_rows
+from scheduler.states import TaskState
+from tests.factories import make_job
+
+pytestmark = pytest.mark.django_db
+
+COLUMNS = ["state", "exit_code", "started_at", "finished_at", "message"]
+
+
+def test_each_row_takes_its_own_values_in_one_statement(owner):
+    tasks = list(make_job(owner, replicas=3).tasks.order_by("pk"))
+    now = timezone.now()
+    wanted = {
+        tasks[0].pk: (TaskState.SUCCEEDED, 0, now - timedelta(seconds=5), now, ""),
+        tasks[1].pk: (TaskState.FAILED, 3, now - timedelta(seconds=4), now, "it's 'quoted'"),
+    }
+    with CaptureQueriesContext(connection) as queries:
+        updated = update_rows(Task, wanted, per_row=COLUMNS)
+    assert updated == set(wanted)
+    assert len(queries) == 1
+    for task in Task.objects.filter(pk__in=wanted):
+        assert tuple(getattr(task, c) for c in COLUMNS) == wanted[task.pk]
+    untouched = Task.objects.get(pk=tasks[2].pk)
+    assert (untouched.state, untouched.exit_code, untouched.finished_at) == (
+        TaskState.PENDING, None, None,
+    )  # fmt: skip
+
+
+def test_a_column_of_nulls_only_keeps_its_type(owner):
+    """On PostgreSQL an untyped NULL in VALUES is text, which an integer column refuses:
+    tasks that all end without an exit code (lost, killed before they ran) must still be
+    written."""
+    tasks = list(make_job(owner, replicas=2).tasks.order_by("pk"))
+    now = timezone.now()
+    rows = {t.pk: (TaskState.LOST, None, None, now, "agent no longer runs it") for t in tasks}
+    assert update_rows(Task, rows, per_row=COLUMNS) == set(rows)
+    for task in Task.objects.filter(pk__in=rows):
+        assert (task.state, task.exit_code, task.started_at) == (TaskState.LOST, None, None)
+
+
+def test_json_and_guards(owner):
+    jobs = [make_job(owner, name=f"j{i}") for i in range(3)]
+    reasons = {jobs[0].pk: ({"NodeFull": ["a", "b"]},), jobs[1].pk: ({},), jobs[2].pk: ({},)}
+    Job.objects.filter(pk=jobs[2].pk).update(state="Running")
+    updated = update_rows(
+        Job, reasons, per_row=["pending_node_reasons"], guards={"state": "Pending"}
+    )
+    assert updated == {jobs[0].pk, jobs[1].pk}
+    assert Job.objects.get(pk=jobs[0].pk).pending_node_reasons == {"NodeFull": ["a", "b"]}
