@@ -50,7 +50,7 @@ def _values_row(fields: Sequence[Field[Any, Any]], typed: bool) -> str:
     field's type, not text; SQLite needs no types."""
     marks = ["%s"]
     for field in fields:
-        db_type = field.cast_db_type(connection) if typed else None
+        db_type = field.db_type(connection) if typed else None
         marks.append(f"CAST(%s AS {db_type})" if db_type else "%s")
     return f"({', '.join(marks)})"
 

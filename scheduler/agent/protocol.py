@@ -28,7 +28,7 @@ from functools import reduce
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
@@ -649,6 +649,12 @@ def _confirm_started(token_hash: str, reports: list[Report], now: Any) -> list[T
     return started
 
 
+# What a start order reads of a task, its job and its owner (_to_start, _start_message).
+START_FIELDS = ("attempt", "group", "index", "job", "job__name", "job__spec", "job__walltime",
+                "job__array_parent", "job__array_index", "job__owner", "job__owner__username")
+ROW_COLUMNS = ("id", "node_id", "attempt", "state", "kill_requested")  # a _Row's, in order
+
+
 class _Row(NamedTuple):
     """What deciding a lease's orders reads of a task (no model, no job)."""
 
@@ -664,12 +670,7 @@ def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
     not know yet, and tasks it runs that must stop. The tasks are read as plain rows; only
     those to start are loaded whole, with their jobs."""
     known = {(r.id, r.attempt) for r in reports}
-    rows = {
-        row[0]: _Row(*row)
-        for row in Task.objects.filter(
-            Q(node=node, state__in=TASK_ON_NODE) | Q(pk__in=[r.id for r in reports])
-        ).values_list("pk", "node_id", "attempt", "state", "kill_requested")
-    }
+    rows = {row[0]: _Row(*row) for row in _task_rows(node, [r.id for r in reports])}
     kill = []
     for report in reports:
         task = rows.get(report.id)
@@ -700,12 +701,31 @@ def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
     }
 
 
+def _task_rows(node: Node, reported: list[int]) -> list[tuple[Any, ...]]:
+    """`_Row`s of the tasks on `node` and of those `reported`: every lease reads them, so the
+    statement is written here rather than built by the ORM each time."""
+    quote = connection.ops.quote_name
+    on_node = ", ".join(["%s"] * len(TASK_ON_NODE))
+    sql = (
+        f"SELECT {', '.join(quote(c) for c in ROW_COLUMNS)} FROM {quote(Task._meta.db_table)}"
+        f" WHERE ({quote('node_id')} = %s AND {quote('state')} IN ({on_node}))"
+    )
+    if reported:
+        sql += f" OR {quote('id')} IN ({', '.join(['%s'] * len(reported))})"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [node.pk, *TASK_ON_NODE, *reported])
+        return cursor.fetchall()
+
+
 def _to_start(ids: list[int], node: Node) -> list[Task]:
-    """The tasks of `ids` still Assigned here, whole, with their jobs and owners."""
+    """The tasks of `ids` still Assigned here, with their jobs and owners: what a start
+    order says of them (START_FIELDS), not whole rows (a job has some forty columns)."""
     if not ids:
         return []
-    tasks = Task.objects.select_related("job__owner").filter(
-        pk__in=ids, node=node, state=TaskState.ASSIGNED, kill_requested=False
+    tasks = (
+        Task.objects.select_related("job__owner")
+        .filter(pk__in=ids, node=node, state=TaskState.ASSIGNED, kill_requested=False)
+        .only(*START_FIELDS)
     )
     order = {pk: i for i, pk in enumerate(ids)}
     return sorted(tasks, key=lambda t: order[t.pk])

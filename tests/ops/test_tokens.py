@@ -196,3 +196,37 @@ def test_the_page_cannot_revoke_another_users_token(owner, teammate):
 def test_the_page_is_in_the_nav_and_needs_sign_in(owner):
     assert Client().get("/tokens/").status_code == 302
     assert 'href="/tokens/"' in _browser(owner).get("/").content.decode()
+
+
+@pytest.mark.parametrize("kind", ["self-service", "drf"])
+def test_a_key_signs_in_as_its_own_user_whole_and_never_an_inactive_one(
+    owner, teammate, kind
+):
+    """Sign-in reads the token and its user in one statement: the user it yields is the
+    token's own, with every field (staff or not), and a deactivated user is refused."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from scheduler.tokens import KeyRefused, user_for_key
+
+    teammate.is_staff = True
+    teammate.save()
+    if kind == "drf":
+        call_command("drf_create_token", "bob", verbosity=0)
+        key = Token.objects.get(user=teammate).key
+    else:
+        key = _login("bob", "bob-pass-123")
+    _login("alice", "alice-pass-123")  # another user's token beside it
+    user_for_key(key)  # the first use notes when the token was last used: a write
+    with CaptureQueriesContext(connection) as queries:
+        user, token = user_for_key(key)
+    assert len(queries) == 1
+    assert (user.pk, user.username, user.is_staff, token.user_id) == (
+        teammate.pk, "bob", True, teammate.pk,
+    )  # fmt: skip
+    assert _client(key).get("/api/v1/jobs/").status_code == 200
+    teammate.is_active = False
+    teammate.save()
+    with pytest.raises(KeyRefused):
+        user_for_key(key)
+    assert _client(key).get("/api/v1/jobs/").status_code == 401
