@@ -1,5 +1,7 @@
 """Set-based writes for the scheduler cycle, a thousand rows per statement.
 
+`row_by` reads one row by a unique column with a statement written once (PostgreSQL).
+
 The ORM has no cheap way to give each row its own value (a CASE WHEN per row costs Django
 more to build than the database to run) nor to say which rows an insert skipped, so these two
 statements are written by hand, in SQL that PostgreSQL and SQLite 3.35+ both read:
@@ -14,6 +16,7 @@ Values are prepared by the model fields themselves (`get_db_prep_save`), as the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from functools import cache
 from typing import Any, TypeVar
 
 from django.db import connection
@@ -99,6 +102,44 @@ def update_rows(
             )
             updated.update(pk for (pk,) in cursor.fetchall())
     return updated
+
+
+ModelT = TypeVar("ModelT", bound=Model)
+
+
+def row_by(model: type[ModelT], column: str, value: Any, lock: bool = False) -> ModelT | None:
+    """The row of `model` whose unique `column` (a field name) is `value`, or None; with
+    `lock`, locked FOR UPDATE. On PostgreSQL the statement is written once per model and
+    column: a row read on every request (a queue by name, a node by token) costs no ORM
+    compilation. Other databases take the ORM's path, which converts their values."""
+    if connection.vendor != "postgresql":
+        rows = model._default_manager.filter(**{column: value})
+        return (rows.select_for_update() if lock else rows).first()
+    with connection.cursor() as cursor:
+        cursor.execute(_row_sql(model, column) + (" FOR UPDATE" if lock else ""), [value])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return from_row(model, row)
+
+
+def from_row(model: type[ModelT], values: Sequence[Any]) -> ModelT:
+    """A `model` instance from every column of its row, in the fields' order, as the ORM
+    would make it: each field converts its own value (JSON is text until it does)."""
+    fields = model._meta.concrete_fields
+    converted = [
+        f.from_db_value(v, None, connection) if hasattr(f, "from_db_value") else v
+        for f, v in zip(fields, values, strict=True)
+    ]
+    return model.from_db(connection.alias, [f.attname for f in fields], converted)
+
+
+@cache
+def _row_sql(model: type[Model], column: str) -> str:
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in model._meta.concrete_fields)
+    where = _field(model, column).column
+    return f"SELECT {columns} FROM {quote(model._meta.db_table)} WHERE {quote(where)} = %s"
 
 
 def insert_new(

@@ -28,6 +28,7 @@ from scheduler.models import (
     capability_problems,
 )
 from scheduler.newjob import write_job
+from scheduler.setbased import row_by
 from scheduler.specs import (
     SpecError,
     normalize_flow_spec,
@@ -95,7 +96,7 @@ def _checked(
     """`data` as a normalized spec with its queue's defaults, its queue, and what the event
     about a lowered priority says ("" if none); SpecError for anything not acceptable."""
     spec = normalize_job_spec(data)
-    queue = Queue.objects.filter(name=spec["queue"]).first()
+    queue = row_by(Queue, "name", spec["queue"])
     if queue is None:
         raise SpecError({"queue": [f'unknown queue "{spec["queue"]}"']})
     spec = with_queue_defaults(spec, queue.default_cpu, queue.default_memory)

@@ -18,6 +18,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from scheduler.models import API_TOKEN_PREFIX, ApiToken, hash_token
+from scheduler.setbased import from_row
 
 MAX_TOKENS_PER_USER = 100
 NAME_MAX = 100
@@ -86,11 +87,8 @@ def _with_user(model: type[TokenRow], column: str, value: str) -> TokenRow | Non
         row = cursor.fetchone()
     if row is None:
         return None
-    # All columns, in the fields' order: from_db takes the values as they are.
-    token = model.from_db(connection.alias, _attnames(model), row[:width])
-    user_model = get_user_model()
-    user = user_model.from_db(connection.alias, _attnames(user_model), row[width:])
-    setattr(token, "user", user)  # noqa: B010 - TokenRow is any model with a `user` key
+    token = from_row(model, row[:width])
+    setattr(token, "user", from_row(get_user_model(), row[width:]))  # noqa: B010 - any token model
     return token
 
 
@@ -112,10 +110,6 @@ def _signin_sql(model: type[models.Model], column: str) -> tuple[str, int]:
         f" t.{quote(link.column)} WHERE t.{quote(where.column)} = %s"
     )
     return sql, len(_columns(model))
-
-
-def _attnames(model: type[models.Model]) -> list[str]:
-    return [f.attname for f in model._meta.concrete_fields]
 
 
 def _columns(model: type[models.Model]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -59,3 +59,26 @@ def test_json_and_guards(owner):
     )
     assert updated == {jobs[0].pk, jobs[1].pk}
     assert Job.objects.get(pk=jobs[0].pk).pending_node_reasons == {"NodeFull": ["a", "b"]}
+
+
+def test_row_by_reads_the_whole_row_the_orm_reads():
+    from scheduler.models import Node, Queue
+    from scheduler.setbased import row_by
+    from tests.factories import make_node
+
+    node = make_node("gpu-1", gpus=2, labels={"zone": "a"})
+    token = node.issue_token()
+    node.save()
+    found = row_by(Node, "token_hash", node.token_hash)
+    expected = Node.objects.get(pk=node.pk)
+    assert found is not None and token
+    assert {f.attname: getattr(found, f.attname) for f in Node._meta.concrete_fields} == {
+        f.attname: getattr(expected, f.attname) for f in Node._meta.concrete_fields
+    }
+    assert found._state.adding is False and found.labels == {"zone": "a"}
+    assert row_by(Node, "token_hash", "no-such-hash") is None
+    queue = Queue.objects.get_or_create(name="default")[0]
+    assert row_by(Queue, "name", "default") == queue
+    with transaction.atomic():
+        locked = row_by(Node, "token_hash", node.token_hash, lock=True)
+        assert locked == node

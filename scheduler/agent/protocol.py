@@ -40,7 +40,7 @@ from scheduler.arrays import array_env
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.events import record
 from scheduler.models import Allocation, Device, Event, Node, Task, TaskLog, hash_token
-from scheduler.setbased import update_rows
+from scheduler.setbased import row_by, update_rows
 from scheduler.specs import NAME_RE, NAME_RULE, UNSTORABLE, label_problems
 from scheduler.states import TASK_ON_NODE, TaskState
 
@@ -72,7 +72,7 @@ class ProtocolError(Exception):
 
 
 def node_for_token(token: str) -> Node | None:
-    return Node.objects.filter(token_hash=hash_token(token)).first() if token else None
+    return row_by(Node, "token_hash", hash_token(token)) if token else None
 
 
 def check_protocol(header: str | None, body_version: object = None) -> None:
@@ -609,7 +609,7 @@ def renew_lease(token: str, data: object) -> tuple[Node, list[Report], dict[str,
     with transaction.atomic():
         now = timezone.now()
         started = _confirm_started(token_hash, reports, now)  # task rows locked first
-        node = Node.objects.select_for_update().filter(token_hash=token_hash).first()
+        node = row_by(Node, "token_hash", token_hash, lock=True)
         if node is None or not token:
             raise ProtocolError({"detail": ["unknown node token; register again"]}, status=401)
         was, beat, sampled = node.state, node.last_heartbeat, node.gpu_sampled_at
