@@ -24,7 +24,7 @@ import operator
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import cache, reduce
 from typing import Any, NamedTuple
 
 from django.conf import settings
@@ -442,6 +442,7 @@ def _lock_reported(node: Node, reports: list[Report]) -> dict[int, Task]:
         t.pk: t
         for t in Task.objects.select_for_update(of=("self",))
         .select_related("job__owner", "job__queue")  # for the usage records of tasks that end
+        .only(*_report_fields())  # of the job, its owner and its queue what those need
         .filter(Q(pk__in=[r.id for r in reports]) | Q(node=node, state__in=TASK_ON_NODE))
         .order_by("pk")
     }
@@ -457,6 +458,14 @@ def _lock_reported(node: Node, reports: list[Report]) -> dict[int, Task]:
             {"tasks": [f"task {i} is not assigned to node {node.name}" for i in foreign]}
         )
     return tasks
+
+
+@cache
+def _report_fields() -> tuple[str, ...]:
+    """What a report reads: the whole task; of its job the flow (events), the owner's name
+    and the queue's (usage records); not the job's forty other columns and its spec."""
+    task = tuple(f.name for f in Task._meta.concrete_fields)
+    return (*task, "job__flow", "job__owner__username", "job__queue__name")
 
 
 def _apply_reported(
@@ -638,6 +647,7 @@ def _confirm_started(token_hash: str, reports: list[Report], now: Any) -> list[T
     candidates = (
         Task.objects.select_for_update(of=("self",))
         .select_related("job")
+        .only("attempt", "state", "started_at", "assigned_at", "group", "index", "job__flow")
         .filter(pk__in=running, state=TaskState.ASSIGNED, node__token_hash=token_hash)
     )
     started = [task for task in candidates if task.attempt == running[task.pk].attempt]
