@@ -20,7 +20,9 @@ one GIL and four pooled connections, so each request took as long as all of them
 (docs/benchmarks.md, "The web tier's tail"). Here a request first takes one of
 BERTH_WEB_THREADS single-thread executors, kept for the process's life, and runs all its
 thread-sensitive work there (so `request_finished` still closes the connection that thread
-used); requests that find none free wait on the event loop in arrival order. One that waits
+used); requests that find none free wait on the event loop in arrival order. The agents'
+requests (under /api/v1/agent/, leases apart) take one of BERTH_AGENT_THREADS executors of
+their own instead: a burst of either kind never queues the other. One that waits
 longer than BERTH_DB_POOL_TIMEOUT is answered 503 with Retry-After, as when the database pool
 is exhausted. The body is read before a thread is taken, so a slow upload holds none.
 """
@@ -44,6 +46,7 @@ from berth.limits import _replay
 from berth.overload import retry_after_seconds
 
 BUSY_DETAIL = "server busy: every request thread taken, retry shortly"
+AGENT_PATH = "/api/v1/agent/"  # the agents' requests: a line of their own
 
 
 class RequestThreads:
@@ -135,6 +138,7 @@ class OneHopASGIHandler(ASGIHandler):
         BaseHandler.__init__(self)
         self.load_middleware(is_async=False)
         self.threads = RequestThreads(threads or int(settings.BERTH_WEB_THREADS))
+        self.agent_threads = RequestThreads(int(settings.BERTH_AGENT_THREADS))
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -146,9 +150,13 @@ class OneHopASGIHandler(ASGIHandler):
             # RequestLimits answers 413 before this for a declared length; this is the rest.
             await _answer(send, 413, "request body too large (BERTH_MAX_BODY_BYTES)")
             return
-        # Strictly in arrival order, agents' requests included: putting them first (tried)
-        # gave submit p99 610-734 ms against 364-404 ms in order, on the same e2e run.
-        executor = await self.threads.take(float(settings.DB_POOL_TIMEOUT))
+        # Strictly in arrival order within each line. The agents' reports come in waves (the
+        # tasks a cycle placed end together) and wait in a line of their own: in one line
+        # with the users' requests a wave held every thread and the submissions queued
+        # behind it (submit p99 ~50 ms higher under bench/e2e.py, docs/benchmarks.md).
+        # Putting them first (tried) gave submit p99 610-734 ms against 364-404 ms.
+        threads = self.agent_threads if scope["path"].startswith(AGENT_PATH) else self.threads
+        executor = await threads.take(float(settings.DB_POOL_TIMEOUT))
         if executor is None:
             await _answer(send, 503, BUSY_DETAIL, retry_after_seconds())
             return
@@ -156,7 +164,7 @@ class OneHopASGIHandler(ASGIHandler):
             async with ThreadSensitiveContext(executor=executor):
                 await self.handle(scope, _replay(body, receive), send)
         finally:
-            self.threads.give_back(executor)
+            threads.give_back(executor)
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)

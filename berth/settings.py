@@ -228,6 +228,9 @@ BERTH_RETRY_AFTER_SECONDS = env_int("BERTH_RETRY_AFTER_SECONDS", 1, minimum=1)
 # come first served, up to BERTH_DB_POOL_TIMEOUT seconds, then get 503 + Retry-After.
 # Default: the database pool's size, so a running request never waits for a connection.
 BERTH_WEB_THREADS = env_int("BERTH_WEB_THREADS", DB_POOL_MAX or 4, minimum=1)
+# The agents' requests other than leases (reports, output, registration) wait in a line of
+# their own, on these threads: neither kind of traffic queues behind the other's bursts.
+BERTH_AGENT_THREADS = env_int("BERTH_AGENT_THREADS", 2, minimum=1)
 # POSTs to sign-in-like endpoints per client address (and per username) per window.
 BERTH_LOGIN_ATTEMPTS = env_int("BERTH_LOGIN_ATTEMPTS", 10, minimum=1)
 BERTH_LOGIN_WINDOW_SECONDS = env_int("BERTH_LOGIN_WINDOW_SECONDS", 60, minimum=1)

@@ -131,3 +131,24 @@ def test_a_worker_freezes_what_it_loaded(monkeypatch):
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.asyncio
+async def test_agents_and_users_wait_in_lines_of_their_own(settings):
+    """Every user thread busy: an agent's report is still served; every agent thread busy:
+    a user's request is still served (and each line still answers 503 when its own wait is
+    too long)."""
+    settings.DB_POOL_TIMEOUT = 0.2
+    agent_path = "/api/v1/agent/report/"
+    handler = OneHopASGIHandler(threads=1)
+    user_thread = await handler.threads.take(1)
+    assert user_thread is not None
+    assert (await _get(handler, agent_path))["status"] == 426  # the view answered: no queue
+    assert (await _get(handler))["status"] == 503  # the user line is full
+    handler.threads.give_back(user_thread)
+    agent_threads = [await handler.agent_threads.take(1) for _ in range(handler.agent_threads.size)]
+    assert (await _get(handler))["status"] == 404  # served, not queued
+    assert (await _get(handler, agent_path))["status"] == 503
+    for executor in agent_threads:
+        assert executor is not None
+        handler.agent_threads.give_back(executor)
