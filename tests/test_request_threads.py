@@ -1,6 +1,6 @@
 """How a web worker schedules its requests (berth/handler.py, berth/serve.py): a fixed set
 of threads taken first come, first served, 503 + Retry-After for one that waits too long, the
-body read before a thread is taken (agents' requests wait in the same line), the agents'
+body read before a thread is taken, the agents' requests in a line of their own, their
 leases on shared threads instead of a new one each, and the loaded objects frozen out of
 the garbage collector's sight."""
 
