@@ -153,9 +153,9 @@ class OneHopASGIHandler(ASGIHandler):
         # Strictly in arrival order within each line. The agents' reports come in waves (the
         # tasks a cycle placed end together) and wait in a line of their own: in one line
         # with the users' requests a wave held every thread and the submissions queued
-        # behind it (submit p99 ~50 ms higher under bench/e2e.py, docs/benchmarks.md).
+        # behind it (docs/benchmarks.md, "Agents in a line of their own").
         # Putting them first (tried) gave submit p99 610-734 ms against 364-404 ms.
-        threads = self.agent_threads if scope["path"].startswith(AGENT_PATH) else self.threads
+        threads = self.agent_threads if _is_agents(scope) else self.threads
         executor = await threads.take(float(settings.DB_POOL_TIMEOUT))
         if executor is None:
             await _answer(send, 503, BUSY_DETAIL, retry_after_seconds())
@@ -168,6 +168,15 @@ class OneHopASGIHandler(ASGIHandler):
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+
+
+def _is_agents(scope: Any) -> bool:
+    """Is this request one of the agents' (its path under AGENT_PATH, below any root path
+    the server was told to prepend)?"""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return bool(path.startswith(AGENT_PATH))
 
 
 async def _read_body(receive: Any, limit: int) -> bytes | None:

@@ -226,7 +226,9 @@ BERTH_RETRY_AFTER_SECONDS = env_int("BERTH_RETRY_AFTER_SECONDS", 1, minimum=1)
 # Requests that run Django's middleware and views at once per worker process, each on a
 # thread kept for the process's life (berth/handler.py); the others wait their turn, first
 # come first served, up to BERTH_DB_POOL_TIMEOUT seconds, then get 503 + Retry-After.
-# Default: the database pool's size, so a running request never waits for a connection.
+# Default: the database pool's size. The agents' threads and the leases' shared threads
+# draw on the same pool, so under load a request may still wait for a connection, up to
+# BERTH_DB_POOL_TIMEOUT (then 503 + Retry-After).
 BERTH_WEB_THREADS = env_int("BERTH_WEB_THREADS", DB_POOL_MAX or 4, minimum=1)
 # The agents' requests other than leases (reports, output, registration) wait in a line of
 # their own, on these threads: neither kind of traffic queues behind the other's bursts.

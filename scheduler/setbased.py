@@ -54,7 +54,10 @@ def _values_row(fields: Sequence[Field[Any, Any]], typed: bool) -> str:
     marks = ["%s"]
     for field in fields:
         db_type = field.db_type(connection) if typed else None
-        marks.append(f"CAST(%s AS {db_type})" if db_type else "%s")
+        # The type without its length or precision: an explicit cast to varchar(n) would cut
+        # an over-long first value silently, where the column refuses it from any other row.
+        base = db_type.split("(", 1)[0].strip() if db_type else None
+        marks.append(f"CAST(%s AS {base})" if base else "%s")
     return f"({', '.join(marks)})"
 
 

@@ -152,3 +152,15 @@ async def test_agents_and_users_wait_in_lines_of_their_own(settings):
     for executor in agent_threads:
         assert executor is not None
         handler.agent_threads.give_back(executor)
+
+
+@pytest.mark.asyncio
+async def test_an_agents_request_below_a_root_path_still_takes_the_agents_line(settings):
+    settings.DB_POOL_TIMEOUT = 0.2
+    handler = OneHopASGIHandler(threads=1)
+    user_thread = await handler.threads.take(1)
+    assert user_thread is not None
+    communicator = HttpCommunicator(handler, "GET", "/berth/api/v1/agent/report/", headers=HOST)
+    communicator.scope["root_path"] = "/berth"
+    assert (await communicator.get_response(timeout=10))["status"] != 503  # not the user line
+    handler.threads.give_back(user_thread)

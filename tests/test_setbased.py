@@ -82,3 +82,15 @@ def test_row_by_reads_the_whole_row_the_orm_reads():
     with transaction.atomic():
         locked = row_by(Node, "token_hash", node.token_hash, lock=True)
         assert locked == node
+
+
+def test_an_over_long_value_is_refused_in_any_row_never_cut(owner):
+    """The first VALUES row says each column's type, not its length: a value too long for
+    its column is refused as in every other row, not silently cut to fit."""
+    from django.db import DataError
+
+    jobs = [make_job(owner, name=f"j{i}") for i in range(2)]
+    rows = {jobs[0].pk: ("x" * 300,), jobs[1].pk: ("fits",)}
+    with pytest.raises(DataError), transaction.atomic():
+        update_rows(Job, rows, per_row=["hold_reason"])
+    assert set(Job.objects.values_list("hold_reason", flat=True)) == {""}

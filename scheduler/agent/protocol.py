@@ -424,7 +424,9 @@ def apply_report(node: Node, data: object) -> dict[str, Any]:
             node.save(update_fields=["last_heartbeat", "state", "usage"])
         changed_node = bool(outcome.changed_jobs) or was != node.state
         notify.changed(jobs=outcome.changed_jobs, nodes=[node.pk] if changed_node else [])
-        start_orders = start_messages(start, node)
+        # The locked rows hold only what a report reads of their jobs: the starts are read
+        # as a lease reads them (START_FIELDS), one query whatever their number.
+        start_orders = start_messages(_to_start([t.pk for t in start], node), node)
     return {
         "start": start_orders,
         "kill": outcome.kill,

@@ -69,6 +69,22 @@ def test_a_request_runs_as_many_statements_for_four_tasks_as_for_one(owner):
     assert Event.objects.filter(kind="TaskStarted").count() == 5
 
 
+def test_starts_in_a_reports_answer_cost_the_same_statements_for_four_tasks_as_for_one(owner):
+    """A report answers with the starts of the tasks placed here that it does not list: their
+    jobs are read once for all of them, not column by column for each (the rows a report
+    locks hold only what ending a task needs of its job)."""
+    token = register({**NODE, "devices": [{"index": i} for i in range(8)]}).json()["token"]
+    counts = []
+    for n in (1, 4):
+        Task.objects.all().delete()
+        tasks = _place(owner, n)
+        statements, answer = _statements(lambda: beat(token, []))
+        assert sorted(s["id"] for s in answer["start"]) == sorted(t.pk for t in tasks)
+        assert all(s["command"] == "echo hi" and s["job_name"] for s in answer["start"])
+        counts.append(statements)
+    assert counts[0] == counts[1]
+
+
 def test_a_lease_renewed_less_than_a_second_ago_is_not_written_again():
     from datetime import timedelta
 
