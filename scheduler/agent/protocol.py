@@ -680,7 +680,7 @@ class _Row(NamedTuple):
 def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
     """Orders for the agent whose tasks are `reports`, read only: tasks placed here it does
     not know yet, and tasks it runs that must stop. The tasks are read as plain rows; only
-    those to start are loaded whole, with their jobs."""
+    those to start are loaded as models, with what a start order says of their jobs."""
     known = {(r.id, r.attempt) for r in reports}
     rows = {row[0]: _Row(*row) for row in _task_rows(node, [r.id for r in reports])}
     kill = []
