@@ -204,6 +204,7 @@ def test_a_key_signs_in_as_its_own_user_whole_and_never_an_inactive_one(
 ):
     """Sign-in reads the token and its user in one statement: the user it yields is the
     token's own, with every field (staff or not), and a deactivated user is refused."""
+    from django.contrib.auth.models import User
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -219,8 +220,11 @@ def test_a_key_signs_in_as_its_own_user_whole_and_never_an_inactive_one(
     _login("alice", "alice-pass-123")  # another user's token beside it
     user_for_key(key)  # the first use notes when the token was last used: a write
     with CaptureQueriesContext(connection) as queries:
-        user, token = user_for_key(key)
+        found = user_for_key(key)
     assert len(queries) == 1
+    assert found is not None
+    user, token = found
+    assert isinstance(user, User)
     assert (user.pk, user.username, user.is_staff, token.user_id) == (
         teammate.pk, "bob", True, teammate.pk,
     )  # fmt: skip
