@@ -137,12 +137,23 @@ def from_row(model: type[ModelT], values: Sequence[Any]) -> ModelT:
     return model.from_db(connection.alias, [f.attname for f in fields], converted)
 
 
+def row_columns(model: type[Model], alias: str = "") -> str:
+    """Every column of `model`'s rows, quoted (each `alias.`-prefixed if given), in the order
+    `from_row` takes them."""
+    quote = connection.ops.quote_name
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(prefix + quote(f.column) for f in model._meta.concrete_fields)
+
+
+def column_of(model: type[Model], name: str) -> str:
+    """The quoted column of `model`'s field `name`."""
+    return connection.ops.quote_name(_field(model, name).column)
+
+
 @cache
 def _row_sql(model: type[Model], column: str) -> str:
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in model._meta.concrete_fields)
-    where = _field(model, column).column
-    return f"SELECT {columns} FROM {quote(model._meta.db_table)} WHERE {quote(where)} = %s"
+    table = connection.ops.quote_name(model._meta.db_table)
+    return f"SELECT {row_columns(model)} FROM {table} WHERE {column_of(model, column)} = %s"
 
 
 def insert_new(

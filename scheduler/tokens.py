@@ -18,7 +18,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from scheduler.models import API_TOKEN_PREFIX, ApiToken, hash_token
-from scheduler.setbased import from_row
+from scheduler.setbased import column_of, from_row, row_columns
 
 MAX_TOKENS_PER_USER = 100
 NAME_MAX = 100
@@ -98,22 +98,15 @@ def _signin_sql(model: type[models.Model], column: str) -> tuple[str, int]:
     and how many columns are the token's."""
     quote = connection.ops.quote_name
     user_model = get_user_model()
-    selected = [f"t.{quote(c)}" for c in _columns(model)]
-    selected += [f"u.{quote(c)}" for c in _columns(user_model)]
     user_pk = user_model._meta.pk
-    link, where = model._meta.get_field("user"), model._meta.get_field(column)
-    assert user_pk is not None and isinstance(link, models.Field)
-    assert isinstance(where, models.Field)
+    assert user_pk is not None
     sql = (
-        f"SELECT {', '.join(selected)} FROM {quote(model._meta.db_table)} t"
-        f" JOIN {quote(user_model._meta.db_table)} u ON u.{quote(user_pk.column)} ="
-        f" t.{quote(link.column)} WHERE t.{quote(where.column)} = %s"
+        f"SELECT {row_columns(model, 't')}, {row_columns(user_model, 'u')}"
+        f" FROM {quote(model._meta.db_table)} t JOIN {quote(user_model._meta.db_table)} u"
+        f" ON u.{column_of(user_model, user_pk.name)} = t.{column_of(model, 'user')}"
+        f" WHERE t.{column_of(model, column)} = %s"
     )
-    return sql, len(_columns(model))
-
-
-def _columns(model: type[models.Model]) -> list[str]:
-    return [f.column for f in model._meta.concrete_fields]
+    return sql, len(model._meta.concrete_fields)
 
 
 class KeyRefused(Exception):
