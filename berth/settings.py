@@ -342,6 +342,9 @@ if BERTH_HEARTBEAT_TIMEOUT <= 1.25 * BERTH_HEARTBEAT_INTERVAL:
         " node at rest would be declared NotReady"
     )
 BERTH_AGENT_MAX_TASKS = env_int("BERTH_AGENT_MAX_TASKS", 10_000, minimum=1)
+# The scheduler leader's lock is a lease of this many seconds: a leader frozen or cut off from
+# the database that long loses it to a standby (scheduler/leader.py).
+BERTH_LEADER_TIMEOUT = env_float("BERTH_LEADER_TIMEOUT", 15.0, minimum=2.0)
 BERTH_KILL_GRACE_SECONDS = env_float("BERTH_KILL_GRACE_SECONDS", 10.0, minimum=0.0)
 BERTH_SCHEDULER_INTERVAL = env_float("BERTH_SCHEDULER_INTERVAL", 1.0, minimum=0.01)
 BERTH_LOG_CHUNK_BYTES = env_int("BERTH_LOG_CHUNK_BYTES", 64 * 1024, minimum=1024)

@@ -2,14 +2,24 @@
 
 PostgreSQL: a session-level advisory lock held on a dedicated connection (not Django's, which
 may be closed between cycles and would drop the lock). If the leader dies its connection
-closes, the lock is freed and a standby takes over. SQLite: an exclusive file lock beside the
-database file, so a second scheduler on the same machine waits.
+closes, the lock is freed and a standby takes over. The lock is a lease, not a possession: the
+session runs with `idle_session_timeout` = BERTH_LEADER_TIMEOUT and a thread of the leader
+renews it (a trivial query) three times per timeout, so a leader that is frozen (SIGSTOP, a
+hung VM) or cut off from the database loses its session, and with it the lock, within the
+timeout, and a standby takes over. A leader that wakes up after that must not write what it
+decided before: `fence()` runs inside the cycle's commit transaction and refuses to commit
+unless the lock is still held by this leader's own session (scheduler/store.py).
+SQLite: an exclusive file lock beside the database file, so a second scheduler on the same
+machine waits.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
+import threading
+from time import monotonic
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -18,6 +28,11 @@ from django.db import connection
 
 # Berth's advisory lock key: "berth" in ASCII, so it never collides with another app's by chance.
 LOCK_KEY = 0x6265727468
+log = logging.getLogger("berth.scheduler")
+
+
+class LostLeadership(Exception):
+    """This scheduler no longer holds the lock: what it decided must not be written."""
 
 
 class LeaderLock(Protocol):
@@ -26,10 +41,50 @@ class LeaderLock(Protocol):
     def release(self) -> None: ...
 
 
+# The lock the running loop leads with, for `fence()` (one loop per process), and since when
+# (time.monotonic()) it has led.
+_current: list[LeaderLock] = []
+_led_since: list[float] = []
+
+
+def lead_with(lock: LeaderLock | None) -> None:
+    """Make `lock` the one `fence()` checks (None: no loop, nothing to check)."""
+    _current[:] = [lock] if lock is not None else []
+    _led_since.clear()
+
+
+def took_lead() -> None:
+    _led_since[:] = [monotonic()]
+
+
+def lost_lead() -> None:
+    _led_since.clear()
+
+
+def lead_age() -> float | None:
+    """Seconds this process's loop has led without a break; None outside a loop (a cycle run
+    on its own: tests, `--once`). A new leader, or one back after an outage, could not hear
+    the agents before: scheduler/lifecycle/nodes.py judges no node's silence until it has
+    led for a whole heartbeat timeout."""
+    return monotonic() - _led_since[0] if _led_since else None
+
+
+def fence() -> None:
+    """Inside a transaction on Django's connection: raise LostLeadership unless the lock
+    the loop leads with is still held by its own session. Outside a loop (tests, `--once`
+    before `lead_with`) there is nothing to check."""
+    if _current and isinstance(_current[0], PostgresLeaderLock):
+        _current[0].fence()
+
+
 class PostgresLeaderLock:
-    def __init__(self, settings_dict: dict[str, Any]) -> None:
+    def __init__(self, settings_dict: dict[str, Any], timeout: float = 15.0) -> None:
         self._settings = settings_dict
+        self._timeout = timeout
         self._conn: psycopg.Connection[Any] | None = None
+        self._pid: int | None = None
+        self._renewer: threading.Thread | None = None
+        self._stop_renewing = threading.Event()
 
     def _connect(self) -> psycopg.Connection[Any]:
         s = self._settings
@@ -41,13 +96,61 @@ class PostgresLeaderLock:
             port=s.get("PORT") or None,
             autocommit=True,
             application_name="berth-scheduler-leader",
+            connect_timeout=max(1, int(self._timeout)),
+            # A session the leader stops renewing (frozen, cut off) is ended by the server.
+            options=f"-c idle_session_timeout={int(self._timeout * 1000)}",
+            # A server that vanished is noticed by the kernel, not after TCP's two hours.
+            keepalives=1,
+            keepalives_idle=max(1, int(self._timeout / 3)),
+            keepalives_interval=max(1, int(self._timeout / 6)),
+            keepalives_count=3,
         )
 
     def try_acquire(self) -> bool:
         if self._conn is None or self._conn.closed:
             self._conn = self._connect()
-        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,)).fetchone()
-        return bool(row and row[0])
+        row = self._conn.execute(
+            "SELECT pg_try_advisory_lock(%s), pg_backend_pid()", (LOCK_KEY,)
+        ).fetchone()
+        held = bool(row and row[0])
+        if held and row is not None:
+            self._pid = int(row[1])
+            self._start_renewing()
+        return held
+
+    def _start_renewing(self) -> None:
+        if self._renewer is not None and self._renewer.is_alive():
+            return
+        self._stop_renewing = threading.Event()
+        self._renewer = threading.Thread(
+            target=self._renew, args=(self._stop_renewing,), name="leader-lease", daemon=True
+        )
+        self._renewer.start()
+
+    def _renew(self, stop: threading.Event) -> None:
+        """Keep the session busy three times per timeout while we lead."""
+        while not stop.wait(self._timeout / 3):
+            conn = self._conn
+            if conn is None or conn.closed:
+                return
+            try:
+                conn.execute("SELECT 1")
+            except psycopg.Error:
+                return  # the loop finds out through still_held() and steps down
+
+    def fence(self) -> None:
+        from django.db import connection
+
+        if self._pid is None:
+            raise LostLeadership("this scheduler does not hold the leader lock")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND pid = %s AND objid = %s",
+                (self._pid, LOCK_KEY & 0xFFFFFFFF),
+            )
+            if cursor.fetchone() is None:
+                raise LostLeadership("the leader lock passed to another scheduler")
 
     def still_held(self) -> bool:
         if self._conn is None or self._conn.closed:
@@ -64,6 +167,8 @@ class PostgresLeaderLock:
         return bool(row and row[0])
 
     def release(self) -> None:
+        self._stop_renewing.set()
+        self._pid = None
         if self._conn is not None and not self._conn.closed:
             # Unlock explicitly: the server frees a closed session's locks only once it notices
             # the disconnect, and a standby asking at once would still find the lock held. (A
@@ -111,7 +216,9 @@ class FileLeaderLock:
 def leader_lock() -> LeaderLock:
     settings_dict = connection.settings_dict
     if connection.vendor == "postgresql":
-        return PostgresLeaderLock(dict(settings_dict))
+        from django.conf import settings
+
+        return PostgresLeaderLock(dict(settings_dict), timeout=settings.BERTH_LEADER_TIMEOUT)
     name = str(settings_dict["NAME"])
     if name == ":memory:" or name.startswith("file:"):
         from django.conf import settings

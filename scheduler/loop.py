@@ -20,8 +20,10 @@ from django.utils import timezone
 from scheduler import arrays, gpu_history, lifecycle, notify, planning, store
 from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulingPolicy
+from scheduler.faults import dependency_down
 from scheduler.flows import controller as flow_controller
 from scheduler.flows import ttl as flow_ttl
+from scheduler.leader import LostLeadership
 
 log = logging.getLogger("berth.scheduler")
 
@@ -111,13 +113,16 @@ class _QueryMeter:
 
 def _phase(report: CycleReport, name: str, fn: Callable[[], Any], label: str = "") -> Any:
     """Run one unit of work as part of phase `name`; a failure is logged under `label`
-    (default: the phase) and the cycle goes on."""
+    (default: the phase) and the cycle goes on, unless the database or Redis is down
+    (scheduler/faults.py): then the cycle ends there and the loop waits the outage out."""
     start = time.perf_counter()
     report.phases.setdefault(name, PhaseTiming())  # a phase added later is reported too
     report.current_phase = name
     try:
         return fn()
-    except Exception:
+    except Exception as exc:
+        if dependency_down(exc) or isinstance(exc, LostLeadership):
+            raise  # no phase can run without it (or may, once another leads): the loop decides
         log.exception("scheduler phase %s failed", label or name)
         report.errors.append(label or name)
         return None

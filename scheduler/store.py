@@ -18,7 +18,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler import notify
+from scheduler import leader, notify
 from scheduler.core.cycle import Bind, CycleResult, Evict
 from scheduler.core.status import Code, Status
 from scheduler.jobstate import JobEvent, case_sql, sources, target
@@ -50,6 +50,7 @@ def apply_decisions(loaded: Loaded, result: CycleResult, now: datetime | None = 
     for bind in result.binds:
         binds_by_job[bind.job_id].append(bind)
     with transaction.atomic():
+        leader.fence()  # a leader that lost its lock while deciding writes nothing
         events: list[Event] = []
         evicted = _evict_jobs(result.evictions, events)
         applied.evicted_jobs = len(evicted)

@@ -53,12 +53,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                   "scheduler.notify",
                   "scheduler.events", "scheduler.accounting", "scheduler.gpu_history",
                   "scheduler.tokens", "scheduler.heartbeat", "scheduler.health",
-                  "scheduler.metrics", "berth.cache")),
+                  "scheduler.metrics", "scheduler.faults", "berth.cache")),
     ("models", ("scheduler.models", "scheduler.states", "scheduler.specs",
                 "scheduler.arrayspec", "scheduler.apps", "scheduler.migrations")),
     ("no Django", ("scheduler.core", "scheduler.agent.client", "scheduler.agent.command",
                    "scheduler.agent.gpus", "scheduler.agent.isolation", "scheduler.agent.runtime",
                    "scheduler.agent.sim", "scheduler.agent.times", "scheduler.agent.__main__",
+                   "scheduler.agent.fencing",
                    "scheduler.management.stopping", "berth.env")),
 ]  # fmt: skip
 # Packages whose __init__ is empty of imports: below everything, whatever they hold.

@@ -45,9 +45,10 @@ from scheduler.specs import NAME_RE, NAME_RULE, UNSTORABLE, label_problems
 from scheduler.states import TASK_ON_NODE, TaskState
 
 log = logging.getLogger("berth.agent")
-REPORTED_STATES = {"Running", "Succeeded", "Failed", "Killed"}
+# Lost: the agent stopped the task itself, cut off from the server (agent/fencing.py).
+REPORTED_STATES = {"Running", "Succeeded", "Failed", "Killed", "Lost"}
 FINAL_REPORTS = {"Succeeded": TaskState.SUCCEEDED, "Failed": TaskState.FAILED,
-                 "Killed": TaskState.KILLED}  # fmt: skip
+                 "Killed": TaskState.KILLED, "Lost": TaskState.LOST}  # fmt: skip
 TRUNCATED = "\n[berth: output truncated: the rest of this attempt's output was dropped]\n"
 MAX_OUTPUT_BYTES = 2**62  # a bound for `output_bytes`, far above any real output
 INLINE_OUTPUT_BYTES = 16 * 1024  # output a report may carry inline (at most one log chunk)

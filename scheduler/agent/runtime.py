@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
+from scheduler.agent.fencing import Fence
 from scheduler.agent.gpus import FAKE_MEMORY, GpuSampler
 from scheduler.agent.isolation import (
     DEFAULT_TASK_USER,
@@ -133,9 +134,10 @@ class RunningTask:
     workdir: str = ""  # the task's own work dir (its cwd)
     shipped: int = 0  # bytes of output the server has
     exit_code: int | None = None
-    state: str = "Running"  # Running | Succeeded | Failed | Killed
+    state: str = "Running"  # Running | Succeeded | Failed | Killed | Lost (fenced)
     kill_at: float | None = None  # when SIGKILL follows the SIGTERM
     killed: bool = False
+    fenced: bool = False  # stopped because the agent was cut off from the server (fencing.py)
     message: str = ""
     dropped: bool = False  # the server keeps no more of this attempt's output
     started: str = ""  # the process's start time (/proc), to tell it from a reused pid
@@ -209,6 +211,7 @@ class Agent:
         self.ended: dict[tuple[int, int], float] = {}  # attempts over: a late start is ignored
         self.reregister = False
         self.gpus = GpuSampler([], fake=True)  # the registered GPUs (set by register())
+        self.fence = Fence()  # when the server last renewed our lease (set by register())
 
     # --- HTTP ------------------------------------------------------------------------
 
@@ -235,6 +238,7 @@ class Agent:
             "version": VERSION,
         }
         answer: dict[str, Any] | None = None
+        sent = self.fence.clock()
         if self.token:
             try:
                 answer = self._post("register/", body, f"Node {self.token}")
@@ -248,6 +252,9 @@ class Agent:
         self.token = answer["token"]
         self.lease = float(answer.get("lease_seconds", self.lease))
         self.grace = float(answer.get("kill_grace_seconds", self.grace))
+        self.fence.timeout = float(answer.get("heartbeat_timeout", 0) or 0)
+        self.fence.lease, self.fence.grace = self.lease, self.grace
+        self.fence.heard(sent)
         self.log_chunk = max(256, min(LOG_CHUNK, int(answer.get("log_chunk_bytes", LOG_CHUNK))))
         self.inline_bytes = max(0, min(self.log_chunk, int(answer.get("inline_output_bytes", 0))))
         self.dirty = True
@@ -302,7 +309,7 @@ class Agent:
                 except Exception:  # an agent keeps its tasks and goes on, whatever happened
                     wait = self.backoff.delay()
                     log.exception("agent step failed; retrying in %.1fs", wait)
-                stop.wait(wait)
+                stop.wait(self._cut_off_wait(wait))
         finally:
             self.lease_http.abort()  # end the held lease request now
             if leases is not None:
@@ -335,6 +342,7 @@ class Agent:
         report if anything changed. Back-pressure only postpones what is due."""
         self._take_orders()
         self._poll()
+        self._fence_tasks()
         now = time.monotonic()
         if now < self.retry_at:
             return
@@ -398,6 +406,7 @@ class Agent:
     def _report(self) -> None:
         self.dirty = False  # a change from here on needs a report of its own
         reported = self._task_list(inline=True)
+        sent = self.fence.clock()
         try:
             answer = self._post(
                 "report/",
@@ -407,6 +416,7 @@ class Agent:
         except BaseException:
             self.dirty = True
             raise
+        self.fence.heard(sent)
         self.lease = float(answer.get("lease_seconds", self.lease))
         awaiting = {(int(a["id"]), int(a["attempt"])): a for a in answer.get("awaiting_output", [])}
         now = time.monotonic()
@@ -440,6 +450,7 @@ class Agent:
             if not token:
                 stop.wait(POLL_SECONDS)
                 continue
+            sent = self.fence.clock()
             try:
                 answer = self._lease_post(self.lease_body(), f"Node {token}")
             except Unavailable as exc:
@@ -453,6 +464,7 @@ class Agent:
                 stop.wait(backoff.delay())
                 continue
             backoff.reset()
+            self.fence.heard(sent)
             self.lease = float(answer.get("lease_seconds", self.lease))
             if answer.get("start") or answer.get("kill"):
                 done = threading.Event()
@@ -586,6 +598,36 @@ class Agent:
         env.update(extra)
         return argv[0], argv[1], argv[2]
 
+    def _fence_tasks(self) -> None:
+        """Cut off from the server for too long: stop every task before the server may give
+        it up and run it elsewhere (fencing.py). While they run, renew the lease with a
+        report once a lease has passed without one."""
+        with self.lock:
+            running = [t for t in self.tasks.values() if t.state == "Running"]
+        if not running:
+            return
+        if self.fence.renewal_due():
+            self.dirty = True
+        if not self.fence.due():
+            return
+        fenced = [t for t in running if not t.fenced]
+        if fenced:
+            log.warning("%s: stopping %d tasks", self.fence.why(), len(fenced))
+        for task in fenced:
+            task.fenced, task.message = True, self.fence.why()
+            if task.killed:  # already stopping: its SIGKILL comes no later than the deadline
+                task.kill_at = min(task.kill_at or 0.0, time.monotonic() + self.fence.grace_left())
+            else:
+                self.kill(task, self.fence.grace_left())
+
+    def _cut_off_wait(self, wait: float) -> float:
+        """A backoff never postpones fencing: with tasks running, look again within 0.5 s."""
+        self._poll()
+        self._fence_tasks()
+        with self.lock:
+            running = any(t.state == "Running" for t in self.tasks.values())
+        return min(wait, 0.5) if running else wait
+
     def kill(self, task: RunningTask, grace: float) -> None:
         if task.state != "Running" or task.killed:
             return
@@ -616,7 +658,9 @@ class Agent:
             task.exit_code = code
             task.ended_at = time.time() if task.proc is not None else _ended_at(task)
             self.dirty = True  # an end goes to the server at once
-            if task.killed:
+            if task.fenced:
+                task.state = "Lost"  # task.message says why (_fence_tasks)
+            elif task.killed:
                 task.state = "Killed"
                 task.message = "stopped on the server's request"
             else:

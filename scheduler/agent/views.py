@@ -43,11 +43,13 @@ from scheduler import notify
 from scheduler.agent import protocol
 from scheduler.agent.client import PROTOCOL, PROTOCOL_HEADER
 from scheduler.api.errors import protocol_error_headers
+from scheduler.faults import Outage
 from scheduler.models import Node
 
 T = TypeVar("T")
 log = logging.getLogger("berth.agent")
 LEASE_RETRY_AFTER = 1  # seconds an agent waits when its lease cannot reach the database
+_lease_outage = Outage("database (agents' leases)", log)  # only its logging is used here
 
 
 class NodeTokenAuthentication(authentication.BaseAuthentication):
@@ -213,14 +215,15 @@ async def lease_view(request: HttpRequest) -> JsonResponse:
                 answer = await _db(protocol.lease_orders, node, reports)
         except protocol.ProtocolError as exc:
             return _json_error(exc)
-        except DatabaseError:
+        except DatabaseError as exc:
             # No connection to be had (pool exhausted, database restarting): come back soon.
-            log.warning("lease answered 503: database unavailable", exc_info=True)
+            _lease_outage.failed(exc)  # logged once per outage, not once per agent
             busy = JsonResponse({"detail": "database busy; retry"}, status=503)
             busy["Retry-After"] = str(LEASE_RETRY_AFTER)
             return busy
     finally:
         await waiter.close()
+    _lease_outage.recovered()
     return JsonResponse(answer)
 
 

@@ -12,7 +12,7 @@ from django.db import IntegrityError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from berth.overload import BUSY_DETAIL, is_database_overload, retry_after_seconds
+from berth.overload import retry_after_seconds, unavailable_detail
 from scheduler.agent import protocol
 from scheduler.specs import SpecError
 
@@ -35,10 +35,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     response = drf_exception_handler(exc, context)
     if response is not None:
         return response
-    if is_database_overload(exc):
-        # No connection free in time: the client should come back, not report a bug.
+    detail = unavailable_detail(exc)
+    if detail is not None:
+        # No connection free in time, or the database down: come back, not a bug.
         return Response(
-            {"detail": BUSY_DETAIL}, status=503, headers={"Retry-After": str(retry_after_seconds())}
+            {"detail": detail}, status=503, headers={"Retry-After": str(retry_after_seconds())}
         )
     if isinstance(exc, IntegrityError):
         # A race lost against a constraint (e.g. a duplicate name) is the client's conflict.

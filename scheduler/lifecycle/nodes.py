@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, QuerySet
 
-from scheduler import accounting, notify
+from scheduler import accounting, leader, notify
 from scheduler.events import record
 from scheduler.lifecycle.transitions import now_or, release
 from scheduler.models import Node, Task
@@ -19,13 +19,22 @@ from scheduler.states import TASK_ON_NODE, NodeState, TaskState
 
 def check_nodes(now: datetime | None = None) -> int:
     """Nodes silent past the heartbeat timeout become NotReady and their tasks Lost;
-    draining nodes with nothing left on them become Drained."""
+    draining nodes with nothing left on them become Drained.
+
+    A scheduler that has led for less than the timeout (just started, or back after the
+    database was out: nobody could record a renewal meanwhile) judges no node yet: the
+    agents get a whole timeout to renew first, as Kubernetes' node controller waits after
+    a restart. Agents cut off for real stop their own tasks in that time (agent/fencing.py)."""
     now = now_or(now)
-    cutoff = now - timedelta(seconds=settings.BERTH_HEARTBEAT_TIMEOUT)
-    silent = Node.objects.exclude(state=NodeState.NOT_READY).filter(
-        Q(last_heartbeat__lt=cutoff) | Q(last_heartbeat__isnull=True)
-    )
-    done = sum(_mark_not_ready(node, now) for node in silent)
+    timeout = settings.BERTH_HEARTBEAT_TIMEOUT
+    cutoff = now - timedelta(seconds=timeout)
+    age = leader.lead_age()
+    done = 0
+    if age is None or age >= timeout:
+        silent = Node.objects.exclude(state=NodeState.NOT_READY).filter(
+            Q(last_heartbeat__lt=cutoff) | Q(last_heartbeat__isnull=True)
+        )
+        done = sum(_mark_not_ready(node, now) for node in silent)
     draining = Node.objects.filter(admin_state=NodeState.DRAINING).exclude(
         tasks__state__in=TASK_ON_NODE
     )

@@ -5,13 +5,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
+from scheduler.faults import Outage, dependency_down, describe
 from scheduler.heartbeat import record_cycle
-from scheduler.leader import LeaderLock, leader_lock
+from scheduler.leader import (
+    LeaderLock,
+    LostLeadership,
+    lead_with,
+    leader_lock,
+    lost_lead,
+    took_lead,
+)
 from scheduler.loop import (
     FULL_CYCLE_SECONDS,
     HOUSEKEEPING_SECONDS,
@@ -78,42 +87,107 @@ def run_loop(
     A cycle that finds nothing changed since the previous one skips placement (running only
     the housekeeping if due); never the first one as leader, nor the one after a failure, nor
     when the last full cycle is FULL_CYCLE_SECONDS old.
-    With `log_idle` off, only cycles that changed something are logged."""
-    leading = False
-    housekeeping_at = 0.0
-    healthy = False  # the previous cycle as leader ran without a failure
-    full_at = 0.0  # when a full cycle is due even if nothing changed
-    while not stop.is_set():
-        started = time.monotonic()
-        if not leading:
-            leading = lock.try_acquire()
-            if leading:
-                log.info("this scheduler is now the leader")
-            else:
-                stop.wait(interval)
-                continue
-        elif not lock.still_held():
-            log.warning("lost the leader lock; standing by")
-            leading = healthy = False
-            continue
-        housekeeping = started >= housekeeping_at
-        if housekeeping:
-            housekeeping_at = started + HOUSEKEEPING_SECONDS
-        skip, healthy = healthy and started < full_at, False
+    With `log_idle` off, only cycles that changed something are logged.
+
+    A database that cannot be reached (a restart, a lost network, a full disk) never ends the
+    loop: the leader steps down at once (its lock may already be gone with its connection),
+    and the loop retries with capped backoff, logging once when the outage starts and once
+    when it ends; whoever gets the lock next starts with a full cycle."""
+    state = _LoopState()
+    outage = Outage("database", log)
+    lead_with(lock)
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                wait = _one_turn(lock, interval, state, started, log_idle)
+                outage.recovered()
+            except Exception as exc:  # noqa: BLE001 - an outage is waited out, a bug is logged
+                wait = _after_failure(exc, lock, state, outage, interval)
+            finally:
+                _close_connections()
+            rest = max(0.0, interval - (time.monotonic() - started))
+            stop.wait(rest if wait is None else wait)
+    finally:
+        lead_with(None)
+
+
+def _after_failure(
+    exc: Exception, lock: LeaderLock, state: _LoopState, outage: Outage, interval: float
+) -> float:
+    """What a failed turn means, and how long to wait before the next one."""
+    if isinstance(exc, LostLeadership):
+        log.warning("stepping down as leader: %s", exc)
+        state.step_down(lock)
+        return 0.0
+    if dependency_down(exc):
+        if state.leading:
+            log.warning("stepping down as leader: %s", describe(exc))
+        state.step_down(lock)
+        return outage.failed(exc)
+    log.exception("scheduler turn failed")
+    return interval
+
+
+@dataclass
+class _LoopState:
+    leading: bool = False
+    housekeeping_at: float = 0.0
+    healthy: bool = False  # the previous cycle as leader ran without a failure
+    full_at: float = 0.0  # when a full cycle is due even if nothing changed
+
+    def step_down(self, lock: LeaderLock) -> None:
+        self.leading = self.healthy = False
+        lost_lead()
         try:
-            report = _cycle_and_heartbeat(interval, housekeeping, skip_unchanged=skip)
-            healthy = not report.errors
-            if not report.skipped:
-                full_at = started + FULL_CYCLE_SECONDS
-            if report.skipped and not report.busy:
-                log.debug("cycle skipped: nothing changed")
-            elif log_idle or report.busy:
-                log.info(report.line())
-        except Exception:  # a crash in one cycle is logged; the loop goes on
-            log.exception("scheduler cycle failed")
-        finally:
-            close_old_connections()
-        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+            lock.release()
+        except Exception:  # noqa: BLE001 - a lock on a dead connection is gone with it
+            log.debug("releasing the leader lock failed", exc_info=True)
+
+
+def _one_turn(
+    lock: LeaderLock, interval: float, state: _LoopState, started: float, log_idle: bool
+) -> float | None:
+    """Take or check the lead, then run one cycle as leader. Returns how long to wait
+    before the next turn (None: the rest of the interval). A database outage raises."""
+    if not state.leading:
+        state.leading = lock.try_acquire()
+        if not state.leading:
+            return interval
+        took_lead()
+        log.info("this scheduler is now the leader")
+    elif not lock.still_held():
+        log.warning("lost the leader lock; standing by")
+        state.step_down(lock)
+        return 0.0
+    housekeeping = started >= state.housekeeping_at
+    if housekeeping:
+        state.housekeeping_at = started + HOUSEKEEPING_SECONDS
+    skip, state.healthy = state.healthy and started < state.full_at, False
+    try:
+        report = _cycle_and_heartbeat(interval, housekeeping, skip_unchanged=skip)
+    except Exception as exc:  # a crash in one cycle is logged; the loop goes on
+        if dependency_down(exc) or isinstance(exc, LostLeadership):
+            raise
+        log.exception("scheduler cycle failed")
+        return None
+    state.healthy = not report.errors
+    if not report.skipped:
+        state.full_at = started + FULL_CYCLE_SECONDS
+    if report.skipped and not report.busy:
+        log.debug("cycle skipped: nothing changed")
+    elif log_idle or report.busy:
+        log.info(report.line())
+    return None
+
+
+def _close_connections() -> None:
+    """Hand back this thread's connection if it broke or aged; a dead server may make even
+    that fail, which the next turn finds out again."""
+    try:
+        close_old_connections()
+    except Exception:  # noqa: BLE001
+        log.debug("closing the database connection failed", exc_info=True)
 
 
 def _cycle_and_heartbeat(
@@ -130,6 +204,8 @@ def _cycle_and_heartbeat(
             else {name: timing.seconds for name, timing in report.phases.items()}
         )
         record_cycle(phases, time.perf_counter() - started, interval)
-    except Exception:  # the heartbeat is for monitoring; a failure never stops scheduling
+    except Exception as exc:  # the heartbeat is for monitoring; a failure never stops scheduling
+        if dependency_down(exc):
+            raise
         log.exception("recording the scheduler heartbeat failed")
     return report
