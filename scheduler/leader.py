@@ -19,8 +19,8 @@ import fcntl
 import logging
 import os
 import threading
-from time import monotonic
 from pathlib import Path
+from time import monotonic
 from typing import IO, Any, Protocol
 
 import psycopg

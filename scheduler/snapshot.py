@@ -24,10 +24,11 @@ from scheduler.core.model import DeviceInfo, JobInfo, NodeInfo, QueueInfo, Snaps
 from scheduler.core.resources import DIMENSIONS, Resources
 from scheduler.lifecycle import PREEMPTED
 from scheduler.models import Allocation, Device, Job, Node, Queue, Task
-from scheduler.states import TASK_ON_NODE, JobRequest, JobState, TaskState
+from scheduler.states import TASK_ON_NODE, JobRequest, JobState, NodeState, TaskState
 
 UNLIMITED = 2**62
 INVALID_NODE = "Invalid"  # a snapshot-only node state: takes no new task, keeps what it holds
+PRESSURE_NODE = "DiskPressure"  # snapshot-only too: Ready, but its agent reports a full disk
 
 
 @dataclass
@@ -160,7 +161,9 @@ def _load_job(
 
 def _load_nodes(loaded: Loaded) -> dict[int, str]:
     nodes = list(
-        Node.objects.order_by("name").values_list("id", "name", "cpu", "memory", "labels", "state")
+        Node.objects.order_by("name").values_list(
+            "id", "name", "cpu", "memory", "labels", "state", "usage__pressure"
+        )
     )
     devices_by_node: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
     for row in Device.objects.order_by("node_id", "index").values_list(
@@ -168,7 +171,9 @@ def _load_nodes(loaded: Loaded) -> dict[int, str]:
     ):
         devices_by_node[row[1]].append(row)
     node_name = {pk: name for pk, name, *_ in nodes}
-    for pk, name, cpu, memory, labels, state in nodes:
+    for pk, name, cpu, memory, labels, state, pressure in nodes:
+        if pressure and state == NodeState.READY:
+            state = PRESSURE_NODE  # its agent says its disk is full: no new task
         devices = devices_by_node[pk]
         if not isinstance(labels, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in labels.items()

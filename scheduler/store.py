@@ -85,7 +85,11 @@ def bind_jobs(
         return set(), set()
     # Re-read node states inside the transaction: a node cordoned since the snapshot
     # takes no new task.
-    ready = dict(Node.objects.filter(state=NodeState.READY).values_list("name", "pk"))
+    ready = dict(
+        Node.objects.filter(state=NodeState.READY)
+        .exclude(usage__has_key="pressure")  # a full disk since the snapshot: nothing new
+        .values_list("name", "pk")
+    )
     waiting = _lock_waiting_jobs(binds_by_job)
     ok = {
         job_id

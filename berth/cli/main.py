@@ -501,9 +501,15 @@ def nodes(as_json: bool) -> None:
     if as_json:
         emit_json(rows)
         return
-    table(rows, [("NAME", lambda n: n["name"]), ("STATE", lambda n: n["state"]),
+    table(rows, [("NAME", lambda n: n["name"]), ("STATE", _node_state),
                  ("CPU", lambda n: n.get("cpu")), ("MEMORY", lambda n: n.get("memory")),
                  ("GPUS", _gpus), ("LABELS", _labels)], "no nodes")  # fmt: skip
+
+
+def _node_state(node: dict[str, Any]) -> str:
+    """Its state, and why it takes no new task when its agent says so (a full disk)."""
+    pressure = (node.get("usage") or {}).get("pressure")
+    return f"{node['state']} (no new tasks: {pressure})" if pressure else str(node["state"])
 
 
 def _gpus(node: dict[str, Any]) -> str:

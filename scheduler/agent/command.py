@@ -16,6 +16,7 @@ from typing import Any
 
 from scheduler.agent.isolation import DEFAULT_TASK_USER
 from scheduler.agent.runtime import Agent, parse_labels
+from scheduler.core.quantity import parse_memory
 from scheduler.management.stopping import stop_on_signals
 
 log = logging.getLogger("berth.agent")
@@ -88,6 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " (default: $BERTH_TASK_USER or nobody; never root)",
     )
     parser.add_argument("--kill-on-exit", action="store_true", help="kill tasks on exit")
+    parser.add_argument(
+        "--min-free-disk",
+        default="256Mi",
+        help="below this much free space in the work or state dir the node takes no new task"
+        " and says why (default %(default)s)",
+    )
 
 
 def make_agent(options: Mapping[str, Any]) -> Agent:
@@ -100,6 +107,10 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         parse_labels(options["labels"])
     except ValueError as exc:
         raise UsageError(f"--labels: {exc}") from None
+    try:
+        min_free = parse_memory(options.get("min_free_disk") or "256Mi")
+    except ValueError as exc:
+        raise UsageError(f"--min-free-disk: {exc}") from None
     join_token = join_token_from(options["join_token_file"])
     agent = Agent(
         server=options["server"],
@@ -111,6 +122,7 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         state_dir=options["state_dir"],
         kill_on_exit=options["kill_on_exit"],
         task_user=options["task_user"],
+        min_free_disk=min_free,
     )
     try:
         agent.prepare()

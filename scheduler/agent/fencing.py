@@ -9,7 +9,9 @@ silence the server may act, so by then every task must be dead: the agent sends 
 kill grace earlier (never within two leases of the last contact, the gap between renewals of
 a healthy agent) and SIGKILL at that deadline. A task stopped this way is reported `Lost`, so
 it follows the job's retry policy as if its node had been lost, and is never run twice at
-once on two nodes. Django-free: the node agent uses it.
+once on two nodes. A node lease too short to tell a cut-off agent from a healthy one (a
+deadline under two leases) turns fencing off, and the agent says so when it registers.
+Django-free: the node agent uses it.
 """
 
 from __future__ import annotations
@@ -53,9 +55,15 @@ class Fence:
         deadline = self.deadline()
         return max(deadline - self.grace, min(deadline, 2 * self.lease))
 
+    @property
+    def enabled(self) -> bool:
+        """A server that said its timeout, long enough to tell a cut-off agent from a healthy
+        one between two renewals (a deadline of at least two leases; docs/operations.md)."""
+        return self.timeout > 0 and self.deadline() >= 2 * self.lease
+
     def due(self) -> bool:
         """Must our tasks be stopped now?"""
-        return self.timeout > 0 and self.silence() >= self.term_after()
+        return self.enabled and self.silence() >= self.term_after()
 
     def grace_left(self) -> float:
         """How long a task stopped now may take before SIGKILL."""
@@ -66,7 +74,7 @@ class Fence:
         long enough to be fenced (up to 2.5 leases between two answers, plus a second for the
         network): renew it with a report. At the default timings (a lease of 10 s, a 42.5 s
         timeout) this never happens: the held leases suffice."""
-        needed = self.timeout > 0 and self.term_after() < 2.5 * self.lease + 1.0
+        needed = self.enabled and self.term_after() < 2.5 * self.lease + 1.0
         return needed and self.silence() >= self.lease
 
     def why(self) -> str:

@@ -53,6 +53,7 @@ TRUNCATED = "\n[berth: output truncated: the rest of this attempt's output was d
 MAX_OUTPUT_BYTES = 2**62  # a bound for `output_bytes`, far above any real output
 INLINE_OUTPUT_BYTES = 16 * 1024  # output a report may carry inline (at most one log chunk)
 LEASE_JITTER = 0.25  # a lease is held between 1 and 1.25 leases, so renewals spread out
+MAX_PRESSURE = 200  # why a node takes no new task (agent/pressure.py), as its agent says
 RENEWAL_WRITE_SECONDS = 1.0  # a node's lease renewed more recently than this is not rewritten
 
 
@@ -358,6 +359,9 @@ def parse_tasks(data: object) -> tuple[list[Report], dict[str, Any], list[gpu_hi
     if not isinstance(usage, dict):
         errors["usage"] = ["must be an object"]
         usage = {}
+    pressure = usage.get("pressure", "")
+    if not isinstance(pressure, str) or len(pressure) > MAX_PRESSURE:
+        errors["usage.pressure"] = [f"must be text of at most {MAX_PRESSURE} characters"]
     samples = gpu_history.parse_samples(usage.get("gpus"), errors)
     reports = []
     seen: set[int] = set()

@@ -42,6 +42,7 @@ from scheduler.agent.isolation import (
     unreachable_ancestor,
     work_base,
 )
+from scheduler.agent.pressure import DEFAULT_MIN_FREE, PressureWatch
 
 __all__ = ["Agent", "RunningTask", "ServerError", "Unavailable", "parse_labels"]
 log = logging.getLogger("berth.agent")
@@ -178,6 +179,7 @@ class Agent:
         kill_on_exit: bool = False,
         timeout: float = 10.0,
         task_user: str = DEFAULT_TASK_USER,
+        min_free_disk: int = DEFAULT_MIN_FREE,
     ) -> None:
         self.server = server.rstrip("/")
         self.join_token = join_token
@@ -212,6 +214,7 @@ class Agent:
         self.reregister = False
         self.gpus = GpuSampler([], fake=True)  # the registered GPUs (set by register())
         self.fence = Fence()  # when the server last renewed our lease (set by register())
+        self.pressure = PressureWatch([self.work_dir, self.state_dir], min_free_disk)
 
     # --- HTTP ------------------------------------------------------------------------
 
@@ -255,6 +258,12 @@ class Agent:
         self.fence.timeout = float(answer.get("heartbeat_timeout", 0) or 0)
         self.fence.lease, self.fence.grace = self.lease, self.grace
         self.fence.heard(sent)
+        if self.fence.timeout and not self.fence.enabled:
+            log.warning(
+                "the server's node lease (%gs) is too short for this agent to stop its"
+                " tasks safely when cut off from it: fencing is off",
+                self.fence.timeout,
+            )
         self.log_chunk = max(256, min(LOG_CHUNK, int(answer.get("log_chunk_bytes", LOG_CHUNK))))
         self.inline_bytes = max(0, min(self.log_chunk, int(answer.get("inline_output_bytes", 0))))
         self.dirty = True
@@ -343,6 +352,9 @@ class Agent:
         self._take_orders()
         self._poll()
         self._fence_tasks()
+        if self.pressure.check():
+            log.warning("disk pressure: %s", self.pressure.now or "cleared")
+            self.dirty = True  # the server must know at once: it places tasks on us
         now = time.monotonic()
         if now < self.retry_at:
             return
@@ -410,7 +422,7 @@ class Agent:
         try:
             answer = self._post(
                 "report/",
-                {"tasks": reported, "usage": {"load": os.getloadavg()[0], "tasks": len(reported)}},
+                {"tasks": reported, "usage": self._usage(len(reported))},
                 f"Node {self.token}",
             )
         except BaseException:
@@ -439,6 +451,12 @@ class Agent:
                     del self.ended[key]
         self._apply_orders(answer)
         self._save()
+
+    def _usage(self, tasks: int) -> dict[str, Any]:
+        usage: dict[str, Any] = {"load": os.getloadavg()[0], "tasks": tasks}
+        if self.pressure.now:
+            usage["pressure"] = self.pressure.now
+        return usage
 
     # --- orders ----------------------------------------------------------------------
 

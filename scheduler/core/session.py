@@ -648,4 +648,4 @@ def need_of(job: JobInfo) -> int:
 
 
 def _state_word(state: str) -> str:
-    return {"NotReady": "not ready"}.get(state, state.lower())
+    return {"NotReady": "not ready", "DiskPressure": "disk full"}.get(state, state.lower())

@@ -48,6 +48,7 @@ class FakeServer:
     seen: list[Seen] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     inline: int = 0  # inline_output_bytes announced at registration (0: none)
+    heartbeat_timeout: float = 0.0  # announced at registration when set (agent/fencing.py)
 
     def answer(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         key = path.removeprefix("/api/v1/agent/")
@@ -63,7 +64,8 @@ class FakeServer:
         if key == "register/":
             return 201, {"token": f"token-{body['name']}", "lease_seconds": 0.2,
                          "kill_grace_seconds": 1, "log_chunk_bytes": 65536,
-                         "inline_output_bytes": self.inline}  # fmt: skip
+                         "inline_output_bytes": self.inline,
+                         "heartbeat_timeout": self.heartbeat_timeout}  # fmt: skip
         if key == "lease/":
             time.sleep(0.1)
             return 200, {"start": [], "kill": [], "lease_seconds": 0.2}

@@ -4,7 +4,8 @@ The web server (daphne), the scheduler loop and a local agent run together. The 
 runs on a worker thread started from daphne's own event loop (sync_to_async), and when it
 publishes a change scheduler/notify.py sends it on daphne's loop (`run_on_layer_loop`): the
 in-memory channel layer, which only works inside one event loop, still carries every push to
-the browsers.
+the browsers. Both run supervised (scheduler/management/stopping.py): a scheduler loop or an
+agent that fails is logged and started again, never left dead while the web server runs.
 
 The local agent follows the same rules as `run_agent`: as root its tasks run as an unprivileged
 account, with an environment built from scratch, in work dirs outside the data dir. The data
@@ -31,6 +32,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scheduler.agent.isolation import DEFAULT_TASK_USER
 from scheduler.agent.runtime import Agent
+from scheduler.management.stopping import supervise
 
 log = logging.getLogger("berth.up")
 SECRET_FILES = ("secret_key", "admin_password", "join_token", "berth.sqlite3",
@@ -201,14 +203,14 @@ class Command(BaseCommand):
         from scheduler.leader import leader_lock
         from scheduler.management.commands.run_scheduler import run_loop
 
-        def run() -> None:
+        def run(stop: threading.Event) -> None:
             lock = leader_lock()
             try:
                 run_loop(lock, settings.BERTH_SCHEDULER_INTERVAL, stop, log_idle=False)
             finally:
                 lock.release()
 
-        await sync_to_async(run, thread_sensitive=False)()
+        await sync_to_async(supervise, thread_sensitive=False)("the scheduler loop", run, stop)
 
     def _local_agent(self, port: int, work: Path, options: dict[str, Any]) -> Agent:
         """The local agent, checked (task account, directories) before anything starts."""
@@ -230,7 +232,4 @@ class Command(BaseCommand):
         return agent
 
     def _agent(self, agent: Agent, stop: threading.Event) -> None:
-        try:
-            agent.run(stop)
-        except Exception:
-            log.exception("the local agent stopped")
+        supervise("the local agent", agent.run, stop)

@@ -1,0 +1,133 @@
+"""An agent cut off from its server stops its tasks before the server may give them up
+(scheduler/agent/fencing.py), reports them Lost once it is heard again, and never stops
+them while the server hears it. Against the scripted server of test_backpressure.py; the
+namespaced, real-network version is tests/chaos/ (partition)."""
+
+# ruff: noqa: F811 - `server`, the scripted server's fixture, is imported and then requested
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from scheduler.agent.fencing import MARGIN, Fence
+from scheduler.agent.runtime import Agent
+from tests.agent.test_backpressure import (  # noqa: F401 - `server` is its fixture
+    FakeServer,
+    final_reports,
+    server,
+    start,
+    wait_for,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("timeout", "lease", "grace", "term", "deadline"),
+    [
+        (42.5, 10.0, 10.0, 31.0, 41.0),  # the defaults: SIGTERM a grace before the deadline
+        (6.0, 1.0, 1.0, 3.5, 4.5),  # the e2e and chaos timings
+        (5.0, 1.0, 10.0, 2.0, 3.5),  # a grace longer than the budget: never within 2 leases
+        (3.5, 1.0, 1.0, 2.0, 2.0),  # a budget of two leases: SIGKILL at the deadline
+    ],
+)
+def test_the_fence_stops_tasks_before_the_server_may_give_them_up(
+    timeout: float, lease: float, grace: float, term: float, deadline: float
+) -> None:
+    clock = Clock()
+    fence = Fence(timeout=timeout, lease=lease, grace=grace, clock=clock)
+    assert (fence.term_after(), fence.deadline()) == (term, deadline)
+    assert fence.deadline() == timeout - MARGIN  # the server's renewal writes lag by 1 s
+    clock.now += term - 0.01
+    assert not fence.due()
+    clock.now += 0.01
+    assert fence.due() and fence.grace_left() == pytest.approx(deadline - term)
+    fence.heard(clock.now - 0.5)  # a request sent half a second ago was answered
+    assert not fence.due() and fence.silence() == pytest.approx(0.5)
+
+
+def test_a_server_that_did_not_say_its_timeout_is_never_fenced_against() -> None:
+    clock = Clock()
+    fence = Fence(clock=clock)
+    clock.now += 10_000
+    assert not fence.due() and not fence.renewal_due()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _running_pid(agent: Agent, task_id: int) -> int:
+    with agent.lock:
+        task = agent.tasks.get(task_id)
+        return task.pid if task is not None and task.state == "Running" else 0
+
+
+def test_an_agent_cut_off_stops_its_task_in_time_and_reports_it_lost(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    # Node lease 3 s, kill grace 1 s: no task may run 1.5 s after the last renewal was sent.
+    server.heartbeat_timeout = 3.0
+    server.orders = [start(5, "sleep 60")]
+    agent = Agent(server.url, "join", name="node-f", work_dir=tmp_path)
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,))
+    thread.start()
+    try:
+        pid = wait_for(lambda: _running_pid(agent, 5))
+        wait_for(lambda: server.where("lease/", 200) and agent.fence.silence() < 0.5)
+        server.refuse = {"lease/": [503] * 10_000, "report/": [503] * 10_000}  # cut off
+        cut = time.monotonic()
+        wait_for(lambda: not _alive(pid), timeout=10)
+        assert time.monotonic() - cut < 1.5 + 0.5  # the deadline, and a poll or two
+        server.refuse = {}  # heard again
+        (final,) = wait_for(lambda: final_reports(server, 5))
+    finally:
+        stop.set()
+        thread.join(10)
+    assert final["state"] == "Lost"
+    assert "cut off from the server" in final["message"]
+
+
+def test_an_agent_the_server_hears_never_stops_its_tasks(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    # With leases of 0.2 s held ~0.1 s and a 3 s timeout the fence would fall at 1.5 s of
+    # silence; four times that of normal running leaves the task alone.
+    server.heartbeat_timeout = 3.0
+    server.orders = [start(6, "sleep 60")]
+    agent = Agent(server.url, "join", name="node-g", work_dir=tmp_path)
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,))
+    thread.start()
+    try:
+        pid = wait_for(lambda: _running_pid(agent, 6))
+        time.sleep(6)
+        assert _alive(pid) and _running_pid(agent, 6) == pid
+        assert final_reports(server, 6) == []
+    finally:
+        stop.set()
+        thread.join(10)
+        os.killpg(pid, 9)
+
+
+def test_a_lease_too_short_to_tell_cut_off_from_healthy_turns_fencing_off() -> None:
+    clock = Clock()
+    fence = Fence(timeout=1.275, lease=0.3, grace=10, clock=clock)  # 4.25 leases of 0.3 s
+    clock.now += 60
+    assert not fence.enabled and not fence.due() and not fence.renewal_due()
