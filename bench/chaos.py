@@ -220,7 +220,7 @@ def partition(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, A
     result = {"guarded_job": job_row(stack, job)[0], "moved_after_s": moved,
               "cut_agent_rejoined_s": rejoined, "guarded_finished_s": finished,
               "ran_twice_at_once": doubles(marks),
-              "cut_agent_fenced": "stopping" in stack.log("agent-cut")}  # fmt: skip
+              "cut_agent_fenced": "cut off from the server" in stack.log("agent-cut")}  # fmt: skip
     shutil.rmtree(marks, ignore_errors=True)
     return result
 
@@ -232,7 +232,9 @@ def job_row_ready(stack: Stack, node: str) -> bool:
 
 def node_state(stack: Stack, node: str) -> tuple[str, str]:
     rows = stack.pg.sql(
-        stack.database, "SELECT state, pressure FROM scheduler_node WHERE name = %s", node
+        stack.database,
+        "SELECT state, coalesce(usage->>'pressure', '') FROM scheduler_node WHERE name = %s",
+        node,
     )
     return (str(rows[0][0]), str(rows[0][1])) if rows else ("", "")
 
@@ -242,7 +244,8 @@ def node_disk_full(stack: Stack, args: argparse.Namespace, work: Path) -> dict[s
     elsewhere; once freed, it takes tasks again."""
     token = stack.user_token
     with small_disk(64) as disk:
-        stack.start("agent-full", agent_command(stack, "full", disk), env=agent_env(stack))
+        command = agent_command(stack, "full", disk, extra=("--min-free-disk", "8Mi"))
+        stack.start("agent-full", command, env=agent_env(stack))
         _until(lambda: job_row_ready(stack, "full"), 30)
         filler = fill(disk, leave=1 << 20)
         pressured = _until(lambda: node_state(stack, "full")[1] != "", 30)

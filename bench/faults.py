@@ -199,6 +199,8 @@ class Stack:
             "BERTH_KILL_GRACE_SECONDS": "1",
             "BERTH_LEADER_TIMEOUT": "4",
             "BERTH_DB_POOL_TIMEOUT": "2",
+            # The namespaced agents of a partition reach the server at 10.231.N.1.
+            "BERTH_ALLOWED_HOSTS": "127.0.0.1,localhost,10.231.7.1",
             "PYTHONUNBUFFERED": "1",
             **self.timings,
         }

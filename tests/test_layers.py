@@ -59,7 +59,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("no Django", ("scheduler.core", "scheduler.agent.client", "scheduler.agent.command",
                    "scheduler.agent.gpus", "scheduler.agent.isolation", "scheduler.agent.runtime",
                    "scheduler.agent.sim", "scheduler.agent.times", "scheduler.agent.__main__",
-                   "scheduler.agent.fencing",
+                   "scheduler.agent.fencing", "scheduler.agent.pressure",
                    "scheduler.management.stopping", "berth.env")),
 ]  # fmt: skip
 # Packages whose __init__ is empty of imports: below everything, whatever they hold.
