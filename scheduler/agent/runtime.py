@@ -628,15 +628,16 @@ class Agent:
             self.dirty = True
         if not self.fence.due():
             return
-        fenced = [t for t in running if not t.fenced]
+        deadline = time.monotonic() + self.fence.grace_left()
+        fenced = [t for t in running if not t.fenced and not t.killed]
         if fenced:
             log.warning("%s: stopping %d tasks", self.fence.why(), len(fenced))
         for task in fenced:
             task.fenced, task.message = True, self.fence.why()
-            if task.killed:  # already stopping: its SIGKILL comes no later than the deadline
-                task.kill_at = min(task.kill_at or 0.0, time.monotonic() + self.fence.grace_left())
-            else:
-                self.kill(task, self.fence.grace_left())
+            self.kill(task, self.fence.grace_left())
+        for task in running:  # stopping on the server's order: SIGKILL by the deadline too
+            if task.killed and task.kill_at is not None and task.kill_at > deadline:
+                task.kill_at = deadline
 
     def _cut_off_wait(self, wait: float) -> float:
         """A backoff never postpones fencing: with tasks running, look again within 0.5 s."""
