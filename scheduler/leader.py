@@ -119,8 +119,12 @@ class PostgresLeaderLock:
         return held
 
     def _start_renewing(self) -> None:
-        if self._renewer is not None and self._renewer.is_alive():
-            return
+        if (
+            self._renewer is not None
+            and self._renewer.is_alive()
+            and not self._stop_renewing.is_set()
+        ):
+            return  # (one told to stop may not have noticed yet: a new one starts)
         self._stop_renewing = threading.Event()
         self._renewer = threading.Thread(
             target=self._renew, args=(self._stop_renewing,), name="leader-lease", daemon=True
@@ -211,6 +215,26 @@ class FileLeaderLock:
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+
+
+def guard_transactions(timeout: float) -> None:
+    """In the scheduler's process: PostgreSQL ends any transaction left idle half a lock
+    timeout (the process frozen between two statements), so a leader frozen inside its
+    commit, after `fence()`, can neither commit once another leads (its lock's session lasts
+    at least two thirds of a timeout frozen) nor hold row locks the new leader waits for."""
+    from django.db import connection as default
+    from django.db.backends.signals import connection_created
+
+    milliseconds = max(1000, int(timeout * 500))
+
+    def limit(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET idle_in_transaction_session_timeout = {milliseconds}")
+
+    connection_created.connect(limit, weak=False, dispatch_uid="berth-leader-transactions")
+    if default.connection is not None:
+        limit(None, default)
 
 
 def leader_lock() -> LeaderLock:

@@ -29,7 +29,8 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max, Q
+from django.db.models import Max, Q, Value
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from scheduler import gpu_history, notify
@@ -359,9 +360,13 @@ def parse_tasks(data: object) -> tuple[list[Report], dict[str, Any], list[gpu_hi
     if not isinstance(usage, dict):
         errors["usage"] = ["must be an object"]
         usage = {}
-    pressure = usage.get("pressure", "")
-    if not isinstance(pressure, str) or len(pressure) > MAX_PRESSURE:
-        errors["usage.pressure"] = [f"must be text of at most {MAX_PRESSURE} characters"]
+    pressure = usage.get("pressure")
+    if pressure is not None and not (
+        isinstance(pressure, str) and 0 < len(pressure) <= MAX_PRESSURE and pressure.isprintable()
+    ):
+        errors["usage.pressure"] = [
+            f"must be printable text of 1 to {MAX_PRESSURE} characters, or absent"
+        ]
     samples = gpu_history.parse_samples(usage.get("gpus"), errors)
     reports = []
     seen: set[int] = set()
@@ -426,7 +431,13 @@ def apply_report(node: Node, data: object) -> dict[str, Any]:
         _renew(node, now)
         node.usage = usage
         if was != node.state or usage != old_usage or renewal_due(beat, now):
-            node.save(update_fields=["last_heartbeat", "state", "usage"])
+            # Never back in time: a lease may have renewed the node since `now` was read
+            # (this row is not locked here), and agents fence against the renewal they sent.
+            Node.objects.filter(pk=node.pk).update(
+                last_heartbeat=Greatest(Coalesce("last_heartbeat", Value(now)), Value(now)),
+                state=node.state,
+                usage=node.usage,
+            )
         changed_node = bool(outcome.changed_jobs) or was != node.state
         notify.changed(jobs=outcome.changed_jobs, nodes=[node.pk] if changed_node else [])
         # The locked rows hold only what a report reads of their jobs: the starts are read

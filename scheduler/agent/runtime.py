@@ -301,6 +301,9 @@ class Agent:
                             target=self._lease_loop, args=(stop,), name="agent-lease", daemon=True
                         )
                         leases.start()
+                        threading.Thread(
+                            target=self._fence_watch, args=(stop,), name="agent-fence", daemon=True
+                        ).start()
                     self.step()
                     self.wake.wait(POLL_SECONDS)
                     self.wake.clear()
@@ -616,28 +619,42 @@ class Agent:
         env.update(extra)
         return argv[0], argv[1], argv[2]
 
+    def _fence_watch(self, stop: threading.Event) -> None:
+        """Fencing on a thread of its own: the main loop may be held up to the HTTP timeout
+        by a request to a server whose packets are dropped, longer than the fence allows."""
+        while not stop.wait(POLL_SECONDS):
+            try:
+                self._fence_tasks()
+            except Exception:  # noqa: BLE001 - logged; the next turn tries again
+                log.exception("fencing check failed")
+
     def _fence_tasks(self) -> None:
         """Cut off from the server for too long: stop every task before the server may give
-        it up and run it elsewhere (fencing.py). While they run, renew the lease with a
-        report once a lease has passed without one."""
+        it up and run it elsewhere (fencing.py): SIGTERM, and SIGKILL at the deadline even if
+        the main loop is stuck. While they run, renew the lease with a report once a lease
+        has passed without one."""
         with self.lock:
             running = [t for t in self.tasks.values() if t.state == "Running"]
-        if not running:
-            return
-        if self.fence.renewal_due():
-            self.dirty = True
-        if not self.fence.due():
-            return
-        deadline = time.monotonic() + self.fence.grace_left()
-        fenced = [t for t in running if not t.fenced and not t.killed]
-        if fenced:
-            log.warning("%s: stopping %d tasks", self.fence.why(), len(fenced))
-        for task in fenced:
-            task.fenced, task.message = True, self.fence.why()
-            self.kill(task, self.fence.grace_left())
-        for task in running:  # stopping on the server's order: SIGKILL by the deadline too
-            if task.killed and task.kill_at is not None and task.kill_at > deadline:
-                task.kill_at = deadline
+            if not running:
+                return
+            if self.fence.renewal_due():
+                self.dirty = True
+            if not self.fence.due():
+                return
+            now = time.monotonic()
+            deadline = now + self.fence.grace_left()
+            fenced = [t for t in running if not t.fenced and not t.killed]
+            if fenced:
+                log.warning("%s: stopping %d tasks", self.fence.why(), len(fenced))
+            for task in fenced:
+                task.fenced, task.message = True, self.fence.why()
+                self.kill(task, self.fence.grace_left())
+            for task in running:  # on the server's order too: SIGKILL by the deadline
+                if task.kill_at is not None and task.kill_at > deadline:
+                    task.kill_at = deadline
+                if task.kill_at is not None and now >= task.kill_at:
+                    self._signal(task, signal.SIGKILL)
+                    task.kill_at = None
 
     def _cut_off_wait(self, wait: float) -> float:
         """A backoff never postpones fencing: with tasks running, look again within 0.5 s."""

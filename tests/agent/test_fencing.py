@@ -36,10 +36,10 @@ class Clock:
 @pytest.mark.parametrize(
     ("timeout", "lease", "grace", "term", "deadline"),
     [
-        (42.5, 10.0, 10.0, 31.0, 41.0),  # the defaults: SIGTERM a grace before the deadline
-        (6.0, 1.0, 1.0, 3.5, 4.5),  # the e2e and chaos timings
-        (5.0, 1.0, 10.0, 2.0, 3.5),  # a grace longer than the budget: never within 2 leases
-        (3.5, 1.0, 1.0, 2.0, 2.0),  # a budget of two leases: SIGKILL at the deadline
+        (42.5, 10.0, 10.0, 30.0, 40.0),  # the defaults: SIGTERM a grace before the deadline
+        (6.0, 1.0, 1.0, 2.5, 3.5),  # the e2e and chaos timings
+        (5.0, 1.0, 10.0, 2.0, 2.5),  # a grace longer than the budget: never within 2 leases
+        (4.5, 1.0, 1.0, 2.0, 2.0),  # a budget of two leases: SIGKILL at the deadline
     ],
 )
 def test_the_fence_stops_tasks_before_the_server_may_give_them_up(
@@ -48,7 +48,7 @@ def test_the_fence_stops_tasks_before_the_server_may_give_them_up(
     clock = Clock()
     fence = Fence(timeout=timeout, lease=lease, grace=grace, clock=clock)
     assert (fence.term_after(), fence.deadline()) == (term, deadline)
-    assert fence.deadline() == timeout - MARGIN  # the server's renewal writes lag by 1 s
+    assert fence.deadline() == timeout - MARGIN  # renewal writes lag 1 s, clocks and latency
     clock.now += term - 0.01
     assert not fence.due()
     clock.now += 0.01
@@ -81,8 +81,8 @@ def _running_pid(agent: Agent, task_id: int) -> int:
 def test_an_agent_cut_off_stops_its_task_in_time_and_reports_it_lost(
     server: FakeServer, tmp_path: Path
 ) -> None:
-    # Node lease 3 s, kill grace 1 s: no task may run 1.5 s after the last renewal was sent.
-    server.heartbeat_timeout = 3.0
+    # Node lease 4 s, kill grace 1 s: no task may run 1.5 s after the last renewal was sent.
+    server.heartbeat_timeout = 4.0
     server.orders = [start(5, "sleep 60")]
     agent = Agent(server.url, "join", name="node-f", work_dir=tmp_path)
     stop = threading.Event()
@@ -94,7 +94,7 @@ def test_an_agent_cut_off_stops_its_task_in_time_and_reports_it_lost(
         server.refuse = {"lease/": [503] * 10_000, "report/": [503] * 10_000}  # cut off
         cut = time.monotonic()
         wait_for(lambda: not _alive(pid), timeout=10)
-        assert time.monotonic() - cut < 1.5 + 0.5  # the deadline, and a poll or two
+        assert time.monotonic() - cut < 1.5 + 1.0  # the deadline, and a busy machine's slack
         server.refuse = {}  # heard again
         (final,) = wait_for(lambda: final_reports(server, 5))
     finally:
@@ -107,9 +107,9 @@ def test_an_agent_cut_off_stops_its_task_in_time_and_reports_it_lost(
 def test_an_agent_the_server_hears_never_stops_its_tasks(
     server: FakeServer, tmp_path: Path
 ) -> None:
-    # With leases of 0.2 s held ~0.1 s and a 3 s timeout the fence would fall at 1.5 s of
-    # silence; four times that of normal running leaves the task alone.
-    server.heartbeat_timeout = 3.0
+    # With leases of 0.2 s held ~0.1 s and a 4 s timeout the fence would fall at 0.5 s of
+    # silence; six seconds of normal running leave the task alone.
+    server.heartbeat_timeout = 4.0
     server.orders = [start(6, "sleep 60")]
     agent = Agent(server.url, "join", name="node-g", work_dir=tmp_path)
     stop = threading.Event()

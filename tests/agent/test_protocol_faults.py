@@ -88,3 +88,19 @@ def test_a_new_leader_judges_no_node_before_a_whole_timeout(owner, settings):
         assert Node.objects.get(pk=node.pk).state == NodeState.NOT_READY
     finally:
         leader.lead_with(None)
+
+
+def test_pressure_must_be_printable_and_not_empty(owner):
+    token = register().json()["token"]
+    for bad in ("", "full\x1b[2J", "disk\x00full"):
+        answer = beat(token, [], usage={"pressure": bad})
+        assert answer.status_code == 400 and "usage.pressure" in answer.json(), bad
+
+
+def test_a_report_never_moves_the_lease_back_in_time(owner):
+    token = register().json()["token"]
+    later = timezone.now() + timedelta(seconds=30)  # renewed by a lease since the report began
+    Node.objects.filter(name=NODE["name"]).update(last_heartbeat=later)
+    assert beat(token, [], usage={"load": 1.0, "tasks": 0}).status_code == 200  # usage changed
+    node = Node.objects.get(name=NODE["name"])
+    assert node.last_heartbeat == later and node.usage["load"] == 1.0

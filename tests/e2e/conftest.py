@@ -102,7 +102,7 @@ def cluster(
     # Leases of a second: orders still reach the agents at once, woken through Redis by
     # the scheduler's process; a dead node is noticed within BERTH_HEARTBEAT_TIMEOUT.
     settings.BERTH_HEARTBEAT_INTERVAL = 1.0
-    settings.BERTH_HEARTBEAT_TIMEOUT = 5.0
+    settings.BERTH_HEARTBEAT_TIMEOUT = 6.0
     settings.BERTH_KILL_GRACE_SECONDS = 1.0
     env = {
         **os.environ,
@@ -112,7 +112,7 @@ def cluster(
         "BERTH_JOIN_TOKEN": JOIN_TOKEN,  # agents read it here, never from their command line
         "BERTH_SCHEDULER_INTERVAL": "0.2",
         "BERTH_HEARTBEAT_INTERVAL": "1",
-        "BERTH_HEARTBEAT_TIMEOUT": "5",
+        "BERTH_HEARTBEAT_TIMEOUT": "6",
         "BERTH_KILL_GRACE_SECONDS": "1",
         "BERTH_DATA_DIR": str(tmp_path / "data"),
         "PYTHONUNBUFFERED": "1",

@@ -16,6 +16,7 @@ from scheduler.heartbeat import record_cycle
 from scheduler.leader import (
     LeaderLock,
     LostLeadership,
+    guard_transactions,
     lead_with,
     leader_lock,
     lost_lead,
@@ -66,6 +67,7 @@ class Command(BaseCommand):
 
         interval = options["interval"] or settings.BERTH_SCHEDULER_INTERVAL
         stop = stop_on_signals()
+        guard_transactions(settings.BERTH_LEADER_TIMEOUT)
         lock = leader_lock()
         try:
             if options["once"]:
