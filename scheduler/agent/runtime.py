@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
+from scheduler.agent.fence import OUT_OF_MEMORY, Fence, oom_message, usage_report
 from scheduler.agent.gpus import FAKE_MEMORY, GpuSampler
 from scheduler.agent.isolation import (
     DEFAULT_TASK_USER,
@@ -51,10 +52,12 @@ VERSION = f"berth-agent/{PROTOCOL}"
 # moves it to fd 3, gives the command /dev/null as stdin and no fd 3, and writes the command's
 # exit code to it. The wrapper outlives a SIGTERM (a handler, unlike an ignored signal, is not
 # inherited: the command still gets SIGTERM) so that the command has its grace period and its
-# exit code is recorded.
+# exit code is recorded. Its stdout starts as a pipe's read end (its stderr is the output
+# file): the wrapper waits there until the agent has put it in the task's cgroup, so that
+# nothing it starts can be outside it, then makes the output file its stdout too.
 WRAPPER = (
-    'trap ":" TERM; exec 3>&0 </dev/null; "$2" "$3" "$1" 3>&-; code=$?;'
-    ' echo "$code" >&3; exit "$code"'
+    'read _ <&1 || exit 125; exec 1>&2; trap ":" TERM; exec 3>&0 </dev/null;'
+    ' "$2" "$3" "$1" 3>&-; code=$?; echo "$code" >&3; exit "$code"'
 )
 LOG_CHUNK = 60 * 1024  # at most; the server may ask for smaller chunks when it registers us
 SHIP_PER_STEP = 16  # chunks per task per turn, so a chatty task never delays reports
@@ -142,6 +145,10 @@ class RunningTask:
     devices: list[int] = field(default_factory=list)  # GPU indices the server gave it
     started_at: float = 0.0  # wall-clock (Unix) time the process started; 0: it never did
     ended_at: float = 0.0  # wall-clock time the process was seen to end
+    cgroup: str = ""  # its cgroup's name under the agent's (scheduler/agent/fence.py)
+    memory: int = 0  # bytes it asked for (its limit where enforced)
+    reason: str = ""  # why it ended, when the exit code does not say (OutOfMemory)
+    usage: dict[str, Any] | None = None  # what its cgroup says it used, once it ended
     proc: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -176,6 +183,7 @@ class Agent:
         kill_on_exit: bool = False,
         timeout: float = 10.0,
         task_user: str = DEFAULT_TASK_USER,
+        fence: Fence | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         self.join_token = join_token
@@ -209,6 +217,7 @@ class Agent:
         self.ended: dict[tuple[int, int], float] = {}  # attempts over: a late start is ignored
         self.reregister = False
         self.gpus = GpuSampler([], fake=True)  # the registered GPUs (set by register())
+        self.fence = fence or Fence(base_name=f"berth-{self.name}")
 
     # --- HTTP ------------------------------------------------------------------------
 
@@ -233,6 +242,7 @@ class Agent:
             "devices": devices,
             "hostname": socket.gethostname(),
             "version": VERSION,
+            "enforcement": self.fence.describe(),
         }
         answer: dict[str, Any] | None = None
         if self.token:
@@ -310,6 +320,7 @@ class Agent:
             if self.kill_on_exit:
                 self._kill_all()
             self._save()
+            self.fence.close()
             self.gpus.close()
 
     def _kill_all(self) -> None:
@@ -368,6 +379,8 @@ class Agent:
                     "started_at": t.started_at or None,  # the process's own times
                     "ended_at": t.ended_at or None,
                 }
+                if t.state != "Running" and (t.reason or t.usage):
+                    item.update(reason=t.reason, usage=t.usage)
                 output = self._inline_output(t) if inline else None
                 if output is not None:
                     item["output"] = output
@@ -530,6 +543,7 @@ class Agent:
                     " under a path every account can pass through (e.g. /var/lib/berth)",
                     accounts.default.name, blocked, self.work_dir,
                 )  # fmt: skip
+        self.fence.setup()
         self.accounts = accounts
         return accounts
 
@@ -540,30 +554,24 @@ class Agent:
             return  # already running: a start message repeated until we report it
         directory = self.state_dir / f"task-{task_id}-{attempt}"
         workdir = self.work_dir / f"task-{task_id}-{attempt}"
+        devices = _indices(order.get("devices"))
+        limits = self.fence.limits(order, devices)
+        group = ""
         try:
             accounts = self.prepare()
+            if self.fence.refuses:
+                raise ValueError(self.fence.problem)
             account = accounts.for_owner(order.get("owner"))
             env = build_env(order.get("env") or {}, account)
             shell, flag, script = self._shell(str(order["command"]), order.get("env") or {}, env)
             private_dir(directory)
             task_workdir(workdir, account, accounts.switching)
-            with (
-                open(directory / "output.log", "ab") as output,
-                open(directory / "exit_code", "wb") as exit_file,
-            ):
-                proc = subprocess.Popen(
-                    ["/bin/sh", "-c", WRAPPER, "berth-task", script, shell, flag],
-                    cwd=workdir,
-                    env=env,
-                    stdin=exit_file,  # the wrapper's, see WRAPPER; the command gets /dev/null
-                    stdout=output,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own process group, killed as a whole
-                    **spawn_kwargs(account, accounts.switching),
-                )
+            group = self.fence.create(f"task-{task_id}-{attempt}", limits)
+            proc = self._spawn(directory, workdir, env, [script, shell, flag], account, group)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             # Report it as failed rather than be sent the same start message forever.
             log.error("could not start task %s: %s", task_id, exc)
+            self.fence.end(group)
             self.tasks[task_id] = RunningTask(
                 task_id, attempt, 0, str(directory), exit_code=127, state="Failed",
                 message=f"the agent could not start it: {exc}",
@@ -571,11 +579,47 @@ class Agent:
             return
         self.tasks[task_id] = RunningTask(
             task_id, attempt, proc.pid, str(directory), workdir=str(workdir), proc=proc,
-            started=_start_time(proc.pid), devices=_indices(order.get("devices")),
-            started_at=time.time(),
+            started=_start_time(proc.pid), devices=devices, started_at=time.time(),
+            cgroup=group, memory=limits.memory,
         )  # fmt: skip
         log.info("started task %s (attempt %s) as pid %s, user %s",
                  task_id, attempt, proc.pid, account.name)  # fmt: skip
+
+    def _spawn(self, directory: Path, workdir: Path, env: dict[str, str], args: list[str],
+               account: Any, group: str) -> subprocess.Popen[bytes]:  # fmt: skip
+        """Start the wrapper; it runs the command once it is in the task's cgroup `group`."""
+        gate, go = os.pipe()
+        try:
+            with (
+                open(directory / "output.log", "ab") as output,
+                open(directory / "exit_code", "wb") as exit_file,
+            ):
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", WRAPPER, "berth-task", *args],
+                    cwd=workdir,
+                    env=env,
+                    stdin=exit_file,  # the wrapper's, see WRAPPER; the command gets /dev/null
+                    stdout=gate,  # until it may go on; then the output file, as its stderr
+                    stderr=output,
+                    start_new_session=True,  # its own process group, killed as a whole
+                    **spawn_kwargs(account, self.accounts is not None
+                                   and self.accounts.switching),
+                )  # fmt: skip
+            os.close(gate)
+            try:
+                self.fence.add(group, proc.pid)
+            except OSError:
+                proc.kill()
+                proc.wait()
+                raise
+            os.write(go, b"go\n")
+        finally:
+            for fd in (gate, go):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        return proc
 
     def _shell(self, command: str, start_env: dict[str, Any],
                env: dict[str, str]) -> tuple[str, str, str]:  # fmt: skip
@@ -592,6 +636,7 @@ class Agent:
         task.killed = True
         task.kill_at = time.monotonic() + grace
         self._signal(task, signal.SIGTERM)
+        self.fence.signal_all(task.cgroup, signal.SIGTERM)  # its other sessions too
 
     def _signal(self, task: RunningTask, sig: int) -> None:
         if task.pid <= 0:
@@ -607,22 +652,39 @@ class Agent:
         for task in self.tasks.values():
             if task.state != "Running":
                 continue
+            if task.cgroup and not task.reason and self.fence.out_of_memory(task.cgroup):
+                # As memory.oom.group does on v2: the task dies whole, and says why.
+                task.reason = OUT_OF_MEMORY
+                self.fence.kill_all(task.cgroup)
             code = self._exit_code(task)
             if code is None:
                 if task.kill_at is not None and time.monotonic() >= task.kill_at:
                     self._signal(task, signal.SIGKILL)
+                    self.fence.kill_all(task.cgroup)
                     task.kill_at = None
                 continue
-            task.exit_code = code
-            task.ended_at = time.time() if task.proc is not None else _ended_at(task)
-            self.dirty = True  # an end goes to the server at once
-            if task.killed:
-                task.state = "Killed"
-                task.message = "stopped on the server's request"
-            else:
-                task.state = "Succeeded" if code == 0 else "Failed"
-            # Nothing of the group may outlive the task (a child left in the background).
-            self._signal(task, signal.SIGKILL)
+            self._ended(task, code)
+
+    def _ended(self, task: RunningTask, code: int) -> None:
+        task.exit_code = code
+        task.ended_at = time.time() if task.proc is not None else _ended_at(task)
+        self.dirty = True  # an end goes to the server at once
+        if task.killed:
+            task.state = "Killed"
+            task.message = "stopped on the server's request"
+        else:
+            task.state = "Succeeded" if code == 0 else "Failed"
+        # Nothing of the task may outlive it (a child left in the background, a daemon).
+        self._signal(task, signal.SIGKILL)
+        ended = self.fence.end(task.cgroup)
+        if ended is None:
+            return
+        task.usage = usage_report(ended.usage)
+        if ended.out_of_memory and not task.killed:
+            task.state, task.reason = "Failed", OUT_OF_MEMORY
+            task.message = oom_message(ended.usage, task.memory)
+        if ended.leftovers:
+            log.info("task %s left %s processes behind: killed", task.id, ended.leftovers)
 
     def _exit_code(self, task: RunningTask) -> int | None:
         if task.proc is not None:
@@ -714,6 +776,14 @@ class Agent:
         tmp.replace(self.state_file)
 
     def _load(self) -> None:
+        self._read_state()
+        # A task's cgroup outlives an agent that stops: those of running tasks are theirs
+        # again; any other (its task ended or was forgotten meanwhile) is killed and removed.
+        live = {t.cgroup for t in self.tasks.values() if t.state == "Running" and t.cgroup}
+        for name in self.fence.reap(live):
+            log.info("killed what was left of %s in its cgroup", name)
+
+    def _read_state(self) -> None:
         legacy = self.work_dir / "state.json"  # where agents before the state dir kept it
         if not self.state_file.exists() and legacy.is_file():
             # Keep the node token across the upgrade (the join token no longer re-registers a
