@@ -19,11 +19,15 @@ from django.db.models import Count, F, QuerySet, Sum
 from scheduler.models import FinishedJobCount, Job, Queue, Task, UsageRecord
 
 
-def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = None) -> int:
+def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = None,
+                     measured: dict[int, dict[str, Any]] | None = None) -> int:  # fmt: skip
     """Record what each ended attempt used: wall time from its start to `now` (or its own
     finish time), cpu-seconds = millicores x seconds / 1000, gpu-seconds = devices x seconds.
     Attempts that never started used nothing and leave no record. `state` overrides the
-    tasks' own state (for callers that ended them with a bulk update)."""
+    tasks' own state (for callers that ended them with a bulk update). `measured` (task id ->
+    the agent's `usage` of its end) adds what the node measured: peak memory, CPU seconds
+    used, GPU utilisation."""
+    measured = measured or {}
     started = [t for t in tasks if t.started_at is not None]
     if not started:
         return 0
@@ -43,11 +47,33 @@ def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = N
                 started_at=start, finished_at=finished,
                 day=finished.astimezone(UTC).date(), wall_seconds=wall,
                 cpu_seconds=task.cpu * wall / 1000, gpu_seconds=task.gpu * wall,
+                memory=task.memory, **_measured(measured.get(task.pk, {})),
             )
         )  # fmt: skip
     # A report re-sent for an attempt already recorded is ignored, never counted twice.
     UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
     return len(records)
+
+
+def _measured(usage: dict[str, Any]) -> dict[str, Any]:
+    """UsageRecord fields from an agent's measured `usage` (absent: not measured)."""
+    return {
+        "peak_memory": usage.get("peak_memory"),
+        "used_cpu_seconds": usage.get("cpu_seconds"),
+        "gpu_utilization": usage.get("gpu_utilization"),
+    }
+
+
+def efficiency(record: UsageRecord) -> dict[str, float | None]:
+    """As Slurm's seff: CPU efficiency = CPU seconds used / (cores requested x wall time),
+    memory efficiency = peak / requested, GPU utilisation as measured; None when unknown."""
+    cpu = None
+    if record.used_cpu_seconds is not None and record.cpu_seconds > 0:
+        cpu = round(100 * record.used_cpu_seconds / record.cpu_seconds, 1)
+    memory = None
+    if record.peak_memory is not None and record.memory > 0:
+        memory = round(100 * record.peak_memory / record.memory, 1)
+    return {"cpu_percent": cpu, "memory_percent": memory, "gpu_percent": record.gpu_utilization}
 
 
 def _owners_and_queues(tasks: list[Task]) -> dict[int, tuple[int, str, str]]:

@@ -496,14 +496,28 @@ def flow_resubmit(flow_id: int, as_json: bool) -> None:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True)
 def nodes(as_json: bool) -> None:
-    """The cluster's nodes: state, cpu, memory and GPUs free/total."""
+    """The cluster's nodes: state, cpu, memory, GPUs free/total and what each enforces on
+    its tasks (a node that cannot enforce what it must says why it runs nothing)."""
     rows = client().paged("nodes/")
     if as_json:
         emit_json(rows)
         return
     table(rows, [("NAME", lambda n: n["name"]), ("STATE", lambda n: n["state"]),
                  ("CPU", lambda n: n.get("cpu")), ("MEMORY", lambda n: n.get("memory")),
-                 ("GPUS", _gpus), ("LABELS", _labels)], "no nodes")  # fmt: skip
+                 ("GPUS", _gpus), ("ENFORCES", _enforces), ("LABELS", _labels)],
+          "no nodes")  # fmt: skip
+    for node in rows:
+        problem = (node.get("enforcement") or {}).get("problem")
+        if problem:
+            click.echo(f"{node['name']}: {problem}")
+
+
+def _enforces(node: dict[str, Any]) -> str:
+    """`cgroup v1: cpu,devices,memory,...`, or `-` for an agent that enforces nothing."""
+    info = node.get("enforcement") or {}
+    if not info.get("enforced"):
+        return "-"
+    return f"{info.get('cgroup') or '?'}:{','.join(info['enforced'])}"
 
 
 def _gpus(node: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from scheduler.agent.fence import DEFAULT_PIDS_LIMIT, MODES, Fence
 from scheduler.agent.isolation import DEFAULT_TASK_USER
 from scheduler.agent.runtime import Agent, parse_labels
 from scheduler.management.stopping import stop_on_signals
@@ -88,6 +89,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " (default: $BERTH_TASK_USER or nobody; never root)",
     )
     parser.add_argument("--kill-on-exit", action="store_true", help="kill tasks on exit")
+    parser.add_argument(
+        "--enforce",
+        choices=MODES,
+        default=None,
+        help="required (the default as root): run no task unless its memory, CPU, pids,"
+        " processes and GPU devices are held by a cgroup; best-effort: run tasks with"
+        " whatever this machine enforces (the default when not root)",
+    )
+    parser.add_argument(
+        "--pids-limit",
+        type=int,
+        default=DEFAULT_PIDS_LIMIT,
+        help=f"processes a task may have at once (default {DEFAULT_PIDS_LIMIT})",
+    )
 
 
 def make_agent(options: Mapping[str, Any]) -> Agent:
@@ -100,6 +115,8 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         parse_labels(options["labels"])
     except ValueError as exc:
         raise UsageError(f"--labels: {exc}") from None
+    if options.get("pids_limit", DEFAULT_PIDS_LIMIT) < 1:
+        raise UsageError("--pids-limit: must be 1 or more")
     join_token = join_token_from(options["join_token_file"])
     agent = Agent(
         server=options["server"],
@@ -111,6 +128,11 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         state_dir=options["state_dir"],
         kill_on_exit=options["kill_on_exit"],
         task_user=options["task_user"],
+    )
+    agent.fence = Fence(
+        options.get("enforce"),
+        base_name=f"berth-{agent.name}",
+        pids_limit=options.get("pids_limit", DEFAULT_PIDS_LIMIT),
     )
     try:
         agent.prepare()

@@ -14,6 +14,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from scheduler.agent.cgroups import (
@@ -47,6 +48,16 @@ def mebibytes(amount: int | None) -> str:
     return "?" if amount is None else f"{amount / 2**20:.0f}Mi"
 
 
+def nvidia_nodes(folder: Path = Path("/dev")) -> dict[int, str]:
+    """GPU index -> its device node: /dev/nvidiaN (the driver numbers them as NVML does
+    unless configured otherwise)."""
+    found = {}
+    for path in folder.glob("nvidia[0-9]*"):
+        if path.name[len("nvidia") :].isdigit():
+            found[int(path.name[len("nvidia") :])] = str(path)
+    return found
+
+
 def default_mode() -> str:
     return "required" if os.geteuid() == 0 else "best-effort"
 
@@ -62,7 +73,7 @@ class Fence:
         self.mode = mode or default_mode()
         self.base_name = base_name
         self.pids_limit = pids_limit
-        self.gpu_nodes = dict(gpu_nodes or {})
+        self.gpu_nodes = dict(gpu_nodes) if gpu_nodes is not None else nvidia_nodes()
         self.finder = finder
         self.hierarchy: Hierarchy | None = None
         self.problem = ""  # why a required node runs nothing ("" when it runs tasks)

@@ -132,6 +132,7 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
         fields = [
             "name", "state", "admin_state", "labels", "cpu", "memory", "devices", "allocated",
             "last_heartbeat", "hostname", "agent_version", "usage", "registered_at",
+            "enforcement",
         ]  # fmt: skip
         read_only_fields = [f for f in fields if f != "labels"]
 
