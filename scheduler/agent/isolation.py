@@ -11,13 +11,16 @@ applies them to job steps:
    and then what the start message carries (the job's env, BERTH_* variables,
    CUDA_VISIBLE_DEVICES). Nothing of the agent's own environment (DATABASE_URL,
    BERTH_SECRET_KEY, BERTH_JOIN_TOKEN, ...) reaches a task.
-3. The command runs as `bash -lc command` when bash exists on the node (a login shell: the
-   system's and the account's profile run first, so `module`, conda and the like work, and
-   bash syntax such as `[[ ]]` and arrays), else as `/bin/sh -c command`. The start message's
-   variables are exported again after the login files, so they still win (PATH included).
+3. The command runs as a script file run by `bash -l` when bash exists on the node (a login
+   shell: the system's and the account's profile run first, so `module`, conda and the like
+   work, and bash syntax such as `[[ ]]` and arrays), else by `/bin/sh`. The script first
+   exports the start message's variables again (after the login files, so they still win, PATH
+   included), then runs the command. It lives in the task's own work dir, readable by its
+   account only: nothing of the command or its variables is on any command line or in any
+   other variable of the environment.
 4. Directories: the agent's state dir is 0700 and owned by the agent; the work base is 0711
-   (tasks may pass through it but not list it); each task's work dir is 0700 and owned by the
-   task's account.
+   (tasks may pass through it but not list it); each task's work dir is 0700, owned by the
+   task's account, and named with a random part, so that nobody finds another's by guessing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import logging
 import os
 import pwd
 import re
+import secrets
 import shlex
 import shutil
 import stat
@@ -40,7 +44,7 @@ TASK_PATH = "/usr/local/bin:/usr/bin:/bin"
 TASK_LANG = "C.UTF-8"
 LOGIN_DEFS = Path("/etc/login.defs")
 FALLBACK_SHELL = "/bin/sh"
-LOGIN_ENV = "BERTH_LOGIN_ENV"  # the start message's variables, re-exported after the profile
+SCRIPT_NAME = ".berth-command"  # the task's script, in its work dir
 SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -159,22 +163,37 @@ def login_bash() -> str | None:
     return shutil.which("bash", path=TASK_PATH)
 
 
-def shell_command(command: str, start_env: Mapping[str, object],
-                  bash: str | None) -> tuple[list[str], dict[str, str]]:  # fmt: skip
-    """The shell, its flag and its script that run `command`, and the variables to add to the
-    task's environment. With bash it is a login shell, whose profile may reset variables
-    (Debian's /etc/profile sets PATH): the script first exports the start message's variables
-    again, from an environment variable, never from the command line that every process on
-    the node can read."""
+def shell_script(command: str, start_env: Mapping[str, object],
+                 bash: str | None) -> tuple[list[str], str]:  # fmt: skip
+    """The shell with its flags (the script's path goes last) and the script that runs
+    `command`. With bash it is a login shell, whose profile may reset variables (Debian's
+    /etc/profile sets PATH): the script first exports the start message's variables again."""
     if bash is None:
-        return [FALLBACK_SHELL, "-c", command], {}
+        return [FALLBACK_SHELL], command
     restore = "".join(
         f"export {key}={shlex.quote(str(value))}\n"
         for key, value in start_env.items()
-        if SHELL_NAME.fullmatch(str(key)) and key != LOGIN_ENV
+        if SHELL_NAME.fullmatch(str(key))
     )
-    script = f'eval "${LOGIN_ENV}"; unset {LOGIN_ENV}\n{command}'
-    return [bash, "-lc", script], {LOGIN_ENV: restore}
+    return [bash, "-l"], f"{restore}{command}\n"
+
+
+def write_script(workdir: Path, text: str, account: Account, switching: bool) -> Path:
+    """The task's script in its fresh work dir: its account's alone to read (0500)."""
+    path = workdir / SCRIPT_NAME
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o500)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        if switching:
+            os.fchown(fd, account.uid, account.gid)
+        os.fchmod(fd, 0o500)
+    return path
+
+
+def task_dir_name(task_id: int, attempt: int) -> str:
+    """A task's work dir name: its id and attempt (for people), and a random part that no
+    other user can guess."""
+    return f"task-{task_id}-{attempt}-{secrets.token_hex(8)}"
 
 
 def spawn_kwargs(account: Account, switching: bool) -> dict[str, Any]:
@@ -203,7 +222,7 @@ def work_base(path: Path, switching: bool) -> Path:
 
 def task_workdir(path: Path, account: Account, switching: bool) -> Path:
     """One task's work dir: 0700, owned by the account the task runs as."""
-    path.mkdir(mode=0o700, exist_ok=True)
+    path.mkdir(mode=0o700)  # new: a dir that exists already (planted) is refused
     if switching:
         os.chown(path, account.uid, account.gid, follow_symlinks=False)
     path.chmod(0o700)

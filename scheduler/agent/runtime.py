@@ -36,28 +36,30 @@ from scheduler.agent.isolation import (
     build_env,
     login_bash,
     private_dir,
-    shell_command,
+    shell_script,
     spawn_kwargs,
+    task_dir_name,
     task_workdir,
     unreachable_ancestor,
     work_base,
+    write_script,
 )
 
 __all__ = ["Agent", "RunningTask", "ServerError", "Unavailable", "parse_labels"]
 log = logging.getLogger("berth.agent")
 VERSION = f"berth-agent/{PROTOCOL}"
-# $1 is the shell's script, $2 the shell and $3 its flag (isolation.shell_command). The
-# wrapper's stdin is the exit-code file, opened for writing by the agent
-# (a task running as another account could not open it in the agent's state dir): the wrapper
-# moves it to fd 3, gives the command /dev/null as stdin and no fd 3, and writes the command's
-# exit code to it. The wrapper outlives a SIGTERM (a handler, unlike an ignored signal, is not
-# inherited: the command still gets SIGTERM) so that the command has its grace period and its
-# exit code is recorded. Its stdout starts as a pipe's read end (its stderr is the output
-# file): the wrapper waits there until the agent has put it in the task's cgroup, so that
-# nothing it starts can be outside it, then makes the output file its stdout too.
+# $@ is the shell, its flags and the script's path (isolation.shell_script): no job text. The
+# wrapper's stdin is the exit-code file, opened for writing by the agent (a task running as
+# another account could not open it in the agent's state dir): the wrapper moves it to fd 3,
+# gives the command /dev/null as stdin and no fd 3, and writes the command's exit code to it.
+# The wrapper outlives a SIGTERM (a handler, unlike an ignored signal, is not inherited: the
+# command still gets SIGTERM) so that the command has its grace period and its exit code is
+# recorded. Its stdout starts as a pipe's read end (its stderr is the output file): the
+# wrapper waits there until the agent has put it in the task's cgroup, so that nothing it
+# starts can be outside it, then makes the output file its stdout too.
 WRAPPER = (
     'read _ <&1 || exit 125; exec 1>&2; trap ":" TERM; exec 3>&0 </dev/null;'
-    ' "$2" "$3" "$1" 3>&-; code=$?; echo "$code" >&3; exit "$code"'
+    ' "$@" 3>&-; code=$?; echo "$code" >&3; exit "$code"'
 )
 LOG_CHUNK = 60 * 1024  # at most; the server may ask for smaller chunks when it registers us
 SHIP_PER_STEP = 16  # chunks per task per turn, so a chatty task never delays reports
@@ -553,7 +555,7 @@ class Agent:
         if current is not None and current.attempt == attempt:
             return  # already running: a start message repeated until we report it
         directory = self.state_dir / f"task-{task_id}-{attempt}"
-        workdir = self.work_dir / f"task-{task_id}-{attempt}"
+        workdir = self.work_dir / task_dir_name(task_id, attempt)
         devices = _indices(order.get("devices"))
         limits = self.fence.limits(order, devices)
         group = ""
@@ -563,11 +565,13 @@ class Agent:
                 raise ValueError(self.fence.problem)
             account = accounts.for_owner(order.get("owner"))
             env = build_env(order.get("env") or {}, account)
-            shell, flag, script = self._shell(str(order["command"]), order.get("env") or {}, env)
+            shell, script = self._shell(str(order["command"]), order.get("env") or {})
             private_dir(directory)
             task_workdir(workdir, account, accounts.switching)
+            path = write_script(workdir, script, account, accounts.switching)
             group = self.fence.create(f"task-{task_id}-{attempt}", limits)
-            proc = self._spawn(directory, workdir, env, [script, shell, flag], account, group)
+            # Relative to its work dir (its cwd): the way there may be closed to its account.
+            proc = self._spawn(directory, workdir, env, [*shell, f"./{path.name}"], account, group)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             # Report it as failed rather than be sent the same start message forever.
             log.error("could not start task %s: %s", task_id, exc)
@@ -595,7 +599,7 @@ class Agent:
                 open(directory / "exit_code", "wb") as exit_file,
             ):
                 proc = subprocess.Popen(
-                    ["/bin/sh", "-c", WRAPPER, "berth-task", *args],
+                    ["/bin/sh", "-c", WRAPPER, "berth-task", *args],  # no job text
                     cwd=workdir,
                     env=env,
                     stdin=exit_file,  # the wrapper's, see WRAPPER; the command gets /dev/null
@@ -621,14 +625,11 @@ class Agent:
                     pass
         return proc
 
-    def _shell(self, command: str, start_env: dict[str, Any],
-               env: dict[str, str]) -> tuple[str, str, str]:  # fmt: skip
-        """The shell, flag and script that run `command` (adding what it needs to `env`)."""
+    def _shell(self, command: str, start_env: dict[str, Any]) -> tuple[list[str], str]:
+        """The shell with its flags, and the script that runs `command`."""
         if self.bash is None:
             self.bash = login_bash() or ""
-        argv, extra = shell_command(command, start_env, self.bash or None)
-        env.update(extra)
-        return argv[0], argv[1], argv[2]
+        return shell_script(command, start_env, self.bash or None)
 
     def kill(self, task: RunningTask, grace: float) -> None:
         if task.state != "Running" or task.killed:

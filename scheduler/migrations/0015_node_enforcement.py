@@ -4,40 +4,39 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduler', '0014_change_marks'),
+        ("scheduler", "0014_change_marks"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='enforcement',
+            model_name="node",
+            name="enforcement",
             field=models.JSONField(blank=True, default=dict),
         ),
         migrations.AddField(
-            model_name='task',
-            name='reason',
+            model_name="task",
+            name="reason",
             field=models.CharField(blank=True, max_length=32),
         ),
         migrations.AddField(
-            model_name='usagerecord',
-            name='gpu_utilization',
-            field=models.FloatField(blank=True, help_text='mean %, measured', null=True),
+            model_name="usagerecord",
+            name="gpu_utilization",
+            field=models.FloatField(blank=True, help_text="mean %, measured", null=True),
         ),
         migrations.AddField(
-            model_name='usagerecord',
-            name='memory',
-            field=models.BigIntegerField(default=0, help_text='bytes requested'),
+            model_name="usagerecord",
+            name="memory",
+            field=models.BigIntegerField(default=0, help_text="bytes requested"),
         ),
         migrations.AddField(
-            model_name='usagerecord',
-            name='peak_memory',
-            field=models.BigIntegerField(blank=True, help_text='bytes, measured', null=True),
+            model_name="usagerecord",
+            name="peak_memory",
+            field=models.BigIntegerField(blank=True, help_text="bytes, measured", null=True),
         ),
         migrations.AddField(
-            model_name='usagerecord',
-            name='used_cpu_seconds',
-            field=models.FloatField(blank=True, help_text='measured', null=True),
+            model_name="usagerecord",
+            name="used_cpu_seconds",
+            field=models.FloatField(blank=True, help_text="measured", null=True),
         ),
     ]

@@ -79,7 +79,8 @@ DAEMONS = "setsid sleep 300 & echo $! > setsid.pid; (sleep 301 & echo $! > fork.
 
 
 def _daemons(agent: RecordingAgent, task_id: int) -> list[int]:
-    work = Path(agent.work_dir) / f"task-{task_id}-0"
+    run_until(agent, lambda: task_id in agent.tasks)
+    work = Path(agent.tasks[task_id].workdir)
     files = [work / "setsid.pid", work / "fork.pid"]
     run_until(agent, lambda: all(f.exists() and f.read_text().strip() for f in files))
     return [int(f.read_text()) for f in files]
@@ -164,4 +165,4 @@ def test_a_required_node_that_cannot_enforce_runs_nothing(tmp_path):
     agent.answers = [{"start": [order(11, "touch ran")]}]
     final = ended(agent, 11)
     assert final["state"] == "Failed" and "cannot enforce memory" in final["message"]
-    assert not (tmp_path / "task-11-0" / "ran").exists()
+    assert not list(tmp_path.glob("task-11-0-*/ran"))
