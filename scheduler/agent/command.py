@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.agent.fence import DEFAULT_PIDS_LIMIT, MODES, Fence
-from scheduler.agent.isolation import DEFAULT_TASK_USER
+from scheduler.agent.isolation import DEFAULT_TASK_UIDS, DEFAULT_TASK_USER, parse_uid_range
 from scheduler.agent.runtime import Agent, parse_labels
 from scheduler.management.stopping import stop_on_signals
 
 log = logging.getLogger("berth.agent")
 MAX_TOKEN_FILE = 4096
+TASK_UIDS_TEXT = f"{DEFAULT_TASK_UIDS[0]}-{DEFAULT_TASK_UIDS[1]}"
 DESCRIPTION = (
     "Run the node agent: register this machine with the server (cpu, memory, GPUs found"
     " through NVML, or --fake-gpus), then heartbeat, run the tasks the server assigns as"
@@ -89,6 +90,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " (default: $BERTH_TASK_USER or nobody; never root)",
     )
     parser.add_argument("--kill-on-exit", action="store_true", help="kill tasks on exit")
+    _add_enforcement_arguments(parser)
+
+
+def _add_enforcement_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that say how tasks are held to their requests and kept apart."""
+    parser.add_argument(
+        "--task-uids",
+        default=os.environ.get("BERTH_TASK_UIDS", "").strip() or TASK_UIDS_TEXT,
+        metavar="START-END|off",
+        help="as root: users without a Unix account here each run under a uid of their own"
+        " from this range (default: $BERTH_TASK_UIDS or %(default)s); off: they all run as"
+        " --task-user",
+    )
     parser.add_argument(
         "--enforce",
         choices=MODES,
@@ -117,6 +131,10 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         raise UsageError(f"--labels: {exc}") from None
     if options.get("pids_limit", DEFAULT_PIDS_LIMIT) < 1:
         raise UsageError("--pids-limit: must be 1 or more")
+    try:
+        task_uids = parse_uid_range(options.get("task_uids") or "off")
+    except ValueError as exc:
+        raise UsageError(f"--task-uids: {exc}") from None
     join_token = join_token_from(options["join_token_file"])
     agent = Agent(
         server=options["server"],
@@ -128,6 +146,7 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         state_dir=options["state_dir"],
         kill_on_exit=options["kill_on_exit"],
         task_user=options["task_user"],
+        task_uids=task_uids,
     )
     agent.fence = Fence(
         options.get("enforce"),

@@ -4,9 +4,12 @@ No Django here (the agent runs on machines without the server). The rules, as Sl
 applies them to job steps:
 
 1. An agent running as root never runs a task as root: it runs it as the submitting user's Unix
-   account of the same name when that is a regular account (uid >= UID_MIN), else as the
-   configured task account (`nobody` unless set). An agent that is not root runs tasks as
-   itself (it cannot switch), and says so when it starts.
+   account of the same name when that is a regular account (uid >= UID_MIN), else under a uid
+   of its own from the configured range (`--task-uids`, as systemd's DynamicUser= leases
+   one): the same uid for the same user every time, never another user's, never one shared
+   account. With `--task-uids off` it falls back to one configured task account (`nobody`
+   unless set). An agent that is not root runs tasks as itself (it cannot switch), and says
+   so when it starts.
 2. A task's environment is built from scratch: the account's PATH/HOME/USER/LOGNAME/SHELL/LANG
    and then what the start message carries (the job's env, BERTH_* variables,
    CUDA_VISIBLE_DEVICES). Nothing of the agent's own environment (DATABASE_URL,
@@ -25,6 +28,8 @@ applies them to job steps:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import pwd
@@ -46,6 +51,9 @@ LOGIN_DEFS = Path("/etc/login.defs")
 FALLBACK_SHELL = "/bin/sh"
 SCRIPT_NAME = ".berth-command"  # the task's script, in its work dir
 SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DEFAULT_TASK_UIDS = (3_000_000, 3_999_999)  # far above login accounts and subuid ranges
+NO_HOME = "/nonexistent"  # HOME of a uid from the range whose work dir it cannot reach
+UIDS_FILE = "uids.json"  # in the state dir: user name -> the uid it was given here
 
 
 @dataclass(frozen=True)
@@ -98,43 +106,104 @@ def regular_uid_min() -> int:
     return 1000
 
 
+def parse_uid_range(text: str) -> tuple[int, int] | None:
+    """`START-END` (inclusive), or None for "off"; ValueError otherwise."""
+    if text.strip().lower() == "off":
+        return None
+    start, sep, end = text.partition("-")
+    if not sep or not start.strip().isdigit() or not end.strip().isdigit():
+        raise ValueError(f"expected START-END or off, got {text!r}")
+    low, high = int(start), int(end)
+    if not 1000 <= low <= high < 2**32 - 1:
+        raise ValueError(f"the range must lie within 1000-{2**32 - 2}, low to high")
+    return low, high
+
+
+class UidMap:
+    """A uid of its own for each user without an account here, from a range: the user's name
+    hashed into the range, the next free one on a collision; kept in the state dir, so a user
+    keeps its uid across restarts and a uid is never handed to two users."""
+
+    def __init__(self, uid_range: tuple[int, int], path: Path) -> None:
+        self.low, self.high = uid_range
+        self.path = path
+        try:
+            loaded = json.loads(path.read_text())
+        except (OSError, ValueError):
+            loaded = {}
+        self.uids: dict[str, int] = {
+            str(k): v
+            for k, v in loaded.items()
+            if isinstance(v, int) and self.low <= v <= self.high
+        }
+
+    def uid(self, name: str) -> int:
+        if name in self.uids:
+            return self.uids[name]
+        size = self.high - self.low + 1
+        if len(self.uids) >= size:
+            raise ValueError(f"no uid left in {self.low}-{self.high} for user {name!r}")
+        taken = set(self.uids.values())
+        start = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") % size
+        for step in range(size):
+            candidate = self.low + (start + step) % size
+            if candidate not in taken and not _has_account(candidate):
+                break
+        else:
+            raise ValueError(f"no uid left in {self.low}-{self.high} for user {name!r}")
+        self.uids[name] = candidate
+        self._save()
+        return candidate
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(self.uids))
+        tmp.replace(self.path)
+
+
 class TaskAccounts:
     """Which account runs a given user's task on this machine."""
 
-    def __init__(self, default_user: str = DEFAULT_TASK_USER) -> None:
+    def __init__(self, default_user: str = DEFAULT_TASK_USER,
+                 uid_range: tuple[int, int] | None = None,
+                 state_dir: Path | None = None) -> None:  # fmt: skip
         self.switching = os.geteuid() == 0
         self.own = current_account()
         self.uid_min = regular_uid_min()
         self.default = self.own
+        self.uids: UidMap | None = None
+        if self.switching and uid_range is not None:
+            self.uids = UidMap(uid_range, (state_dir or Path(".")) / UIDS_FILE)
         if self.switching:
-            account = lookup(default_user)
-            if account is None:
-                raise ValueError(
-                    f"task user {default_user!r} does not exist on this machine: create it or"
-                    " choose another with --task-user / BERTH_TASK_USER"
-                )
-            if account.uid == 0 or account.gid == 0:
-                raise ValueError(
-                    f"task user {default_user!r} is root (uid/gid 0): tasks never run as root;"
-                    " choose an unprivileged account with --task-user / BERTH_TASK_USER"
-                )
-            self.default = account
+            self.default = _task_account(default_user)
 
     def for_owner(self, owner: object) -> Account:
-        """The submitting user's own account when it is a regular one, else the default."""
+        """The submitting user's own account when it is a regular one, else a uid of its own
+        from the range (or, with no range, the default account)."""
         if not self.switching:
             return self.own
         account = lookup(owner) if isinstance(owner, str) else None
         if account is not None and account.uid >= self.uid_min and account.gid != 0:
             return account
+        if self.uids is not None and isinstance(owner, str) and owner and "\0" not in owner:
+            uid = self.uids.uid(owner)
+            return Account(owner, uid, uid, (uid,), "", FALLBACK_SHELL)
         return self.default
 
     def describe(self) -> str:
+        if self.switching and self.uids is not None:
+            return (
+                "tasks run as the submitting user's Unix account of the same name (uid >="
+                f" {self.uid_min}) when it exists, else under a uid of that user's own from"
+                f" {self.uids.low}-{self.uids.high}"
+            )
         if self.switching:
             return (
                 "tasks run as the submitting user's Unix account of the same name (uid >="
                 f" {self.uid_min}) when it exists, else as {self.default.name!r}"
-                f" (uid {self.default.uid})"
+                f" (uid {self.default.uid}), shared by all such users (--task-uids off)"
             )
         return (
             f"not running as root: tasks run as this agent's own user {self.own.name!r}"
@@ -143,12 +212,39 @@ class TaskAccounts:
         )
 
 
-def build_env(start_env: Mapping[str, object], account: Account) -> dict[str, str]:
+def _task_account(name: str) -> Account:
+    """The configured shared task account: it must exist and must not be root."""
+    account = lookup(name)
+    if account is None:
+        raise ValueError(
+            f"task user {name!r} does not exist on this machine: create it or"
+            " choose another with --task-user / BERTH_TASK_USER"
+        )
+    if account.uid == 0 or account.gid == 0:
+        raise ValueError(
+            f"task user {name!r} is root (uid/gid 0): tasks never run as root;"
+            " choose an unprivileged account with --task-user / BERTH_TASK_USER"
+        )
+    return account
+
+
+def _has_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def build_env(start_env: Mapping[str, object], account: Account,
+              workdir: Path | None = None) -> dict[str, str]:  # fmt: skip
     """A task's whole environment: the account's basics, then the start message's variables
-    (the job's env, BERTH_*, CUDA_VISIBLE_DEVICES), which may override them (PATH, LANG)."""
+    (the job's env, BERTH_*, CUDA_VISIBLE_DEVICES), which may override them (PATH, LANG). An
+    account without a home of its own (a uid from the range) gets `workdir` as HOME (None:
+    /nonexistent, as Debian's nobody)."""
     env = {
         "PATH": TASK_PATH,
-        "HOME": account.home,
+        "HOME": account.home or str(workdir or NO_HOME),
         "USER": account.name,
         "LOGNAME": account.name,
         "SHELL": account.shell,

@@ -31,6 +31,7 @@ from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavail
 from scheduler.agent.fence import OUT_OF_MEMORY, Fence, oom_message, usage_report
 from scheduler.agent.gpus import FAKE_MEMORY, GpuSampler
 from scheduler.agent.isolation import (
+    DEFAULT_TASK_UIDS,
     DEFAULT_TASK_USER,
     TaskAccounts,
     build_env,
@@ -186,6 +187,7 @@ class Agent:
         timeout: float = 10.0,
         task_user: str = DEFAULT_TASK_USER,
         fence: Fence | None = None,
+        task_uids: tuple[int, int] | None = DEFAULT_TASK_UIDS,
     ) -> None:
         self.server = server.rstrip("/")
         self.join_token = join_token
@@ -196,6 +198,8 @@ class Agent:
         self.state_dir = Path(state_dir) if state_dir else self.work_dir / "state"
         self.state_file = self.state_dir / "state.json"
         self.task_user = task_user
+        self.task_uids = task_uids  # users without an account get a uid of their own from it
+        self.homes = True  # whether a task's work dir can be its HOME (set by prepare())
         self.accounts: TaskAccounts | None = None  # set by prepare()
         self.bash: str | None = None  # bash's path ("" if none), found at the first start
         self.kill_on_exit = kill_on_exit
@@ -532,8 +536,8 @@ class Agent:
         configured task account is missing or is root, or a directory is someone else's."""
         if self.accounts is not None:
             return self.accounts
-        accounts = TaskAccounts(self.task_user)
         private_dir(self.state_dir)
+        accounts = TaskAccounts(self.task_user, self.task_uids, self.state_dir)
         work_base(self.work_dir, accounts.switching)
         log.info("%s", accounts.describe())
         if accounts.switching:
@@ -545,6 +549,8 @@ class Agent:
                     " under a path every account can pass through (e.g. /var/lib/berth)",
                     accounts.default.name, blocked, self.work_dir,
                 )  # fmt: skip
+            # A uid from the range has no home: its work dir is, when it can reach it.
+            self.homes = blocked is None
         self.fence.setup()
         self.accounts = accounts
         return accounts
@@ -564,7 +570,7 @@ class Agent:
             if self.fence.refuses:
                 raise ValueError(self.fence.problem)
             account = accounts.for_owner(order.get("owner"))
-            env = build_env(order.get("env") or {}, account)
+            env = build_env(order.get("env") or {}, account, workdir if self.homes else None)
             shell, script = self._shell(str(order["command"]), order.get("env") or {})
             private_dir(directory)
             task_workdir(workdir, account, accounts.switching)

@@ -33,8 +33,8 @@ def test_a_task_gets_a_fresh_environment_not_the_agents(tmp_path, monkeypatch):
 
 
 @pytest.mark.root
-def test_as_root_a_task_runs_as_the_task_account_in_its_own_dir(tmp_path):
-    agent = RecordingAgent(tmp_path, task_user="nobody")
+def test_as_root_with_no_uid_range_a_task_runs_as_the_task_account_in_its_own_dir(tmp_path):
+    agent = RecordingAgent(tmp_path, task_user="nobody", task_uids=None)
     order = {**start_order(2, "id -u; id -un; touch mine; ls"), "owner": "root"}
     agent.answers = [{"start": [order]}]
     run_until(agent, lambda: any(r["state"] == "Succeeded" for r in agent.reports()))
