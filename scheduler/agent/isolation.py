@@ -292,6 +292,32 @@ def task_dir_name(task_id: int, attempt: int) -> str:
     return f"task-{task_id}-{attempt}-{secrets.token_hex(8)}"
 
 
+def private_tmp_tools() -> tuple[str, str] | None:
+    """`unshare` and `setpriv` (util-linux) when the agent is root and both are here: then each
+    task gets a mount namespace of its own with a fresh tmpfs on /tmp."""
+    if os.geteuid() != 0:
+        return None
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    return (unshare, setpriv) if unshare and setpriv else None
+
+
+def private_tmp_argv(tools: tuple[str, str], account: Account, size: int) -> list[str]:
+    """The start of a task's argv that gives it a private /tmp: a mount namespace of its own
+    (as root), a tmpfs of at most `size` bytes (its pages count against the task's memory
+    limit) on /tmp, then the account's uid, gid and groups. The namespace, and the tmpfs with
+    it, is gone when the task's last process is."""
+    unshare, setpriv = tools
+    groups = ",".join(str(g) for g in account.groups)
+    options = f"mode=1777,nosuid,nodev,size={size}" if size else "mode=1777,nosuid,nodev"
+    mount = 'mount -t tmpfs -o "$1" berth-tmp /tmp || exit 125; shift; exec "$@"'
+    return [
+        unshare, "--mount", "--propagation", "private", "--",
+        "/bin/sh", "-c", mount, "berth-tmp", options,
+        setpriv, f"--reuid={account.uid}", f"--regid={account.gid}",
+        f"--groups={groups}" if groups else "--clear-groups", "--",
+    ]  # fmt: skip
+
+
 def spawn_kwargs(account: Account, switching: bool) -> dict[str, Any]:
     """subprocess.Popen arguments that make the child run as `account`."""
     if not switching:
@@ -322,6 +348,15 @@ def task_workdir(path: Path, account: Account, switching: bool) -> Path:
     if switching:
         os.chown(path, account.uid, account.gid, follow_symlinks=False)
     path.chmod(0o700)
+    return path
+
+
+def task_tmp(workdir: Path, account: Account, switching: bool) -> Path:
+    """TMPDIR in the task's work dir, where no private /tmp can be made: gone with it."""
+    path = workdir / "tmp"
+    path.mkdir(mode=0o700)
+    if switching:
+        os.chown(path, account.uid, account.gid, follow_symlinks=False)
     return path
 
 

@@ -37,9 +37,12 @@ from scheduler.agent.isolation import (
     build_env,
     login_bash,
     private_dir,
+    private_tmp_argv,
+    private_tmp_tools,
     shell_script,
     spawn_kwargs,
     task_dir_name,
+    task_tmp,
     task_workdir,
     unreachable_ancestor,
     work_base,
@@ -200,6 +203,7 @@ class Agent:
         self.task_user = task_user
         self.task_uids = task_uids  # users without an account get a uid of their own from it
         self.homes = True  # whether a task's work dir can be its HOME (set by prepare())
+        self.tmp_tools: tuple[str, str] | None = None  # for a private /tmp (set by prepare())
         self.accounts: TaskAccounts | None = None  # set by prepare()
         self.bash: str | None = None  # bash's path ("" if none), found at the first start
         self.kill_on_exit = kill_on_exit
@@ -552,6 +556,10 @@ class Agent:
             # A uid from the range has no home: its work dir is, when it can reach it.
             self.homes = blocked is None
         self.fence.setup()
+        self.tmp_tools = private_tmp_tools()
+        if self.tmp_tools is None:
+            log.warning("no private /tmp for tasks (not root, or no unshare/setpriv here):"
+                        " each gets TMPDIR in its work dir instead")  # fmt: skip
         self.accounts = accounts
         return accounts
 
@@ -577,7 +585,10 @@ class Agent:
             path = write_script(workdir, script, account, accounts.switching)
             group = self.fence.create(f"task-{task_id}-{attempt}", limits)
             # Relative to its work dir (its cwd): the way there may be closed to its account.
-            proc = self._spawn(directory, workdir, env, [*shell, f"./{path.name}"], account, group)
+            argv = [*shell, f"./{path.name}"]
+            if self.tmp_tools is None:
+                env["TMPDIR"] = str(task_tmp(workdir, account, accounts.switching))
+            proc = self._spawn(directory, workdir, env, argv, account, group, limits.memory)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             # Report it as failed rather than be sent the same start message forever.
             log.error("could not start task %s: %s", task_id, exc)
@@ -596,8 +607,14 @@ class Agent:
                  task_id, attempt, proc.pid, account.name)  # fmt: skip
 
     def _spawn(self, directory: Path, workdir: Path, env: dict[str, str], args: list[str],
-               account: Any, group: str) -> subprocess.Popen[bytes]:  # fmt: skip
-        """Start the wrapper; it runs the command once it is in the task's cgroup `group`."""
+               account: Any, group: str, memory: int) -> subprocess.Popen[bytes]:  # fmt: skip
+        """Start the wrapper; it runs the command once it is in the task's cgroup `group`.
+        With a private /tmp, unshare and setpriv start it as the task's account; else Popen
+        switches to that account itself."""
+        switching = self.accounts is not None and self.accounts.switching
+        prefix: list[str] = []
+        if self.tmp_tools is not None:
+            prefix = private_tmp_argv(self.tmp_tools, account, memory)
         gate, go = os.pipe()
         try:
             with (
@@ -605,16 +622,15 @@ class Agent:
                 open(directory / "exit_code", "wb") as exit_file,
             ):
                 proc = subprocess.Popen(
-                    ["/bin/sh", "-c", WRAPPER, "berth-task", *args],  # no job text
+                    [*prefix, "/bin/sh", "-c", WRAPPER, "berth-task", *args],  # no job text
                     cwd=workdir,
                     env=env,
                     stdin=exit_file,  # the wrapper's, see WRAPPER; the command gets /dev/null
                     stdout=gate,  # until it may go on; then the output file, as its stderr
                     stderr=output,
                     start_new_session=True,  # its own process group, killed as a whole
-                    **spawn_kwargs(account, self.accounts is not None
-                                   and self.accounts.switching),
-                )  # fmt: skip
+                    **spawn_kwargs(account, switching and not prefix),
+                )
             os.close(gate)
             try:
                 self.fence.add(group, proc.pid)

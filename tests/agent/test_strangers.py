@@ -95,3 +95,26 @@ def test_the_uid_range_is_start_end_or_off(text, expected):
 def test_a_bad_uid_range_is_refused(text):
     with pytest.raises(ValueError):
         parse_uid_range(text)
+
+
+@pytest.mark.root
+def test_each_task_has_a_private_tmp_that_is_gone_when_it_ends(tmp_path):
+    name = f"berth-private-{tmp_path.name}"
+    agent = RecordingAgent(tmp_path)
+    writer = f"stat -f -c %T /tmp; echo mine > /tmp/{name}; ls /tmp; sleep 30"
+    agent.answers = [{"start": [start_order(1, writer)]}]
+    run_until(agent, lambda: name in agent.output(1) or "mine" in _read(agent, 1))
+    agent.order({"start": [start_order(2, f"ls /tmp/{name} 2>&1; ls -A /tmp | wc -l")]})
+    run_until(agent, lambda: any(r["id"] == 2 and r["state"] != "Running" for r in agent.reports()))
+    assert "No such file" in agent.output(2) and agent.output(2).split()[-1] == "0"
+    assert not Path(f"/tmp/{name}").exists()  # not the node's /tmp either
+    agent.kill(agent.tasks[1], 0.1)
+    run_until(agent, lambda: any(r["id"] == 1 and r["state"] == "Killed" for r in agent.reports()))
+    assert _read(agent, 1).splitlines()[:2] == ["tmpfs", name]
+    assert not Path(f"/tmp/{name}").exists()
+
+
+def _read(agent: RecordingAgent, task_id: int) -> str:
+    """A task's output file as the agent holds it (shipped or not yet)."""
+    task = agent.tasks.get(task_id)
+    return agent.output(task_id) if task is None else task.output.read_text()
