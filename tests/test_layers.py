@@ -58,7 +58,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "scheduler.arrayspec", "scheduler.apps", "scheduler.migrations")),
     ("no Django", ("scheduler.core", "scheduler.agent.client", "scheduler.agent.command",
                    "scheduler.agent.gpus", "scheduler.agent.isolation", "scheduler.agent.runtime",
-                   "scheduler.agent.cgroups", "scheduler.agent.fence",
+                   "scheduler.agent.cgroups", "scheduler.agent.fence", "scheduler.agent.cleanup",
                    "scheduler.agent.sim", "scheduler.agent.times", "scheduler.agent.__main__",
                    "scheduler.management.stopping", "berth.env")),
 ]  # fmt: skip

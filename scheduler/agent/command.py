@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from scheduler.agent.cleanup import DEFAULT_KEEP_WORK_DIRS
 from scheduler.agent.fence import DEFAULT_PIDS_LIMIT, MODES, Fence
 from scheduler.agent.isolation import DEFAULT_TASK_UIDS, DEFAULT_TASK_USER, parse_uid_range
 from scheduler.agent.runtime import Agent, parse_labels
@@ -117,6 +118,14 @@ def _add_enforcement_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_PIDS_LIMIT,
         help=f"processes a task may have at once (default {DEFAULT_PIDS_LIMIT})",
     )
+    parser.add_argument(
+        "--keep-work-dirs",
+        type=float,
+        default=DEFAULT_KEEP_WORK_DIRS,
+        metavar="SECONDS",
+        help="remove an ended task's work dir this long after its last change"
+        f" (default {DEFAULT_KEEP_WORK_DIRS:.0f})",
+    )
 
 
 def make_agent(options: Mapping[str, Any]) -> Agent:
@@ -131,6 +140,8 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         raise UsageError(f"--labels: {exc}") from None
     if options.get("pids_limit", DEFAULT_PIDS_LIMIT) < 1:
         raise UsageError("--pids-limit: must be 1 or more")
+    if not 0 <= options.get("keep_work_dirs", DEFAULT_KEEP_WORK_DIRS) < 10**9:
+        raise UsageError("--keep-work-dirs: must be 0 or more seconds")
     try:
         task_uids = parse_uid_range(options.get("task_uids") or "off")
     except ValueError as exc:
@@ -147,6 +158,7 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         kill_on_exit=options["kill_on_exit"],
         task_user=options["task_user"],
         task_uids=task_uids,
+        keep_work_dirs=options.get("keep_work_dirs", DEFAULT_KEEP_WORK_DIRS),
     )
     agent.fence = Fence(
         options.get("enforce"),

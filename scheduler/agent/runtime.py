@@ -27,6 +27,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from scheduler.agent.cleanup import (
+    DEFAULT_KEEP_WORK_DIRS,
+    SWEEP_SECONDS,
+    free_shipped,
+    remove_task_files,
+    sweep_work_dirs,
+)
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
 from scheduler.agent.fence import OUT_OF_MEMORY, Fence, oom_message, usage_report
 from scheduler.agent.gpus import FAKE_MEMORY, GpuSampler
@@ -177,6 +184,10 @@ class Agent:
     an unreachable server only delay the next request: the state is kept and reported whole.
     """
 
+    homes = True  # whether a task's work dir can be its HOME (set by prepare())
+    tmp_tools: tuple[str, str] | None = None  # for a private /tmp (set by prepare())
+    sweep_at = 0.0  # when work dirs are next looked at
+
     def __init__(
         self,
         server: str,
@@ -191,6 +202,7 @@ class Agent:
         task_user: str = DEFAULT_TASK_USER,
         fence: Fence | None = None,
         task_uids: tuple[int, int] | None = DEFAULT_TASK_UIDS,
+        keep_work_dirs: float = DEFAULT_KEEP_WORK_DIRS,
     ) -> None:
         self.server = server.rstrip("/")
         self.join_token = join_token
@@ -201,9 +213,7 @@ class Agent:
         self.state_dir = Path(state_dir) if state_dir else self.work_dir / "state"
         self.state_file = self.state_dir / "state.json"
         self.task_user = task_user
-        self.task_uids = task_uids  # users without an account get a uid of their own from it
-        self.homes = True  # whether a task's work dir can be its HOME (set by prepare())
-        self.tmp_tools: tuple[str, str] | None = None  # for a private /tmp (set by prepare())
+        self.task_uids, self.keep_work_dirs = task_uids, keep_work_dirs  # see command.py
         self.accounts: TaskAccounts | None = None  # set by prepare()
         self.bash: str | None = None  # bash's path ("" if none), found at the first start
         self.kill_on_exit = kill_on_exit
@@ -357,6 +367,11 @@ class Agent:
         self._take_orders()
         self._poll()
         now = time.monotonic()
+        if now >= self.sweep_at:
+            self.sweep_at = now + min(SWEEP_SECONDS, self.keep_work_dirs / 10)
+            with self.lock:
+                in_use = [t.workdir for t in self.tasks.values() if t.workdir]
+            sweep_work_dirs(self.work_dir, self.keep_work_dirs, in_use)
         if now < self.retry_at:
             return
         try:
@@ -446,6 +461,7 @@ class Agent:
                     self.report_at = now + AWAIT_OUTPUT_SECONDS
                     continue
                 del self.tasks[task.id]  # the server has its end and its output
+                remove_task_files(Path(task.dir))
                 self.ended[key] = now
             for key, when in list(self.ended.items()):
                 if now - when > FORGET_ENDED_SECONDS:
@@ -747,7 +763,8 @@ class Agent:
 
     def _ship(self, task: RunningTask) -> None:
         size = _size(task.output)
-        if task.dropped:
+        if task.dropped:  # the server keeps no more of it: nor does our copy
+            free_shipped(task.output, size)
             return
         for _ in range(SHIP_PER_STEP):
             if task.shipped >= size:
@@ -775,6 +792,8 @@ class Agent:
             if answer.get("dropped"):  # over the server's cap: the rest would be thrown away
                 task.dropped = True
                 task.shipped = size
+            free_shipped(task.output, task.shipped)
+            if task.dropped:
                 return
 
     # --- state file ------------------------------------------------------------------
