@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, QuerySet, Sum
+from django.db.models import Avg, Count, F, Q, QuerySet, Sum
 
 from scheduler.models import FinishedJobCount, Job, Queue, Task, UsageRecord
 
@@ -74,6 +74,29 @@ def efficiency(record: UsageRecord) -> dict[str, float | None]:
     if record.peak_memory is not None and record.memory > 0:
         memory = round(100 * record.peak_memory / record.memory, 1)
     return {"cpu_percent": cpu, "memory_percent": memory, "gpu_percent": record.gpu_utilization}
+
+
+def usage_view(record: UsageRecord) -> dict[str, Any]:
+    """One attempt's use, as `berth show`, the job page and the API show it."""
+    return {
+        "wall_seconds": round(record.wall_seconds, 3),
+        "cpu_seconds": round(record.cpu_seconds, 3),  # cores requested x wall time
+        "used_cpu_seconds": _rounded(record.used_cpu_seconds),
+        "memory": record.memory,
+        "peak_memory": record.peak_memory,
+        "gpu_utilization": _rounded(record.gpu_utilization),
+        **efficiency(record),
+    }
+
+
+def usage_by_attempt(job_ids: Iterable[int]) -> dict[tuple[int, int], UsageRecord]:
+    """(task id, attempt) -> its usage record, for these jobs' ended attempts."""
+    records = UsageRecord.objects.filter(job_id__in=list(job_ids))
+    return {(r.task_id, r.attempt): r for r in records}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _owners_and_queues(tasks: list[Task]) -> dict[int, tuple[int, str, str]]:
@@ -189,11 +212,36 @@ def parse_usage_query(
     return since, until, group_by
 
 
+# Over the attempts whose node measured them: what they used and what they asked for.
+_MEASURED_SUMS = {
+    "used_cpu": Sum("used_cpu_seconds"),
+    "asked_cpu": Sum("cpu_seconds", filter=Q(used_cpu_seconds__isnull=False)),
+    "peak": Sum("peak_memory"),
+    "asked_memory": Sum("memory", filter=Q(peak_memory__isnull=False)),
+    "gpu_util": Avg("gpu_utilization"),
+}
+
+
+def _group_efficiency(row: dict[str, Any]) -> dict[str, float | None]:
+    """A group's efficiency as seff gives it, over its measured attempts (None: none was)."""
+
+    def percent(used: float | None, asked: float | None) -> float | None:
+        return round(100 * used / asked, 1) if used is not None and asked else None
+
+    return {
+        "used_cpu_seconds": None if row["used_cpu"] is None else round(row["used_cpu"], 3),
+        "cpu_percent": percent(row["used_cpu"], row["asked_cpu"]),
+        "memory_percent": percent(row["peak"], row["asked_memory"]),
+        "gpu_percent": None if row["gpu_util"] is None else round(row["gpu_util"], 1),
+    }
+
+
 def usage_rows(records: QuerySet[UsageRecord], group_by: list[str]) -> list[dict[str, Any]]:
     """Sums per group: jobs (distinct), task attempts, cpu/gpu/wall seconds, GPU-hours."""
     fields = [_GROUP_FIELDS[g] for g in group_by]
     rows = (
         records.values(*fields)
+        .annotate(**_MEASURED_SUMS)  # first: its cpu_seconds is the field, not the sum below
         .annotate(
             jobs=Count("job_id", distinct=True), tasks=Count("id"), cpu_seconds=Sum("cpu_seconds"),
             gpu_seconds=Sum("gpu_seconds"), wall_seconds=Sum("wall_seconds"),
@@ -208,7 +256,7 @@ def usage_rows(records: QuerySet[UsageRecord], group_by: list[str]) -> list[dict
         item.update(
             jobs=row["jobs"], tasks=row["tasks"], cpu_seconds=round(row["cpu_seconds"], 3),
             gpu_seconds=round(row["gpu_seconds"], 3), wall_seconds=round(row["wall_seconds"], 3),
-            gpu_hours=round(row["gpu_seconds"] / 3600, 4),
+            gpu_hours=round(row["gpu_seconds"] / 3600, 4), **_group_efficiency(row),
         )  # fmt: skip
         out.append(item)
     return out

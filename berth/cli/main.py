@@ -264,7 +264,26 @@ def show(job_id: int, as_json: bool) -> None:
                                  ("STATE", lambda t: t["state"]), ("NODE", lambda t: t["node"]),
                                  ("GPUS", lambda t: ",".join(map(str, t["devices"])) or None),
                                  ("EXIT", lambda t: t["exit_code"]),
-                                 ("ATTEMPT", lambda t: t["attempt"])], "no tasks")  # fmt: skip
+                                 ("ATTEMPT", lambda t: t["attempt"]),
+                                 ("CPU-EFF", lambda t: _percent(t, "cpu_percent")),
+                                 ("MEM-EFF", lambda t: _percent(t, "memory_percent")),
+                                 ("PEAK", _peak)], "no tasks")  # fmt: skip
+    for task in job.get("tasks", []):
+        if task.get("reason"):
+            click.echo(f"{task['group']}-{task['index']}: {task['reason']}: {task['message']}")
+
+
+def _percent(task: dict[str, Any], key: str) -> str | None:
+    """An ended attempt's efficiency (as seff shows it), or None."""
+    value = (task.get("usage") or {}).get(key)
+    return None if value is None else f"{value:.1f}%"
+
+
+def _peak(task: dict[str, Any]) -> str | None:
+    usage = task.get("usage") or {}
+    if usage.get("peak_memory") is None:
+        return None
+    return f"{usage['peak_memory'] / 2**20:.0f}Mi/{usage.get('memory', 0) / 2**20:.0f}Mi"
 
 
 @cli.command()

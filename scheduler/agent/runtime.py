@@ -162,6 +162,7 @@ class RunningTask:
     memory: int = 0  # bytes it asked for (its limit where enforced)
     reason: str = ""  # why it ended, when the exit code does not say (OutOfMemory)
     usage: dict[str, Any] | None = None  # what its cgroup says it used, once it ended
+    gpu_util: list[float] = field(default_factory=lambda: [0.0, 0.0])  # NVML: sum, samples
     proc: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -506,7 +507,10 @@ class Agent:
         a sample rides on every renewal, so it costs no request of its own)."""
         with self.lock:
             busy = {i for t in self.tasks.values() if t.state == "Running" for i in t.devices}
-        return {"tasks": self._task_list(), "usage": {"gpus": self.gpus.sample(busy)}}
+        samples = self.gpus.sample(busy)
+        if not self.gpus.fake:  # real GPUs: each task's own, for its efficiency at the end
+            add_gpu_samples(list(self.tasks.values()), samples)
+        return {"tasks": self._task_list(), "usage": {"gpus": samples}}
 
     def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:
         return self.lease_http.post("lease/", body, auth, timeout=self.lease * 1.25 + self.timeout)
@@ -719,6 +723,8 @@ class Agent:
         if ended is None:
             return
         task.usage = usage_report(ended.usage)
+        if task.usage is not None and task.gpu_util[1]:
+            task.usage["gpu_utilization"] = task.gpu_util[0] / task.gpu_util[1]
         if ended.out_of_memory and not task.killed:
             task.state, task.reason = "Failed", OUT_OF_MEMORY
             task.message = oom_message(ended.usage, task.memory)
@@ -850,6 +856,16 @@ class Agent:
                     " its exit code comes from its exit file; its output file is still shipped",
                     task.id, task.pid,
                 )  # fmt: skip
+
+
+def add_gpu_samples(tasks: list[RunningTask], samples: list[dict[str, Any]]) -> None:
+    """Add each running task's GPUs' mean utilisation now to its running total."""
+    utilization = {s["index"]: s["utilization"] for s in samples if "utilization" in s}
+    for task in tasks:
+        mine = [utilization[i] for i in task.devices if i in utilization]
+        if task.state == "Running" and mine:
+            task.gpu_util[0] += sum(mine) / len(mine)
+            task.gpu_util[1] += 1
 
 
 def _indices(raw: object) -> list[int]:

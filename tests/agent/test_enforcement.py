@@ -166,3 +166,20 @@ def test_a_required_node_that_cannot_enforce_runs_nothing(tmp_path):
     final = ended(agent, 11)
     assert final["state"] == "Failed" and "cannot enforce memory" in final["message"]
     assert not list(tmp_path.glob("task-11-0-*/ran"))
+
+
+def test_a_task_end_carries_its_gpus_mean_utilisation_where_nvml_measures_it(tmp_path):
+    agent = RecordingAgent(tmp_path)
+    agent.gpus.fake = False  # as with real GPUs: the samples below stand for NVML's
+    readings = iter(
+        [
+            [{"index": 0, "utilization": 90}, {"index": 1, "utilization": 10}],
+            [{"index": 0, "utilization": 70}, {"index": 1, "utilization": 30}],
+        ]
+    )
+    agent.gpus.sample = lambda busy: next(readings)  # type: ignore[method-assign]
+    agent.answers = [{"start": [order(12, "sleep 1", devices=[0])]}]
+    run_until(agent, lambda: 12 in agent.tasks)
+    agent.lease_body()
+    agent.lease_body()
+    assert ended(agent, 12)["usage"]["gpu_utilization"] == 80.0
