@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -183,3 +185,27 @@ def test_a_task_end_carries_its_gpus_mean_utilisation_where_nvml_measures_it(tmp
     agent.lease_body()
     agent.lease_body()
     assert ended(agent, 12)["usage"]["gpu_utilization"] == 80.0
+
+
+def test_an_agent_stopping_with_kill_on_exit_kills_its_tasks_daemons_too(tmp_path):
+    agent = RecordingAgent(tmp_path, kill_on_exit=True)
+    agent.answers = [{"start": [order(13, DAEMONS + "sleep 300")]}]
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,))
+    thread.start()
+    try:
+        work = None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (work is None or not (work / "fork.pid").exists()):
+            task = agent.tasks.get(13)
+            work = Path(task.workdir) if task is not None else None
+            time.sleep(0.05)
+        assert work is not None
+        time.sleep(0.2)
+        pids = [int((work / f).read_text()) for f in ("setsid.pid", "fork.pid")]
+        assert all(alive(p) for p in pids)
+    finally:
+        stop.set()
+        thread.join(20)
+    assert not any(alive(p) for p in pids)
+    assert agent.reports()[-1]["state"] == "Killed"
