@@ -398,6 +398,21 @@ def detect(base_name: str, mountinfo: Path = Path("/proc/self/mountinfo"),
     return Found(None, "neither cgroup v2 controllers nor the v1 memory controller are here")
 
 
+def own_dirs(mountinfo: Path = Path("/proc/self/mountinfo"),
+             self_cgroup: Path = Path("/proc/self/cgroup")) -> list[Path]:  # fmt: skip
+    """This process's cgroup directories (each v1 controller's, and the unified one), read
+    only: where an agent run by this process makes its folder of task cgroups."""
+    try:
+        mounts_v1, mount_v2 = _mounts(mountinfo.read_text())
+        own = _own_paths(self_cgroup.read_text())
+    except OSError:
+        return []
+    dirs = [mount / own.get(c, "/").lstrip("/") for c, mount in mounts_v1.items()]
+    if mount_v2 is not None and "" in own:
+        dirs.append(mount_v2 / own[""].lstrip("/"))
+    return _unique(d for d in dirs if d.is_dir())
+
+
 def _mounts(text: str) -> tuple[dict[str, Path], Path | None]:
     """The v1 controllers' mount points and the v2 mount point, from /proc/self/mountinfo."""
     v1: dict[str, Path] = {}
