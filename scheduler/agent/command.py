@@ -87,8 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--task-user",
         default=os.environ.get("BERTH_TASK_USER", "").strip() or DEFAULT_TASK_USER,
-        help="as root: the account for tasks whose owner has no Unix account here"
-        " (default: $BERTH_TASK_USER or nobody; never root)",
+        help="as root with --task-uids off: the one account for tasks whose owner has no Unix"
+        " account here (default: $BERTH_TASK_USER or nobody; never root)",
     )
     parser.add_argument("--kill-on-exit", action="store_true", help="kill tasks on exit")
     _add_enforcement_arguments(parser)

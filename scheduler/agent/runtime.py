@@ -1,9 +1,10 @@
 """The node agent: runs tasks as real processes and speaks the agent protocol over HTTP.
 
-It never touches the database (it runs on other machines). Each task runs as `bash -lc command`
-(`/bin/sh -c command` on a node without bash) in its own process group, in its work dir, with
-an environment built from scratch and, when the agent is root, as an unprivileged account
-(scheduler/agent/isolation.py). Its output goes to a file that the agent ships to the server by
+It never touches the database (it runs on other machines). Each task runs its command from a
+script file run by `bash -l` (`/bin/sh` on a node without bash) in its own process group, in
+its work dir, with an environment built from scratch and, when the agent is root, as an
+unprivileged account (scheduler/agent/isolation.py), in a cgroup of its own with a private /tmp
+(scheduler/agent/fence.py). Its output goes to a file that the agent ships to the server by
 byte offset, and a small wrapper writes the exit code to a file. Both files live in the agent's
 0700 state dir: the agent opens them and hands the task only file descriptors, so a task
 running as another account can write its output and exit code but never read the agent's state.
@@ -654,11 +655,11 @@ class Agent:
             os.close(gate)
             try:
                 self.fence.add(group, proc.pid)
+                os.write(go, b"go\n")  # BrokenPipeError if it died first (a failed mount)
             except OSError:
                 proc.kill()
                 proc.wait()
                 raise
-            os.write(go, b"go\n")
         finally:
             for fd in (gate, go):
                 try:
