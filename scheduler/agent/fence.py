@@ -79,6 +79,7 @@ class Fence:
         self.problem = ""  # why a required node runs nothing ("" when it runs tasks)
         self.missing: tuple[str, ...] = ()
         self.ready = False
+        self.groups: dict[str, TaskCgroup] = {}  # opened once: polled every 50 ms
 
     def setup(self) -> None:
         """Find the cgroups (once) and decide what is enforced."""
@@ -132,13 +133,18 @@ class Fence:
         """Make the task's cgroup; its name ("" when this node makes none)."""
         if self.hierarchy is None:
             return ""
-        self.hierarchy.create(name, limits)
+        self.groups[name] = self.hierarchy.create(name, limits)
         return name
 
     def _group(self, name: str) -> TaskCgroup | None:
         if not name or self.hierarchy is None:
             return None
-        return self.hierarchy.open(name)
+        if name not in self.groups:
+            group = self.hierarchy.open(name)
+            if group is None:
+                return None
+            self.groups[name] = group
+        return self.groups[name]
 
     def add(self, name: str, pid: int) -> None:
         group = self._group(name)
@@ -173,6 +179,7 @@ class Fence:
         group = self._group(name)
         if group is None:
             return None
+        self.groups.pop(name, None)
         leftovers = group.kill_all()
         usage = group.usage()
         if not group.remove():
