@@ -9,6 +9,7 @@ import yaml
 from django.db.models import Count, Prefetch, Q, QuerySet
 
 from dashboard.dag import layout
+from scheduler.accounting import usage_by_attempt, usage_view
 from scheduler.core.quantity import format_cpu
 from scheduler.flows.explain import step_wait_reasons
 from scheduler.lifecycle import PREEMPTED
@@ -155,8 +156,11 @@ def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
     tasks = list(job.tasks.select_related("node").prefetch_related(
         Prefetch("allocations", queryset=Allocation.objects.select_related("device"))
     ).order_by("group", "index"))  # fmt: skip
+    used = usage_by_attempt([job.pk])
     for task in tasks:
         task.device_list = ",".join(str(i) for i in task.gpu_indices())  # type: ignore[attr-defined]
+        record = used.get((task.pk, task.attempt))
+        task.usage = usage_view(record) if record else None  # type: ignore[attr-defined]
         if with_logs:  # the output pane is rendered once; pushes append to it
             show_log(task, task.attempt)
     context = {"job": job, "tasks": tasks, "status": job.status,

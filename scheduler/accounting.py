@@ -14,16 +14,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, QuerySet, Sum
+from django.db.models import Avg, Count, F, Q, QuerySet, Sum
 
 from scheduler.models import FinishedJobCount, Job, Queue, Task, UsageRecord
 
 
-def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = None) -> int:
+def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = None,
+                     measured: dict[int, dict[str, Any]] | None = None) -> int:  # fmt: skip
     """Record what each ended attempt used: wall time from its start to `now` (or its own
     finish time), cpu-seconds = millicores x seconds / 1000, gpu-seconds = devices x seconds.
     Attempts that never started used nothing and leave no record. `state` overrides the
-    tasks' own state (for callers that ended them with a bulk update)."""
+    tasks' own state (for callers that ended them with a bulk update). `measured` (task id ->
+    the agent's `usage` of its end) adds what the node measured: peak memory, CPU seconds
+    used, GPU utilisation."""
+    measured = measured or {}
     started = [t for t in tasks if t.started_at is not None]
     if not started:
         return 0
@@ -43,11 +47,56 @@ def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = N
                 started_at=start, finished_at=finished,
                 day=finished.astimezone(UTC).date(), wall_seconds=wall,
                 cpu_seconds=task.cpu * wall / 1000, gpu_seconds=task.gpu * wall,
+                memory=task.memory, **_measured(measured.get(task.pk, {})),
             )
         )  # fmt: skip
     # A report re-sent for an attempt already recorded is ignored, never counted twice.
     UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
     return len(records)
+
+
+def _measured(usage: dict[str, Any]) -> dict[str, Any]:
+    """UsageRecord fields from an agent's measured `usage` (absent: not measured)."""
+    return {
+        "peak_memory": usage.get("peak_memory"),
+        "used_cpu_seconds": usage.get("cpu_seconds"),
+        "gpu_utilization": usage.get("gpu_utilization"),
+    }
+
+
+def efficiency(record: UsageRecord) -> dict[str, float | None]:
+    """As Slurm's seff: CPU efficiency = CPU seconds used / (cores requested x wall time),
+    memory efficiency = peak / requested, GPU utilisation as measured; None when unknown."""
+    cpu = None
+    if record.used_cpu_seconds is not None and record.cpu_seconds > 0:
+        cpu = round(100 * record.used_cpu_seconds / record.cpu_seconds, 1)
+    memory = None
+    if record.peak_memory is not None and record.memory > 0:
+        memory = round(100 * record.peak_memory / record.memory, 1)
+    return {"cpu_percent": cpu, "memory_percent": memory, "gpu_percent": record.gpu_utilization}
+
+
+def usage_view(record: UsageRecord) -> dict[str, Any]:
+    """One attempt's use, as `berth show`, the job page and the API show it."""
+    return {
+        "wall_seconds": round(record.wall_seconds, 3),
+        "cpu_seconds": round(record.cpu_seconds, 3),  # cores requested x wall time
+        "used_cpu_seconds": _rounded(record.used_cpu_seconds),
+        "memory": record.memory,
+        "peak_memory": record.peak_memory,
+        "gpu_utilization": _rounded(record.gpu_utilization),
+        **efficiency(record),
+    }
+
+
+def usage_by_attempt(job_ids: Iterable[int]) -> dict[tuple[int, int], UsageRecord]:
+    """(task id, attempt) -> its usage record, for these jobs' ended attempts."""
+    records = UsageRecord.objects.filter(job_id__in=list(job_ids))
+    return {(r.task_id, r.attempt): r for r in records}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _owners_and_queues(tasks: list[Task]) -> dict[int, tuple[int, str, str]]:
@@ -163,11 +212,36 @@ def parse_usage_query(
     return since, until, group_by
 
 
+# Over the attempts whose node measured them: what they used and what they asked for.
+_MEASURED_SUMS = {
+    "used_cpu": Sum("used_cpu_seconds"),
+    "asked_cpu": Sum("cpu_seconds", filter=Q(used_cpu_seconds__isnull=False)),
+    "peak": Sum("peak_memory"),
+    "asked_memory": Sum("memory", filter=Q(peak_memory__isnull=False)),
+    "gpu_util": Avg("gpu_utilization"),
+}
+
+
+def _group_efficiency(row: dict[str, Any]) -> dict[str, float | None]:
+    """A group's efficiency as seff gives it, over its measured attempts (None: none was)."""
+
+    def percent(used: float | None, asked: float | None) -> float | None:
+        return round(100 * used / asked, 1) if used is not None and asked else None
+
+    return {
+        "used_cpu_seconds": None if row["used_cpu"] is None else round(row["used_cpu"], 3),
+        "cpu_percent": percent(row["used_cpu"], row["asked_cpu"]),
+        "memory_percent": percent(row["peak"], row["asked_memory"]),
+        "gpu_percent": None if row["gpu_util"] is None else round(row["gpu_util"], 1),
+    }
+
+
 def usage_rows(records: QuerySet[UsageRecord], group_by: list[str]) -> list[dict[str, Any]]:
     """Sums per group: jobs (distinct), task attempts, cpu/gpu/wall seconds, GPU-hours."""
     fields = [_GROUP_FIELDS[g] for g in group_by]
     rows = (
         records.values(*fields)
+        .annotate(**_MEASURED_SUMS)  # first: its cpu_seconds is the field, not the sum below
         .annotate(
             jobs=Count("job_id", distinct=True), tasks=Count("id"), cpu_seconds=Sum("cpu_seconds"),
             gpu_seconds=Sum("gpu_seconds"), wall_seconds=Sum("wall_seconds"),
@@ -182,7 +256,7 @@ def usage_rows(records: QuerySet[UsageRecord], group_by: list[str]) -> list[dict
         item.update(
             jobs=row["jobs"], tasks=row["tasks"], cpu_seconds=round(row["cpu_seconds"], 3),
             gpu_seconds=round(row["gpu_seconds"], 3), wall_seconds=round(row["wall_seconds"], 3),
-            gpu_hours=round(row["gpu_seconds"] / 3600, 4),
+            gpu_hours=round(row["gpu_seconds"] / 3600, 4), **_group_efficiency(row),
         )  # fmt: skip
         out.append(item)
     return out

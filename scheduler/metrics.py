@@ -35,6 +35,9 @@ from scheduler.models import (
 )
 from scheduler.states import JOB_FINAL, TASK_ON_NODE, JobState, NodeState
 
+# The limits an agent may enforce (scheduler/agent/cgroups.py), one gauge each per node.
+ENFORCED_LIMITS = ("memory", "swap", "cpu", "pids", "devices", "tracking")
+
 
 def _jobs(queues: list[str]) -> Iterator[Metric]:
     counts = {
@@ -92,6 +95,8 @@ def _capacity() -> Iterator[Metric]:
         gauge.add_metric([state], nodes.get(state, 0))
     yield gauge
 
+    yield _enforced()
+
     gpus_total: dict[bool, int] = defaultdict(int)
     gpus_held: dict[bool, int] = defaultdict(int)
     for row in Device.objects.values("node__state", "healthy").annotate(
@@ -126,6 +131,18 @@ def _capacity() -> Iterator[Metric]:
         for state, value in _split(cap[key], held[key]).items():
             family.add_metric([state], value)
         yield family
+
+
+def _enforced() -> Metric:
+    """Per node and limit, whether its agent enforces it (1) or not (0)."""
+    gauge = GaugeMetricFamily("berth_node_enforced", "Whether a node's agent enforces a limit "
+                              "on its tasks (scheduler/agent/fence.py).",
+                              labels=["node", "limit"])  # fmt: skip
+    for name, info in Node.objects.order_by("name").values_list("name", "enforcement"):
+        enforced = set((info or {}).get("enforced") or [])
+        for limit in ENFORCED_LIMITS:
+            gauge.add_metric([name, limit], 1 if limit in enforced else 0)
+    return gauge
 
 
 def _scheduler() -> Iterator[Metric]:

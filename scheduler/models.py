@@ -166,6 +166,10 @@ class Node(models.Model):
     agent_version = models.CharField(max_length=64, blank=True)
     hostname = models.CharField(max_length=255, blank=True)
     usage = models.JSONField(default=dict, blank=True)  # last usage the agent reported
+    # What the agent enforces on its tasks, as it said when it registered
+    # (scheduler/agent/fence.py: mode, cgroup, enforced, missing, problem, pids_limit). A
+    # `problem` keeps the node NotReady: an agent with --enforce required runs nothing then.
+    enforcement = models.JSONField(default=dict, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
     # When the agent's GPU samples were last kept (scheduler/gpu_history.py keeps at most one
     # per BERTH_GPU_SAMPLE_SECONDS, however often the agent renews its lease).
@@ -198,9 +202,15 @@ class Node(models.Model):
 
     def derive_state(self, alive: bool) -> str:
         """The shown state: NotReady when the agent is silent, else the operator's choice."""
-        if not alive:
+        if not alive or self.enforcement_problem():
             return NodeState.NOT_READY
         return self.admin_state or NodeState.READY
+
+    def enforcement_problem(self) -> str:
+        """Why this node's agent runs nothing ("" when it runs tasks)."""
+        info = self.enforcement if isinstance(self.enforcement, dict) else {}
+        problem = info.get("problem")
+        return problem if isinstance(problem, str) else ""
 
 
 class Device(models.Model):
@@ -566,6 +576,9 @@ class Task(models.Model):
     # Set when the server wants the task stopped; resources stay held until the agent confirms.
     kill_requested = models.BooleanField(default=False)
     message = models.TextField(blank=True)
+    # Why the attempt ended when its exit code does not say: "OutOfMemory" (the kernel killed
+    # it at its memory limit), else "".
+    reason = models.CharField(max_length=32, blank=True)
     assigned_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -738,6 +751,12 @@ class UsageRecord(models.Model):
     wall_seconds = models.FloatField()
     cpu_seconds = models.FloatField(help_text="cores x seconds")
     gpu_seconds = models.FloatField(help_text="devices x seconds")
+    # What the attempt asked for and what its cgroup measured (null where the node did not
+    # measure it): efficiency is used / requested, as Slurm's seff shows it.
+    memory = models.BigIntegerField(default=0, help_text="bytes requested")
+    peak_memory = models.BigIntegerField(null=True, blank=True, help_text="bytes, measured")
+    used_cpu_seconds = models.FloatField(null=True, blank=True, help_text="measured")
+    gpu_utilization = models.FloatField(null=True, blank=True, help_text="mean %, measured")
 
     class Meta:
         ordering = ["-id"]

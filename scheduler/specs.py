@@ -28,7 +28,7 @@ JOB_FIELDS = {
     "array",
 }  # fmt: skip
 TASK_FIELDS = {"name", "replicas", "command", "env", "resources", "node_selector"}
-RESOURCE_FIELDS = {"cpu", "memory", "gpu"}
+RESOURCE_FIELDS = {"cpu", "memory", "gpu", "pids"}
 FLOW_FIELDS = {"name", "parallelism", "fail_fast", "ttl_seconds_after_finished", "steps"}
 STEP_FIELDS = {"name", "template", "spec", "depends_on", "overrides", "items"}
 # What a flow step may override in its template's (or inline) spec: job and task fields.
@@ -43,6 +43,10 @@ MAX_ERRORS = 50  # per spec: enough to fix it, never a flood
 RESERVED_LABEL_PREFIX = "berth/"
 # Far above any machine, low enough for the database's integers.
 RESOURCE_MAX = {"cpu": 10**9, "memory": 2**60, "gpu": 1024}  # millicores, bytes, devices
+# The node holds a task to its memory (a cgroup): below this not even a shell starts, so such
+# a request is refused at submit rather than killed at once. `sleep` runs in 32Mi.
+MIN_TASK_MEMORY = 4 * 2**20
+MAX_PIDS = 2**22  # the kernel's largest pid_max: a task's pids limit (processes and threads)
 
 
 class SpecError(Exception):
@@ -241,7 +245,17 @@ def _resources(errors: _Errors, value: object, path: str, *, fill: bool = True) 
         if amount > RESOURCE_MAX[key]:
             errors.add(_path(path, key), f"must be at most {fmt(RESOURCE_MAX[key])}")
             continue
+        if key == "memory" and amount < MIN_TASK_MEMORY:
+            errors.add(_path(path, key), f"must be at least {format_memory(MIN_TASK_MEMORY)}"
+                       " (the node holds a task to its memory)")  # fmt: skip
+            continue
         out[key] = fmt(amount)
+    if "pids" in value:
+        pids = value["pids"]
+        if isinstance(pids, bool) or not isinstance(pids, int) or not 1 <= pids <= MAX_PIDS:
+            errors.add(_path(path, "pids"), f"must be a whole number from 1 to {MAX_PIDS}")
+        else:
+            out["pids"] = pids
     return out
 
 

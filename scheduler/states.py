@@ -33,6 +33,9 @@ class TaskState(models.TextChoices):
 
 
 TASK_ON_NODE = (TaskState.ASSIGNED, TaskState.RUNNING)
+# The reason of a task the kernel killed at its memory limit (the agent reports it), and of
+# its job when that ends it or restarts it.
+OUT_OF_MEMORY = "OutOfMemory"
 
 
 class NodeState(models.TextChoices):

@@ -41,6 +41,32 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"skipped in CI, which must run it: {report.longrepr}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_task_cgroups_left() -> Generator[None]:
+    """Agents run as root (here and as subprocesses: run_agent, up, the e2e clusters) make
+    task cgroups under this process's cgroup; one killed on purpose (a node that dies) leaves
+    them. After the run, those made during it are killed and removed."""
+    before = _agent_cgroups()
+    yield
+    from scheduler.agent.fence import Fence
+
+    for name in sorted(_agent_cgroups() - before):
+        fence = Fence("best-effort", base_name=name)
+        fence.setup()
+        fence.reap(set())
+        fence.close()
+
+
+def _agent_cgroups() -> set[str]:
+    """Names of the agents' folders of task cgroups under this process's cgroups (root only)."""
+    if os.geteuid() != 0:
+        return set()
+    from scheduler.agent.cgroups import own_dirs
+
+    return {p.name for d in own_dirs() for p in d.iterdir()
+            if p.is_dir() and p.name.startswith("berth-")}  # fmt: skip
+
+
 @pytest.fixture(autouse=True)
 def _plan_every_cycle(settings: Any) -> None:
     """The scheduler makes a full plan at most every BERTH_PLAN_INTERVAL seconds and keeps

@@ -58,8 +58,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "scheduler.arrayspec", "scheduler.apps", "scheduler.migrations")),
     ("no Django", ("scheduler.core", "scheduler.agent.client", "scheduler.agent.command",
                    "scheduler.agent.gpus", "scheduler.agent.isolation", "scheduler.agent.runtime",
+                   "scheduler.agent.cgroups", "scheduler.agent.fence", "scheduler.agent.cleanup",
                    "scheduler.agent.sim", "scheduler.agent.times", "scheduler.agent.__main__",
-                   "scheduler.agent.fencing", "scheduler.agent.pressure",
+                   "scheduler.agent.partition", "scheduler.agent.pressure",
                    "scheduler.management.stopping", "berth.env")),
 ]  # fmt: skip
 # Packages whose __init__ is empty of imports: below everything, whatever they hold.

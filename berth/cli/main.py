@@ -264,7 +264,26 @@ def show(job_id: int, as_json: bool) -> None:
                                  ("STATE", lambda t: t["state"]), ("NODE", lambda t: t["node"]),
                                  ("GPUS", lambda t: ",".join(map(str, t["devices"])) or None),
                                  ("EXIT", lambda t: t["exit_code"]),
-                                 ("ATTEMPT", lambda t: t["attempt"])], "no tasks")  # fmt: skip
+                                 ("ATTEMPT", lambda t: t["attempt"]),
+                                 ("CPU-EFF", lambda t: _percent(t, "cpu_percent")),
+                                 ("MEM-EFF", lambda t: _percent(t, "memory_percent")),
+                                 ("PEAK", _peak)], "no tasks")  # fmt: skip
+    for task in job.get("tasks", []):
+        if task.get("reason"):
+            click.echo(f"{task['group']}-{task['index']}: {task['reason']}: {task['message']}")
+
+
+def _percent(task: dict[str, Any], key: str) -> str | None:
+    """An ended attempt's efficiency (as seff shows it), or None."""
+    value = (task.get("usage") or {}).get(key)
+    return None if value is None else f"{value:.1f}%"
+
+
+def _peak(task: dict[str, Any]) -> str | None:
+    usage = task.get("usage") or {}
+    if usage.get("peak_memory") is None:
+        return None
+    return f"{usage['peak_memory'] / 2**20:.0f}Mi/{usage.get('memory', 0) / 2**20:.0f}Mi"
 
 
 @cli.command()
@@ -496,14 +515,28 @@ def flow_resubmit(flow_id: int, as_json: bool) -> None:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True)
 def nodes(as_json: bool) -> None:
-    """The cluster's nodes: state, cpu, memory and GPUs free/total."""
+    """The cluster's nodes: state, cpu, memory, GPUs free/total and what each enforces on
+    its tasks (a node that cannot enforce what it must says why it runs nothing)."""
     rows = client().paged("nodes/")
     if as_json:
         emit_json(rows)
         return
     table(rows, [("NAME", lambda n: n["name"]), ("STATE", _node_state),
                  ("CPU", lambda n: n.get("cpu")), ("MEMORY", lambda n: n.get("memory")),
-                 ("GPUS", _gpus), ("LABELS", _labels)], "no nodes")  # fmt: skip
+                 ("GPUS", _gpus), ("ENFORCES", _enforces), ("LABELS", _labels)],
+          "no nodes")  # fmt: skip
+    for node in rows:
+        problem = (node.get("enforcement") or {}).get("problem")
+        if problem:
+            click.echo(f"{node['name']}: {problem}")
+
+
+def _enforces(node: dict[str, Any]) -> str:
+    """`cgroup v1: cpu,devices,memory,...`, or `-` for an agent that enforces nothing."""
+    info = node.get("enforcement") or {}
+    if not info.get("enforced"):
+        return "-"
+    return f"{info.get('cgroup') or '?'}:{','.join(info['enforced'])}"
 
 
 def _node_state(node: dict[str, Any]) -> str:

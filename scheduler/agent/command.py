@@ -14,13 +14,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scheduler.agent.isolation import DEFAULT_TASK_USER
+from scheduler.agent.cleanup import DEFAULT_KEEP_WORK_DIRS
+from scheduler.agent.fence import DEFAULT_PIDS_LIMIT, MODES, Fence
+from scheduler.agent.isolation import DEFAULT_TASK_UIDS, DEFAULT_TASK_USER, parse_uid_range
 from scheduler.agent.runtime import Agent, parse_labels
 from scheduler.core.quantity import parse_memory
 from scheduler.management.stopping import stop_on_signals
 
 log = logging.getLogger("berth.agent")
 MAX_TOKEN_FILE = 4096
+TASK_UIDS_TEXT = f"{DEFAULT_TASK_UIDS[0]}-{DEFAULT_TASK_UIDS[1]}"
 DESCRIPTION = (
     "Run the node agent: register this machine with the server (cpu, memory, GPUs found"
     " through NVML, or --fake-gpus), then heartbeat, run the tasks the server assigns as"
@@ -85,8 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--task-user",
         default=os.environ.get("BERTH_TASK_USER", "").strip() or DEFAULT_TASK_USER,
-        help="as root: the account for tasks whose owner has no Unix account here"
-        " (default: $BERTH_TASK_USER or nobody; never root)",
+        help="as root with --task-uids off: the one account for tasks whose owner has no Unix"
+        " account here (default: $BERTH_TASK_USER or nobody; never root)",
     )
     parser.add_argument("--kill-on-exit", action="store_true", help="kill tasks on exit")
     parser.add_argument(
@@ -94,6 +97,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="256Mi",
         help="below this much free space in the work or state dir the node takes no new task"
         " and says why (default %(default)s)",
+    )
+    _add_enforcement_arguments(parser)
+
+
+def _add_enforcement_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that say how tasks are held to their requests and kept apart."""
+    parser.add_argument(
+        "--task-uids",
+        default=os.environ.get("BERTH_TASK_UIDS", "").strip() or TASK_UIDS_TEXT,
+        metavar="START-END|off",
+        help="as root: users without a Unix account here each run under a uid of their own"
+        " from this range (default: $BERTH_TASK_UIDS or %(default)s); off: they all run as"
+        " --task-user",
+    )
+    parser.add_argument(
+        "--enforce",
+        choices=MODES,
+        default=None,
+        help="required (the default as root): run no task unless its memory, CPU, pids,"
+        " processes and GPU devices are held by a cgroup; best-effort: run tasks with"
+        " whatever this machine enforces (the default when not root)",
+    )
+    parser.add_argument(
+        "--pids-limit",
+        type=int,
+        default=DEFAULT_PIDS_LIMIT,
+        help=f"processes a task may have at once (default {DEFAULT_PIDS_LIMIT})",
+    )
+    parser.add_argument(
+        "--keep-work-dirs",
+        type=float,
+        default=DEFAULT_KEEP_WORK_DIRS,
+        metavar="SECONDS",
+        help="remove an ended task's work dir this long after its last change"
+        f" (default {DEFAULT_KEEP_WORK_DIRS:.0f})",
     )
 
 
@@ -111,6 +149,14 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         min_free = parse_memory(options.get("min_free_disk") or "256Mi")
     except ValueError as exc:
         raise UsageError(f"--min-free-disk: {exc}") from None
+    if options.get("pids_limit", DEFAULT_PIDS_LIMIT) < 1:
+        raise UsageError("--pids-limit: must be 1 or more")
+    if not 0 <= options.get("keep_work_dirs", DEFAULT_KEEP_WORK_DIRS) < 10**9:
+        raise UsageError("--keep-work-dirs: must be 0 or more seconds")
+    try:
+        task_uids = parse_uid_range(options.get("task_uids") or "off")
+    except ValueError as exc:
+        raise UsageError(f"--task-uids: {exc}") from None
     join_token = join_token_from(options["join_token_file"])
     agent = Agent(
         server=options["server"],
@@ -123,6 +169,13 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         kill_on_exit=options["kill_on_exit"],
         task_user=options["task_user"],
         min_free_disk=min_free,
+        task_uids=task_uids,
+        keep_work_dirs=options.get("keep_work_dirs", DEFAULT_KEEP_WORK_DIRS),
+    )
+    agent.fence = Fence(
+        options.get("enforce"),
+        base_name=f"berth-{agent.name}",
+        pids_limit=options.get("pids_limit", DEFAULT_PIDS_LIMIT),
     )
     try:
         agent.prepare()

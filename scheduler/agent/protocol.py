@@ -43,10 +43,10 @@ from scheduler.events import record
 from scheduler.models import Allocation, Device, Event, Node, Task, TaskLog, hash_token
 from scheduler.setbased import row_by, update_rows
 from scheduler.specs import NAME_RE, NAME_RULE, UNSTORABLE, label_problems
-from scheduler.states import TASK_ON_NODE, TaskState
+from scheduler.states import OUT_OF_MEMORY, TASK_ON_NODE, TaskState
 
 log = logging.getLogger("berth.agent")
-# Lost: the agent stopped the task itself, cut off from the server (agent/fencing.py).
+# Lost: the agent stopped the task itself, cut off from the server (agent/partition.py).
 REPORTED_STATES = {"Running", "Succeeded", "Failed", "Killed", "Lost"}
 FINAL_REPORTS = {"Succeeded": TaskState.SUCCEEDED, "Failed": TaskState.FAILED,
                  "Killed": TaskState.KILLED, "Lost": TaskState.LOST}  # fmt: skip
@@ -56,6 +56,11 @@ INLINE_OUTPUT_BYTES = 16 * 1024  # output a report may carry inline (at most one
 LEASE_JITTER = 0.25  # a lease is held between 1 and 1.25 leases, so renewals spread out
 MAX_PRESSURE = 200  # why a node takes no new task (agent/pressure.py), as its agent says
 RENEWAL_WRITE_SECONDS = 1.0  # a node's lease renewed more recently than this is not rewritten
+END_REASONS = {"", OUT_OF_MEMORY}  # a task end's `reason` (scheduler/agent/fence.py)
+# A task end's `usage`: what its cgroup measured (each may be null: not measured there).
+MEASURED = {"peak_memory": int, "cpu_seconds": float, "memory_limit": int,
+            "gpu_utilization": float}  # fmt: skip
+ENFORCEMENT_TEXT = 500  # characters kept of each string of a registration's `enforcement`
 
 
 def lease_seconds() -> float:
@@ -186,6 +191,7 @@ def register(data: object, node_token: str | None = None) -> dict[str, Any]:
                 raise ProtocolError({"name": [taken]}, status=409)
             token = node.issue_token()
         node.cpu, node.memory, node.labels = cpu, memory, labels
+        node.enforcement = _enforcement(data.get("enforcement"))
         node.hostname = str(data.get("hostname", ""))[:255]
         node.agent_version = str(data.get("version", ""))[:64]
         node.last_heartbeat = now
@@ -195,6 +201,8 @@ def register(data: object, node_token: str | None = None) -> dict[str, Any]:
         record("NodeRegistered", "Registered" if created else "Reregistered",
                f"{len(devices)} GPUs, cpu {data.get('cpu')}, memory {data.get('memory')}",
                node=node)  # fmt: skip
+        if node.enforcement_problem():
+            record("NodeNotReady", "CannotEnforce", node.enforcement_problem(), node=node)
         notify.changed(nodes=[node.pk])
     return {
         "node": node.name,
@@ -225,6 +233,23 @@ def _registration(data: object) -> tuple[str, int, int, dict[str, str], list[dic
         raise ProtocolError(errors)
     assert isinstance(name, str)
     return name, cpu, memory, labels, devices
+
+
+def _enforcement(raw: object) -> dict[str, Any]:
+    """A registration's `enforcement` (what the agent enforces on its tasks), kept as the
+    agent said it, bounded: strings, lists of short strings and small integers only."""
+    if not isinstance(raw, dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for key in ("mode", "cgroup", "problem"):
+        if isinstance(raw.get(key), str):
+            kept[key] = storable_text(raw[key])[:ENFORCEMENT_TEXT]
+    for key in ("enforced", "missing"):
+        if isinstance(raw.get(key), list):
+            kept[key] = [storable_text(v)[:32] for v in raw[key][:16] if isinstance(v, str)]
+    if _is_int(raw.get("pids_limit")) and 0 <= raw["pids_limit"] < 2**31:
+        kept["pids_limit"] = raw["pids_limit"]
+    return kept
 
 
 def _own_node(node_token: str, name: object) -> Node:
@@ -275,6 +300,8 @@ class Report:
     started_at: float | None = None  # the process's start and end, by the agent's clock
     ended_at: float | None = None
     output: tuple[int, str] | None = None  # output sent inline: (byte offset, text)
+    reason: str = ""  # why it ended when the exit code does not say (END_REASONS)
+    usage: dict[str, Any] = field(default_factory=dict)  # what its cgroup measured (MEASURED)
 
 
 def _is_int(value: object) -> bool:
@@ -316,7 +343,39 @@ def _parse_task(item: object, path: str, errors: dict[str, list[str]]) -> Report
         parse_unix_time(item, "started_at", path, errors),
         parse_unix_time(item, "ended_at", path, errors),
         _parse_inline(item.get("output"), f"{path}.output", errors),
+        _end_reason(item.get("reason", ""), path, errors),
+        _measured(item.get("usage"), f"{path}.usage", errors),
     )  # fmt: skip
+
+
+def _end_reason(raw: object, path: str, errors: dict[str, list[str]]) -> str:
+    if raw not in END_REASONS:
+        errors[f"{path}.reason"] = [f"must be one of {sorted(END_REASONS)}"]
+        return ""
+    return str(raw)
+
+
+def _measured(raw: object, path: str, errors: dict[str, list[str]]) -> dict[str, Any]:
+    """A task end's `usage`: non-negative numbers (or null) for the keys of MEASURED."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        errors[path] = ["must be an object"]
+        return {}
+    usage: dict[str, Any] = {}
+    for key, kind in MEASURED.items():
+        value = raw.get(key)
+        if value is None:
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (0 <= value < 2**62)
+        ):
+            errors[f"{path}.{key}"] = ["must be a non-negative number or null"]
+            continue
+        usage[key] = kind(value)
+    return usage
 
 
 def inline_output_bytes() -> int:
@@ -408,6 +467,7 @@ class _Outcome:
     ended: list[Task] = field(default_factory=list)  # ended in memory, written together
     kept: dict[tuple[int, int], int] = field(default_factory=dict)  # output held, read ahead
     chunks: list[TaskLog] = field(default_factory=list)  # inline output, inserted together
+    measured: dict[int, dict[str, Any]] = field(default_factory=dict)  # task id -> its usage
 
 
 def apply_report(node: Node, data: object) -> dict[str, Any]:
@@ -426,7 +486,7 @@ def apply_report(node: Node, data: object) -> dict[str, Any]:
         start = _reconcile_unreported(node, tasks, now, outcome)
         # ON CONFLICT DO NOTHING: the same chunk from a concurrent retry, without a savepoint.
         TaskLog.objects.bulk_create(outcome.chunks, ignore_conflicts=True)
-        _save_ended(outcome.ended, node)
+        _save_ended(outcome.ended, node, outcome.measured)
         was, beat, old_usage = node.state, node.last_heartbeat, node.usage
         _renew(node, now)
         node.usage = usage
@@ -562,6 +622,8 @@ def _apply_one(task: Task, report: Report, now: Any, node: Node, outcome: _Outco
         task.started_at = process_time(report.started_at, now, task.assigned_at, "start")
     ended = process_time(report.ended_at, now, task.started_at or task.assigned_at, "end")
     _finish(task, FINAL_REPORTS[report.state], report.exit_code, report.message, ended, outcome)
+    task.reason = report.reason
+    outcome.measured[task.pk] = report.usage
     return True
 
 
@@ -598,15 +660,18 @@ def _finish(task: Task, state: str, exit_code: int | None, message: str, now: An
     outcome.ended.append(task)
 
 
-def _save_ended(ended: list[Task], node: Node) -> None:
+def _save_ended(ended: list[Task], node: Node,
+                measured: dict[int, dict[str, Any]] | None = None) -> None:  # fmt: skip
     """Write the tasks a report ended, free their devices, account for what they used and
     record why, a few statements for all of them."""
     if not ended:
         return
-    update_rows(Task, {t.pk: (t.state, t.exit_code, t.started_at, t.finished_at, t.message)
-                       for t in ended},
-                per_row=["state", "exit_code", "started_at", "finished_at", "message"])  # fmt: skip
-    record_task_ends(ended, timezone.now())  # each task's own finish time is kept
+    update_rows(Task, {t.pk: (t.state, t.exit_code, t.started_at, t.finished_at, t.message,
+                              t.reason) for t in ended},
+                per_row=["state", "exit_code", "started_at", "finished_at", "message",
+                         "reason"])  # fmt: skip
+    # each task's own finish time is kept
+    record_task_ends(ended, timezone.now(), measured=measured or {})
     Allocation.objects.filter(task__in=[t.pk for t in ended]).delete()
     Event.objects.bulk_create(
         Event(kind=f"Task{t.state}", reason=t.state, message=_end_text(t), job_id=t.job_id,
@@ -617,6 +682,8 @@ def _save_ended(ended: list[Task], node: Node) -> None:
 
 def _end_text(task: Task) -> str:
     what = f"{task.group}-{task.index}"
+    if task.reason == OUT_OF_MEMORY:
+        return f"{what} ran out of memory: {task.message}"
     if task.state == TaskState.FAILED:
         return f"{what} exited with code {task.exit_code}"
     if task.state == TaskState.SUCCEEDED:
@@ -678,8 +745,9 @@ def _confirm_started(token_hash: str, reports: list[Report], now: Any) -> list[T
 
 
 # What a start order reads of a task, its job and its owner (_to_start, _start_message).
-START_FIELDS = ("attempt", "group", "index", "job", "job__name", "job__spec", "job__walltime",
-                "job__array_parent", "job__array_index", "job__owner", "job__owner__username")
+START_FIELDS = ("attempt", "group", "index", "cpu", "memory", "job", "job__name", "job__spec",
+                "job__walltime", "job__array_parent", "job__array_index", "job__owner",
+                "job__owner__username")  # fmt: skip
 ROW_COLUMNS = ("id", "node_id", "attempt", "state", "kill_requested")  # a _Row's, in order
 
 
@@ -820,7 +888,17 @@ def _start_message(
         "env": env,
         "devices": devices,
         "walltime": job.walltime,
+        # What the agent holds the task to (its cgroup): millicores, bytes, processes.
+        "resources": {"cpu": task.cpu, "memory": task.memory, **_pids(group)},
     }
+
+
+def _pids(group: dict[str, Any]) -> dict[str, int]:
+    """The task group's own pids limit, when its spec sets one (else the agent's default)."""
+    pids = (group.get("resources") or {}).get("pids")
+    if isinstance(pids, int) and not isinstance(pids, bool) and pids > 0:
+        return {"pids": pids}
+    return {}
 
 
 # --- logs --------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The node agent: runs tasks as real processes and speaks the agent protocol over HTTP.
 
-It never touches the database (it runs on other machines). Each task runs as `bash -lc command`
-(`/bin/sh -c command` on a node without bash) in its own process group, in its work dir, with
-an environment built from scratch and, when the agent is root, as an unprivileged account
-(scheduler/agent/isolation.py). Its output goes to a file that the agent ships to the server by
+It never touches the database (it runs on other machines). Each task runs its command from a
+script file run by `bash -l` (`/bin/sh` on a node without bash) in its own process group, in
+its work dir, with an environment built from scratch and, when the agent is root, as an
+unprivileged account (scheduler/agent/isolation.py), in a cgroup of its own with a private /tmp
+(scheduler/agent/fence.py). Its output goes to a file that the agent ships to the server by
 byte offset, and a small wrapper writes the exit code to a file. Both files live in the agent's
 0700 state dir: the agent opens them and hands the task only file descriptors, so a task
 running as another account can write its output and exit code but never read the agent's state.
@@ -27,36 +28,52 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from scheduler.agent.cleanup import (
+    DEFAULT_KEEP_WORK_DIRS,
+    SWEEP_SECONDS,
+    free_shipped,
+    remove_task_files,
+    sweep_work_dirs,
+)
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
-from scheduler.agent.fencing import Fence
+from scheduler.agent.fence import OUT_OF_MEMORY, Fence, oom_message, usage_report
 from scheduler.agent.gpus import FAKE_MEMORY, GpuSampler
 from scheduler.agent.isolation import (
+    DEFAULT_TASK_UIDS,
     DEFAULT_TASK_USER,
     TaskAccounts,
     build_env,
     login_bash,
     private_dir,
-    shell_command,
+    private_tmp_argv,
+    private_tmp_tools,
+    shell_script,
     spawn_kwargs,
+    task_dir_name,
+    task_tmp,
     task_workdir,
     unreachable_ancestor,
     work_base,
+    write_script,
 )
+from scheduler.agent.partition import PartitionGuard
 from scheduler.agent.pressure import DEFAULT_MIN_FREE, PressureWatch
 
 __all__ = ["Agent", "RunningTask", "ServerError", "Unavailable", "parse_labels"]
 log = logging.getLogger("berth.agent")
 VERSION = f"berth-agent/{PROTOCOL}"
-# $1 is the shell's script, $2 the shell and $3 its flag (isolation.shell_command). The
-# wrapper's stdin is the exit-code file, opened for writing by the agent
-# (a task running as another account could not open it in the agent's state dir): the wrapper
-# moves it to fd 3, gives the command /dev/null as stdin and no fd 3, and writes the command's
-# exit code to it. The wrapper outlives a SIGTERM (a handler, unlike an ignored signal, is not
-# inherited: the command still gets SIGTERM) so that the command has its grace period and its
-# exit code is recorded.
+# $@ is the shell, its flags and the script's path (isolation.shell_script): no job text. The
+# wrapper's stdin is the exit-code file, opened for writing by the agent (a task running as
+# another account could not open it in the agent's state dir): the wrapper moves it to fd 3,
+# gives the command /dev/null as stdin and no fd 3, and writes the command's exit code to it.
+# The wrapper outlives a SIGTERM (a handler, unlike an ignored signal, is not inherited: the
+# command still gets SIGTERM) so that the command has its grace period and its exit code is
+# recorded. Its stdout starts as a pipe's read end (its stderr is the output file): the
+# wrapper waits there until the agent has put it in the task's cgroup, so that nothing it
+# starts can be outside it, then makes the output file its stdout too.
 WRAPPER = (
-    'trap ":" TERM; exec 3>&0 </dev/null; "$2" "$3" "$1" 3>&-; code=$?;'
-    ' echo "$code" >&3; exit "$code"'
+    'read _ <&1 || exit 125; exec 1>&2; trap ":" TERM; exec 3>&0 </dev/null;'
+    ' "$@" 3>&-; code=$?; echo "$code" >&3; exit "$code"'
 )
 LOG_CHUNK = 60 * 1024  # at most; the server may ask for smaller chunks when it registers us
 SHIP_PER_STEP = 16  # chunks per task per turn, so a chatty task never delays reports
@@ -135,16 +152,21 @@ class RunningTask:
     workdir: str = ""  # the task's own work dir (its cwd)
     shipped: int = 0  # bytes of output the server has
     exit_code: int | None = None
-    state: str = "Running"  # Running | Succeeded | Failed | Killed | Lost (fenced)
+    state: str = "Running"  # Running | Succeeded | Failed | Killed | Lost (cut off)
     kill_at: float | None = None  # when SIGKILL follows the SIGTERM
     killed: bool = False
-    fenced: bool = False  # stopped because the agent was cut off from the server (fencing.py)
+    cut_off: bool = False  # stopped because the agent was cut off from the server (partition.py)
     message: str = ""
     dropped: bool = False  # the server keeps no more of this attempt's output
     started: str = ""  # the process's start time (/proc), to tell it from a reused pid
     devices: list[int] = field(default_factory=list)  # GPU indices the server gave it
     started_at: float = 0.0  # wall-clock (Unix) time the process started; 0: it never did
     ended_at: float = 0.0  # wall-clock time the process was seen to end
+    cgroup: str = ""  # its cgroup's name under the agent's (scheduler/agent/fence.py)
+    memory: int = 0  # bytes it asked for (its limit where enforced)
+    reason: str = ""  # why it ended, when the exit code does not say (OutOfMemory)
+    usage: dict[str, Any] | None = None  # what its cgroup says it used, once it ended
+    gpu_util: list[float] = field(default_factory=lambda: [0.0, 0.0])  # NVML: sum, samples
     proc: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -167,6 +189,10 @@ class Agent:
     an unreachable server only delay the next request: the state is kept and reported whole.
     """
 
+    homes = True  # whether a task's work dir can be its HOME (set by prepare())
+    tmp_tools: tuple[str, str] | None = None  # for a private /tmp (set by prepare())
+    sweep_at = 0.0  # when work dirs are next looked at
+
     def __init__(
         self,
         server: str,
@@ -180,6 +206,9 @@ class Agent:
         timeout: float = 10.0,
         task_user: str = DEFAULT_TASK_USER,
         min_free_disk: int = DEFAULT_MIN_FREE,
+        fence: Fence | None = None,
+        task_uids: tuple[int, int] | None = DEFAULT_TASK_UIDS,
+        keep_work_dirs: float = DEFAULT_KEEP_WORK_DIRS,
     ) -> None:
         self.server = server.rstrip("/")
         self.join_token = join_token
@@ -190,6 +219,7 @@ class Agent:
         self.state_dir = Path(state_dir) if state_dir else self.work_dir / "state"
         self.state_file = self.state_dir / "state.json"
         self.task_user = task_user
+        self.task_uids, self.keep_work_dirs = task_uids, keep_work_dirs  # see command.py
         self.accounts: TaskAccounts | None = None  # set by prepare()
         self.bash: str | None = None  # bash's path ("" if none), found at the first start
         self.kill_on_exit = kill_on_exit
@@ -213,7 +243,9 @@ class Agent:
         self.ended: dict[tuple[int, int], float] = {}  # attempts over: a late start is ignored
         self.reregister = False
         self.gpus = GpuSampler([], fake=True)  # the registered GPUs (set by register())
-        self.fence = Fence()  # when the server last renewed our lease (set by register())
+        self.fence = fence or Fence(base_name=f"berth-{self.name}")
+        # When the server last renewed our lease (set by register()): partition.py.
+        self.partition = PartitionGuard()
         self.pressure = PressureWatch([self.work_dir, self.state_dir], min_free_disk)
 
     # --- HTTP ------------------------------------------------------------------------
@@ -239,9 +271,10 @@ class Agent:
             "devices": devices,
             "hostname": socket.gethostname(),
             "version": VERSION,
+            "enforcement": self.fence.describe(),
         }
         answer: dict[str, Any] | None = None
-        sent = self.fence.clock()
+        sent = self.partition.clock()
         if self.token:
             try:
                 answer = self._post("register/", body, f"Node {self.token}")
@@ -255,14 +288,14 @@ class Agent:
         self.token = answer["token"]
         self.lease = float(answer.get("lease_seconds", self.lease))
         self.grace = float(answer.get("kill_grace_seconds", self.grace))
-        self.fence.timeout = float(answer.get("heartbeat_timeout", 0) or 0)
-        self.fence.lease, self.fence.grace = self.lease, self.grace
-        self.fence.heard(sent)
-        if self.fence.timeout and not self.fence.enabled:
+        self.partition.timeout = float(answer.get("heartbeat_timeout", 0) or 0)
+        self.partition.lease, self.partition.grace = self.lease, self.grace
+        self.partition.heard(sent)
+        if self.partition.timeout and not self.partition.enabled:
             log.warning(
                 "the server's node lease (%gs) is too short for this agent to stop its"
-                " tasks safely when cut off from it: fencing is off",
-                self.fence.timeout,
+                " tasks safely when cut off from it: it will not stop them then",
+                self.partition.timeout,
             )
         self.log_chunk = max(256, min(LOG_CHUNK, int(answer.get("log_chunk_bytes", LOG_CHUNK))))
         self.inline_bytes = max(0, min(self.log_chunk, int(answer.get("inline_output_bytes", 0))))
@@ -302,7 +335,7 @@ class Agent:
                         )
                         leases.start()
                         threading.Thread(
-                            target=self._fence_watch, args=(stop,), name="agent-fence", daemon=True
+                            target=self._partition_watch, args=(stop,), daemon=True
                         ).start()
                     self.step()
                     self.wake.wait(POLL_SECONDS)
@@ -329,6 +362,7 @@ class Agent:
             if self.kill_on_exit:
                 self._kill_all()
             self._save()
+            self.fence.close()
             self.gpus.close()
 
     def _kill_all(self) -> None:
@@ -354,11 +388,16 @@ class Agent:
         report if anything changed. Back-pressure only postpones what is due."""
         self._take_orders()
         self._poll()
-        self._fence_tasks()
+        self._stop_if_cut_off()
         if self.pressure.check():
             log.warning("disk pressure: %s", self.pressure.now or "cleared")
             self.dirty = True  # the server must know at once: it places tasks on us
         now = time.monotonic()
+        if now >= self.sweep_at:
+            self.sweep_at = now + min(SWEEP_SECONDS, self.keep_work_dirs / 10)
+            with self.lock:
+                in_use = [t.workdir for t in self.tasks.values() if t.workdir]
+            sweep_work_dirs(self.work_dir, self.keep_work_dirs, in_use)
         if now < self.retry_at:
             return
         try:
@@ -391,6 +430,8 @@ class Agent:
                     "started_at": t.started_at or None,  # the process's own times
                     "ended_at": t.ended_at or None,
                 }
+                if t.state != "Running" and (t.reason or t.usage):
+                    item.update(reason=t.reason, usage=t.usage)
                 output = self._inline_output(t) if inline else None
                 if output is not None:
                     item["output"] = output
@@ -421,7 +462,7 @@ class Agent:
     def _report(self) -> None:
         self.dirty = False  # a change from here on needs a report of its own
         reported = self._task_list(inline=True)
-        sent = self.fence.clock()
+        sent = self.partition.clock()
         try:
             answer = self._post(
                 "report/",
@@ -431,7 +472,7 @@ class Agent:
         except BaseException:
             self.dirty = True
             raise
-        self.fence.heard(sent)
+        self.partition.heard(sent)
         self.lease = float(answer.get("lease_seconds", self.lease))
         awaiting = {(int(a["id"]), int(a["attempt"])): a for a in answer.get("awaiting_output", [])}
         now = time.monotonic()
@@ -448,6 +489,7 @@ class Agent:
                     self.report_at = now + AWAIT_OUTPUT_SECONDS
                     continue
                 del self.tasks[task.id]  # the server has its end and its output
+                remove_task_files(Path(task.dir))
                 self.ended[key] = now
             for key, when in list(self.ended.items()):
                 if now - when > FORGET_ENDED_SECONDS:
@@ -471,7 +513,7 @@ class Agent:
             if not token:
                 stop.wait(POLL_SECONDS)
                 continue
-            sent = self.fence.clock()
+            sent = self.partition.clock()
             try:
                 answer = self._lease_post(self.lease_body(), f"Node {token}")
             except Unavailable as exc:
@@ -485,7 +527,7 @@ class Agent:
                 stop.wait(backoff.delay())
                 continue
             backoff.reset()
-            self.fence.heard(sent)
+            self.partition.heard(sent)
             self.lease = float(answer.get("lease_seconds", self.lease))
             if answer.get("start") or answer.get("kill"):
                 done = threading.Event()
@@ -500,7 +542,10 @@ class Agent:
         a sample rides on every renewal, so it costs no request of its own)."""
         with self.lock:
             busy = {i for t in self.tasks.values() if t.state == "Running" for i in t.devices}
-        return {"tasks": self._task_list(), "usage": {"gpus": self.gpus.sample(busy)}}
+        samples = self.gpus.sample(busy)
+        if not self.gpus.fake:  # real GPUs: each task's own, for its efficiency at the end
+            add_gpu_samples(list(self.tasks.values()), samples)
+        return {"tasks": self._task_list(), "usage": {"gpus": samples}}
 
     def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:
         return self.lease_http.post("lease/", body, auth, timeout=self.lease * 1.25 + self.timeout)
@@ -550,8 +595,8 @@ class Agent:
         configured task account is missing or is root, or a directory is someone else's."""
         if self.accounts is not None:
             return self.accounts
-        accounts = TaskAccounts(self.task_user)
         private_dir(self.state_dir)
+        accounts = TaskAccounts(self.task_user, self.task_uids, self.state_dir)
         work_base(self.work_dir, accounts.switching)
         log.info("%s", accounts.describe())
         if accounts.switching:
@@ -563,6 +608,13 @@ class Agent:
                     " under a path every account can pass through (e.g. /var/lib/berth)",
                     accounts.default.name, blocked, self.work_dir,
                 )  # fmt: skip
+            # A uid from the range has no home: its work dir is, when it can reach it.
+            self.homes = blocked is None
+        self.fence.setup()
+        self.tmp_tools = private_tmp_tools()
+        if self.tmp_tools is None:
+            log.warning("no private /tmp for tasks (not root, or no unshare/setpriv here):"
+                        " each gets TMPDIR in its work dir instead")  # fmt: skip
         self.accounts = accounts
         return accounts
 
@@ -572,31 +624,30 @@ class Agent:
         if current is not None and current.attempt == attempt:
             return  # already running: a start message repeated until we report it
         directory = self.state_dir / f"task-{task_id}-{attempt}"
-        workdir = self.work_dir / f"task-{task_id}-{attempt}"
+        workdir = self.work_dir / task_dir_name(task_id, attempt)
+        devices = _indices(order.get("devices"))
+        limits = self.fence.limits(order, devices)
+        group = ""
         try:
             accounts = self.prepare()
+            if self.fence.refuses:
+                raise ValueError(self.fence.problem)
             account = accounts.for_owner(order.get("owner"))
-            env = build_env(order.get("env") or {}, account)
-            shell, flag, script = self._shell(str(order["command"]), order.get("env") or {}, env)
+            env = build_env(order.get("env") or {}, account, workdir if self.homes else None)
+            shell, script = self._shell(str(order["command"]), order.get("env") or {})
             private_dir(directory)
             task_workdir(workdir, account, accounts.switching)
-            with (
-                open(directory / "output.log", "ab") as output,
-                open(directory / "exit_code", "wb") as exit_file,
-            ):
-                proc = subprocess.Popen(
-                    ["/bin/sh", "-c", WRAPPER, "berth-task", script, shell, flag],
-                    cwd=workdir,
-                    env=env,
-                    stdin=exit_file,  # the wrapper's, see WRAPPER; the command gets /dev/null
-                    stdout=output,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own process group, killed as a whole
-                    **spawn_kwargs(account, accounts.switching),
-                )
+            path = write_script(workdir, script, account, accounts.switching)
+            group = self.fence.create(f"task-{task_id}-{attempt}", limits)
+            # Relative to its work dir (its cwd): the way there may be closed to its account.
+            argv = [*shell, f"./{path.name}"]
+            if self.tmp_tools is None:
+                env["TMPDIR"] = str(task_tmp(workdir, account, accounts.switching))
+            proc = self._spawn(directory, workdir, env, argv, account, group, limits.memory)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             # Report it as failed rather than be sent the same start message forever.
             log.error("could not start task %s: %s", task_id, exc)
+            self.fence.end(group)
             self.tasks[task_id] = RunningTask(
                 task_id, attempt, 0, str(directory), exit_code=127, state="Failed",
                 message=f"the agent could not start it: {exc}",
@@ -604,62 +655,103 @@ class Agent:
             return
         self.tasks[task_id] = RunningTask(
             task_id, attempt, proc.pid, str(directory), workdir=str(workdir), proc=proc,
-            started=_start_time(proc.pid), devices=_indices(order.get("devices")),
-            started_at=time.time(),
+            started=_start_time(proc.pid), devices=devices, started_at=time.time(),
+            cgroup=group, memory=limits.memory,
         )  # fmt: skip
         log.info("started task %s (attempt %s) as pid %s, user %s",
                  task_id, attempt, proc.pid, account.name)  # fmt: skip
 
-    def _shell(self, command: str, start_env: dict[str, Any],
-               env: dict[str, str]) -> tuple[str, str, str]:  # fmt: skip
-        """The shell, flag and script that run `command` (adding what it needs to `env`)."""
+    def _spawn(self, directory: Path, workdir: Path, env: dict[str, str], args: list[str],
+               account: Any, group: str, memory: int) -> subprocess.Popen[bytes]:  # fmt: skip
+        """Start the wrapper; it runs the command once it is in the task's cgroup `group`.
+        With a private /tmp, unshare and setpriv start it as the task's account; else Popen
+        switches to that account itself."""
+        switching = self.accounts is not None and self.accounts.switching
+        prefix: list[str] = []
+        if self.tmp_tools is not None:
+            prefix = private_tmp_argv(self.tmp_tools, account, memory)
+        gate, go = os.pipe()
+        try:
+            with (
+                open(directory / "output.log", "ab") as output,
+                open(directory / "exit_code", "wb") as exit_file,
+            ):
+                proc = subprocess.Popen(
+                    [*prefix, "/bin/sh", "-c", WRAPPER, "berth-task", *args],  # no job text
+                    cwd=workdir,
+                    env=env,
+                    stdin=exit_file,  # the wrapper's, see WRAPPER; the command gets /dev/null
+                    stdout=gate,  # until it may go on; then the output file, as its stderr
+                    stderr=output,
+                    start_new_session=True,  # its own process group, killed as a whole
+                    **spawn_kwargs(account, switching and not prefix),
+                )
+            os.close(gate)
+            try:
+                self.fence.add(group, proc.pid)
+                os.write(go, b"go\n")  # BrokenPipeError if it died first (a failed mount)
+            except OSError:
+                proc.kill()
+                proc.wait()
+                raise
+        finally:
+            for fd in (gate, go):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        return proc
+
+    def _shell(self, command: str, start_env: dict[str, Any]) -> tuple[list[str], str]:
+        """The shell with its flags, and the script that runs `command`."""
         if self.bash is None:
             self.bash = login_bash() or ""
-        argv, extra = shell_command(command, start_env, self.bash or None)
-        env.update(extra)
-        return argv[0], argv[1], argv[2]
+        return shell_script(command, start_env, self.bash or None)
 
-    def _fence_watch(self, stop: threading.Event) -> None:
-        """Fencing on a thread of its own: the main loop may be held up to the HTTP timeout
-        by a request to a server whose packets are dropped, longer than the fence allows."""
+    def _partition_watch(self, stop: threading.Event) -> None:
+        """The partition check on a thread of its own: the main loop may be held up to the
+        HTTP timeout by a request to a server whose packets are dropped, longer than the
+        partition grace allows."""
         while not stop.wait(POLL_SECONDS):
             try:
-                self._fence_tasks()
+                self._stop_if_cut_off()
             except Exception:  # noqa: BLE001 - logged; the next turn tries again
-                log.exception("fencing check failed")
+                log.exception("partition check failed")
 
-    def _fence_tasks(self) -> None:
+    def _stop_if_cut_off(self) -> None:
         """Cut off from the server for too long: stop every task before the server may give
-        it up and run it elsewhere (fencing.py): SIGTERM, and SIGKILL at the deadline even if
+        it up and run it elsewhere (partition.py): SIGTERM, and SIGKILL at the deadline even if
         the main loop is stuck. While they run, renew the lease with a report once a lease
         has passed without one."""
         with self.lock:
             running = [t for t in self.tasks.values() if t.state == "Running"]
             if not running:
                 return
-            if self.fence.renewal_due():
+            if self.partition.renewal_due():
                 self.dirty = True
-            if not self.fence.due():
+            if not self.partition.due():
                 return
             now = time.monotonic()
-            deadline = now + self.fence.grace_left()
-            fenced = [t for t in running if not t.fenced and not t.killed]
-            if fenced:
-                log.warning("%s: stopping %d tasks", self.fence.why(), len(fenced))
-            for task in fenced:
-                task.fenced, task.message = True, self.fence.why()
-                self.kill(task, self.fence.grace_left())
+            deadline = now + self.partition.grace_left()
+            stopping = [t for t in running if not t.cut_off and not t.killed]
+            if stopping:
+                log.warning("%s: stopping %d tasks", self.partition.why(), len(stopping))
+            for task in stopping:
+                task.cut_off, task.message = True, self.partition.why()
+                self.kill(task, self.partition.grace_left())
             for task in running:  # on the server's order too: SIGKILL by the deadline
                 if task.kill_at is not None and task.kill_at > deadline:
                     task.kill_at = deadline
                 if task.kill_at is not None and now >= task.kill_at:
                     self._signal(task, signal.SIGKILL)
+                    self.fence.kill_all(task.cgroup)  # daemons of its own session too
                     task.kill_at = None
 
     def _cut_off_wait(self, wait: float) -> float:
-        """A backoff never postpones fencing: with tasks running, look again within 0.5 s."""
+        """A backoff never postpones the partition check: with tasks running, look again
+        within 0.5 s."""
         self._poll()
-        self._fence_tasks()
+        self._stop_if_cut_off()
         with self.lock:
             running = any(t.state == "Running" for t in self.tasks.values())
         return min(wait, 0.5) if running else wait
@@ -670,6 +762,7 @@ class Agent:
         task.killed = True
         task.kill_at = time.monotonic() + grace
         self._signal(task, signal.SIGTERM)
+        self.fence.signal_all(task.cgroup, signal.SIGTERM)  # its other sessions too
 
     def _signal(self, task: RunningTask, sig: int) -> None:
         if task.pid <= 0:
@@ -685,24 +778,43 @@ class Agent:
         for task in self.tasks.values():
             if task.state != "Running":
                 continue
+            if task.cgroup and not task.reason and self.fence.out_of_memory(task.cgroup):
+                # As memory.oom.group does on v2: the task dies whole, and says why.
+                task.reason = OUT_OF_MEMORY
+                self.fence.kill_all(task.cgroup)
             code = self._exit_code(task)
             if code is None:
                 if task.kill_at is not None and time.monotonic() >= task.kill_at:
                     self._signal(task, signal.SIGKILL)
+                    self.fence.kill_all(task.cgroup)
                     task.kill_at = None
                 continue
-            task.exit_code = code
-            task.ended_at = time.time() if task.proc is not None else _ended_at(task)
-            self.dirty = True  # an end goes to the server at once
-            if task.fenced:
-                task.state = "Lost"  # task.message says why (_fence_tasks)
-            elif task.killed:
-                task.state = "Killed"
-                task.message = "stopped on the server's request"
-            else:
-                task.state = "Succeeded" if code == 0 else "Failed"
-            # Nothing of the group may outlive the task (a child left in the background).
-            self._signal(task, signal.SIGKILL)
+            self._ended(task, code)
+
+    def _ended(self, task: RunningTask, code: int) -> None:
+        task.exit_code = code
+        task.ended_at = time.time() if task.proc is not None else _ended_at(task)
+        self.dirty = True  # an end goes to the server at once
+        if task.cut_off:
+            task.state = "Lost"  # task.message says why (_stop_if_cut_off)
+        elif task.killed:
+            task.state = "Killed"
+            task.message = "stopped on the server's request"
+        else:
+            task.state = "Succeeded" if code == 0 else "Failed"
+        # Nothing of the task may outlive it (a child left in the background, a daemon).
+        self._signal(task, signal.SIGKILL)
+        ended = self.fence.end(task.cgroup)
+        if ended is None:
+            return
+        task.usage = usage_report(ended.usage)
+        if task.usage is not None and task.gpu_util[1]:
+            task.usage["gpu_utilization"] = task.gpu_util[0] / task.gpu_util[1]
+        if ended.out_of_memory and not task.killed:
+            task.state, task.reason = "Failed", OUT_OF_MEMORY
+            task.message = oom_message(ended.usage, task.memory)
+        if ended.leftovers:
+            log.info("task %s left %s processes behind: killed", task.id, ended.leftovers)
 
     def _exit_code(self, task: RunningTask) -> int | None:
         if task.proc is not None:
@@ -742,7 +854,8 @@ class Agent:
 
     def _ship(self, task: RunningTask) -> None:
         size = _size(task.output)
-        if task.dropped:
+        if task.dropped:  # the server keeps no more of it: nor does our copy
+            free_shipped(task.output, size)
             return
         for _ in range(SHIP_PER_STEP):
             if task.shipped >= size:
@@ -770,6 +883,8 @@ class Agent:
             if answer.get("dropped"):  # over the server's cap: the rest would be thrown away
                 task.dropped = True
                 task.shipped = size
+            free_shipped(task.output, task.shipped)
+            if task.dropped:
                 return
 
     # --- state file ------------------------------------------------------------------
@@ -794,6 +909,14 @@ class Agent:
         tmp.replace(self.state_file)
 
     def _load(self) -> None:
+        self._read_state()
+        # A task's cgroup outlives an agent that stops: those of running tasks are theirs
+        # again; any other (its task ended or was forgotten meanwhile) is killed and removed.
+        live = {t.cgroup for t in self.tasks.values() if t.state == "Running" and t.cgroup}
+        for name in self.fence.reap(live):
+            log.info("killed what was left of %s in its cgroup", name)
+
+    def _read_state(self) -> None:
         legacy = self.work_dir / "state.json"  # where agents before the state dir kept it
         if not self.state_file.exists() and legacy.is_file():
             # Keep the node token across the upgrade (the join token no longer re-registers a
@@ -818,6 +941,16 @@ class Agent:
                     " its exit code comes from its exit file; its output file is still shipped",
                     task.id, task.pid,
                 )  # fmt: skip
+
+
+def add_gpu_samples(tasks: list[RunningTask], samples: list[dict[str, Any]]) -> None:
+    """Add each running task's GPUs' mean utilisation now to its running total."""
+    utilization = {s["index"]: s["utilization"] for s in samples if "utilization" in s}
+    for task in tasks:
+        mine = [utilization[i] for i in task.devices if i in utilization]
+        if task.state == "Running" and mine:
+            task.gpu_util[0] += sum(mine) / len(mine)
+            task.gpu_util[1] += 1
 
 
 def _indices(raw: object) -> list[int]:

@@ -13,6 +13,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from scheduler.accounting import usage_by_attempt, usage_view
 from scheduler.api.schema import FlowSpecJSON, JobSpecJSON, TemplateJobSpecJSON
 from scheduler.arrays import indices_by_state
 from scheduler.core.quantity import (
@@ -132,6 +133,7 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
         fields = [
             "name", "state", "admin_state", "labels", "cpu", "memory", "devices", "allocated",
             "last_heartbeat", "hostname", "agent_version", "usage", "registered_at",
+            "enforcement",
         ]  # fmt: skip
         read_only_fields = [f for f in fields if f != "labels"]
 
@@ -186,13 +188,25 @@ class TaskSerializer(serializers.ModelSerializer[Task]):
         slug_field="name", read_only=True
     )
     devices = serializers.SerializerMethodField()
+    usage = serializers.SerializerMethodField()
 
     class Meta:
         model = Task
         fields = [
             "id", "group", "index", "node", "devices", "state", "exit_code", "attempt",
-            "kill_requested", "message", "assigned_at", "started_at", "finished_at",
+            "kill_requested", "message", "reason", "assigned_at", "started_at", "finished_at",
+            "usage",
         ]  # fmt: skip
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_usage(self, task: Task) -> dict[str, Any] | None:
+        """What this attempt used once it ended, with its efficiency as seff shows it (null
+        while it runs, or where nothing was recorded); the job's records are read once."""
+        cache: dict[int, Any] = self.context.setdefault("usage_by_job", {})
+        if task.job_id not in cache:
+            cache[task.job_id] = usage_by_attempt([task.job_id])
+        record = cache[task.job_id].get((task.pk, task.attempt))
+        return None if record is None else usage_view(record)
 
     def get_devices(self, task: Task) -> list[int]:
         """The GPUs it holds, or held: an ended task keeps its indices, not its allocations."""

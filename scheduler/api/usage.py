@@ -23,7 +23,8 @@ from scheduler.accounting import UsageQueryError, parse_usage_query, usage_rows
 from scheduler.api.filters import check_query_params
 from scheduler.models import UsageRecord
 
-METRICS = ("jobs", "tasks", "cpu_seconds", "gpu_seconds", "wall_seconds", "gpu_hours")
+METRICS = ("jobs", "tasks", "cpu_seconds", "gpu_seconds", "wall_seconds", "gpu_hours",
+           "used_cpu_seconds", "cpu_percent", "memory_percent", "gpu_percent")  # fmt: skip
 
 
 class UsageCSVRenderer(BaseRenderer):

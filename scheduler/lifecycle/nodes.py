@@ -24,7 +24,7 @@ def check_nodes(now: datetime | None = None) -> int:
     A scheduler that has led for less than the timeout (just started, or back after the
     database was out: nobody could record a renewal meanwhile) judges no node yet: the
     agents get a whole timeout to renew first, as Kubernetes' node controller waits after
-    a restart. Agents cut off for real stop their own tasks in that time (agent/fencing.py)."""
+    a restart. Agents cut off for real stop their own tasks in that time (agent/partition.py)."""
     now = now_or(now)
     timeout = settings.BERTH_HEARTBEAT_TIMEOUT
     cutoff = now - timedelta(seconds=timeout)

@@ -28,9 +28,10 @@ from scheduler.lifecycle.transitions import (
     terminate_job,
 )
 from scheduler.models import Event, Job, Task
-from scheduler.states import JOB_ACTIVE, TASK_ON_NODE, JobState, TaskState
+from scheduler.states import JOB_ACTIVE, OUT_OF_MEMORY, TASK_ON_NODE, JobState, TaskState
 
 log = logging.getLogger("berth.lifecycle")
+
 
 @dataclass(frozen=True, slots=True)
 class TaskView:
@@ -42,6 +43,7 @@ class TaskView:
     exit_code: int | None
     message: str
     started_at: datetime | None
+    reason: str = ""  # why it ended when its exit code does not say (OutOfMemory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +83,13 @@ def _read_started_jobs() -> tuple[dict[int, JobView], dict[int, list[TaskView]]]
         Task.objects.filter(job__state__in=JOB_ACTIVE, job_id__in=started_jobs)
         .order_by("job_id", "group", "index")
         .values_list("job_id", "job__state", "job__min_available", "state", "group", "index",
-                     "exit_code", "message", "started_at")
+                     "exit_code", "message", "started_at", "reason")
     )  # fmt: skip
     views: dict[int, JobView] = {}
     tasks_by_job: dict[int, list[TaskView]] = defaultdict(list)
-    for job_id, job_state, min_available, state, group, index, code, message, started in rows:
+    for job_id, job_state, min_available, state, group, index, code, message, started, why in rows:
         views[job_id] = JobView(job_state, min_available)
-        tasks_by_job[job_id].append(TaskView(state, group, index, code, message, started))
+        tasks_by_job[job_id].append(TaskView(state, group, index, code, message, started, why))
     return views, tasks_by_job
 
 
@@ -232,19 +234,21 @@ def _sync_job(job: Job, tasks: Sequence[TaskView], now: datetime) -> bool:
 
 def _fail_or_retry(job: Job, first: TaskView, now: datetime) -> None:
     """A task failed or was lost: restart the job while retries remain, else it fails."""
-    what = (
-        f"task {first.group}-{first.index} exited with code {first.exit_code}"
-        if first.state == TaskState.FAILED
-        else f"task {first.group}-{first.index} was lost ({first.message or 'node lost'})"
-    )
+    name = f"task {first.group}-{first.index}"
+    if first.reason == OUT_OF_MEMORY:  # the kernel killed it at its memory limit
+        what, reason = f"{name} {first.message}", OUT_OF_MEMORY
+    elif first.state == TaskState.FAILED:
+        what, reason = f"{name} exited with code {first.exit_code}", "TaskFailed"
+    else:
+        what, reason = f"{name} was lost ({first.message or 'node lost'})", "TaskLost"
     if job.retries < job.max_retry:
         message = f"{what}; restarting (retry {job.retries + 1} of {job.max_retry})"
+        retry_reason = OUT_OF_MEMORY if reason == OUT_OF_MEMORY else "TaskFailed"
         terminate_job(
-            job, final_state=JobState.PENDING, reason="TaskFailed", message=message, now=now
+            job, final_state=JobState.PENDING, reason=retry_reason, message=message, now=now
         )
         return
     suffix = f" after {job.retries} retries" if job.max_retry else ""
-    reason = "TaskFailed" if first.state == TaskState.FAILED else "TaskLost"
     terminate_job(
         job, final_state=JobState.FAILED, reason=reason, message=f"{what}{suffix}", now=now
     )

@@ -136,6 +136,7 @@ def fresh_attempt(task: Task) -> None:
     task.node = None
     task.device_indices = []
     task.exit_code = None
+    task.reason = ""
     task.kill_requested = False
     task.assigned_at = task.started_at = task.finished_at = None
     task.save()

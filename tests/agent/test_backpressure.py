@@ -48,7 +48,7 @@ class FakeServer:
     seen: list[Seen] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     inline: int = 0  # inline_output_bytes announced at registration (0: none)
-    heartbeat_timeout: float = 0.0  # announced at registration when set (agent/fencing.py)
+    heartbeat_timeout: float = 0.0  # announced at registration when set (agent/partition.py)
 
     def answer(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         key = path.removeprefix("/api/v1/agent/")

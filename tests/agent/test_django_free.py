@@ -77,7 +77,8 @@ def test_it_joins_a_live_server_and_runs_a_task_without_django(server, owner, tm
         wait_for(ended, what="the task to end")
         output = "".join(TaskLog.objects.filter(task=task).values_list("data", flat=True))
         assert task.state == TaskState.SUCCEEDED, output
-        assert output == f"2 in {(work / f'task-{task.pk}-0').resolve()}\n"
+        (workdir,) = work.glob(f"task-{task.pk}-0-*")
+        assert output == f"2 in {workdir.resolve()}\n"
         assert task.started_at is not None and task.finished_at is not None
         assert task.started_at <= task.finished_at
     finally:

@@ -24,7 +24,8 @@ def test_a_task_gets_a_fresh_environment_not_the_agents(tmp_path, monkeypatch):
     agent.answers = [{"start": [start_order(1, "env", GREETING="hi", PATH="/opt/x:/usr/bin")]}]
     run_until(agent, lambda: any(r["state"] == "Succeeded" for r in agent.reports()))
     env = dict(line.split("=", 1) for line in agent.output(1).splitlines())
-    account = pwd.getpwuid(int(os.popen(f"stat -c %u {tmp_path / 'task-1-0'}").read()))
+    (workdir,) = tmp_path.glob("task-1-0-*")
+    account = pwd.getpwuid(workdir.stat().st_uid)
     assert set(env) - {"PWD", "SHLVL", "_", "OLDPWD"} == {
         "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "GREETING"}  # fmt: skip
     assert env["GREETING"] == "hi" and env["PATH"] == "/opt/x:/usr/bin"  # the job's env wins
@@ -32,14 +33,14 @@ def test_a_task_gets_a_fresh_environment_not_the_agents(tmp_path, monkeypatch):
 
 
 @pytest.mark.root
-def test_as_root_a_task_runs_as_the_task_account_in_its_own_dir(tmp_path):
-    agent = RecordingAgent(tmp_path, task_user="nobody")
+def test_as_root_with_no_uid_range_a_task_runs_as_the_task_account_in_its_own_dir(tmp_path):
+    agent = RecordingAgent(tmp_path, task_user="nobody", task_uids=None)
     order = {**start_order(2, "id -u; id -un; touch mine; ls"), "owner": "root"}
     agent.answers = [{"start": [order]}]
     run_until(agent, lambda: any(r["state"] == "Succeeded" for r in agent.reports()))
     nobody = pwd.getpwnam("nobody")
     assert agent.output(2) == f"{nobody.pw_uid}\nnobody\nmine\n"  # a Berth user "root" too
-    work = tmp_path / "task-2-0"
+    (work,) = tmp_path.glob("task-2-0-*")
     assert (work.stat().st_uid, stat.S_IMODE(work.stat().st_mode)) == (nobody.pw_uid, 0o700)
     assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o711
     assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700

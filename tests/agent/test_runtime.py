@@ -76,10 +76,11 @@ def test_it_runs_a_command_and_reports_its_output_and_exit_code(tmp_path):
 
 def test_it_kills_the_whole_group_with_sigterm_then_sigkill(tmp_path):
     agent = RecordingAgent(tmp_path)
-    marker = tmp_path / "task-2-0" / "child.pid"  # in the task's own work dir
     # The task traps TERM and has a child that ignores it: only SIGKILL ends them.
     command = "trap '' TERM; (trap '' TERM; echo $$ > child.pid; sleep 60) & echo started; sleep 60"
     agent.answers = [{"start": [start_order(2, command)]}]
+    run_until(agent, lambda: 2 in agent.tasks)
+    marker = Path(agent.tasks[2].workdir) / "child.pid"  # in the task's own work dir
     run_until(agent, lambda: marker.exists() and marker.read_text().strip())
     child = int(marker.read_text())
     agent.order({"kill": [{"id": 2, "attempt": 0, "grace_seconds": 0.3}]})
@@ -129,7 +130,8 @@ def test_it_runs_a_task_in_its_own_group_and_directory_with_its_env(tmp_path):
     agent.answers = [{"start": [start_order(5, command, CUDA_VISIBLE_DEVICES="1,3", RANK="2")]}]
     run_until(agent, lambda: any(r["state"] == "Succeeded" for r in agent.reports()))
     first, pgid = agent.output(5).splitlines()
-    assert first == f"{tmp_path / 'task-5-0'} 1,3 2 has-path"
+    (workdir,) = tmp_path.glob("task-5-0-*")
+    assert first == f"{workdir} 1,3 2 has-path"
     assert int(pgid) != os.getpgid(0)  # a group of its own, apart from the agent's
 
 

@@ -182,8 +182,10 @@ def test_it_answers_csv(api, owner):
     assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
     rows = list(csv.reader(io.StringIO(response.content.decode())))
     assert rows[0] == ["user", "queue", "jobs", "tasks", "cpu_seconds", "gpu_seconds",
-                       "wall_seconds", "gpu_hours"]  # fmt: skip
-    assert rows[1][:4] == ["alice", "default", "1", "1"] and rows[1][-1] == "1.0"
+                       "wall_seconds", "gpu_hours", "used_cpu_seconds", "cpu_percent",
+                       "memory_percent", "gpu_percent"]  # fmt: skip
+    assert rows[1][:4] == ["alice", "default", "1", "1"] and rows[1][7] == "1.0"
+    assert rows[1][8:] == ["", "", "", ""]  # not measured: empty, not 0
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduler.agent.isolation import DEFAULT_TASK_USER
+from scheduler.agent.command import TASK_UIDS_TEXT
+from scheduler.agent.isolation import DEFAULT_TASK_USER, parse_uid_range
 from scheduler.agent.runtime import Agent
 from scheduler.management.stopping import supervise
 
@@ -46,6 +47,14 @@ def _lock_data_dir(data: Path) -> None:
     for name in SECRET_FILES:
         if (data / name).exists():
             (data / name).chmod(0o600)
+
+
+def _task_uids() -> tuple[int, int] | None:
+    """The local agent's uid range for users without an account (BERTH_TASK_UIDS)."""
+    try:
+        return parse_uid_range(os.environ.get("BERTH_TASK_UIDS", "").strip() or TASK_UIDS_TEXT)
+    except ValueError as exc:
+        raise CommandError(f"BERTH_TASK_UIDS: {exc}") from None
 
 
 def default_task_dir(data: Path) -> Path:
@@ -95,8 +104,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--task-user",
             default=os.environ.get("BERTH_TASK_USER", "").strip() or DEFAULT_TASK_USER,
-            help="as root: the account for tasks whose owner has no Unix account here"
-            " (default: $BERTH_TASK_USER or nobody; never root)",
+            help="as root with BERTH_TASK_UIDS=off: the one account for tasks whose owner has"
+            " no Unix account here (default: $BERTH_TASK_USER or nobody; never root); else"
+            " each such user gets a uid of its own from BERTH_TASK_UIDS",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -224,6 +234,7 @@ class Command(BaseCommand):
             work_dir=work,
             state_dir=data / "agent",
             task_user=options["task_user"],
+            task_uids=_task_uids(),
         )
         try:
             agent.prepare()

@@ -10,7 +10,7 @@ kill grace earlier (never within two leases of the last contact, the gap between
 a healthy agent) and SIGKILL at that deadline. A task stopped this way is reported `Lost`, so
 it follows the job's retry policy as if its node had been lost, and is never run twice at
 once on two nodes. A node lease too short to tell a cut-off agent from a healthy one (a
-deadline under two leases) turns fencing off, and the agent says so when it registers.
+deadline under two leases) turns this guard off, and the agent says so when it registers.
 Django-free: the node agent uses it.
 """
 
@@ -27,9 +27,9 @@ MARGIN = 2.5
 
 
 @dataclass
-class Fence:
+class PartitionGuard:
     """When this agent last certainly renewed its lease, and what follows from it.
-    `timeout` 0 (a server that did not say) disables fencing."""
+    `timeout` 0 (a server that did not say) disables the guard."""
 
     timeout: float = 0.0
     lease: float = 10.0
@@ -72,7 +72,7 @@ class Fence:
 
     def renewal_due(self) -> bool:
         """A lease a lease old, where held leases alone could leave a healthy agent silent
-        long enough to be fenced (up to 2.5 leases between two answers, plus a second for the
+        long enough to be stopped (up to 2.5 leases between two answers, plus a second for the
         network): renew it with a report. At the default timings (a lease of 10 s, a 42.5 s
         timeout) this never happens: the held leases suffice."""
         needed = self.enabled and self.term_after() < 2.5 * self.lease + 1.0

@@ -1,5 +1,5 @@
 """An agent cut off from its server stops its tasks before the server may give them up
-(scheduler/agent/fencing.py), reports them Lost once it is heard again, and never stops
+(scheduler/agent/partition.py), reports them Lost once it is heard again, and never stops
 them while the server hears it. Against the scripted server of test_backpressure.py; the
 namespaced, real-network version is tests/chaos/ (partition)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.agent.fencing import MARGIN, Fence
+from scheduler.agent.partition import MARGIN, PartitionGuard
 from scheduler.agent.runtime import Agent
 from tests.agent.test_backpressure import (  # noqa: F401 - `server` is its fixture
     FakeServer,
@@ -42,26 +42,26 @@ class Clock:
         (4.5, 1.0, 1.0, 2.0, 2.0),  # a budget of two leases: SIGKILL at the deadline
     ],
 )
-def test_the_fence_stops_tasks_before_the_server_may_give_them_up(
+def test_the_guard_stops_tasks_before_the_server_may_give_them_up(
     timeout: float, lease: float, grace: float, term: float, deadline: float
 ) -> None:
     clock = Clock()
-    fence = Fence(timeout=timeout, lease=lease, grace=grace, clock=clock)
-    assert (fence.term_after(), fence.deadline()) == (term, deadline)
-    assert fence.deadline() == timeout - MARGIN  # renewal writes lag 1 s, clocks and latency
+    guard = PartitionGuard(timeout=timeout, lease=lease, grace=grace, clock=clock)
+    assert (guard.term_after(), guard.deadline()) == (term, deadline)
+    assert guard.deadline() == timeout - MARGIN  # renewal writes lag 1 s, clocks and latency
     clock.now += term - 0.01
-    assert not fence.due()
+    assert not guard.due()
     clock.now += 0.01
-    assert fence.due() and fence.grace_left() == pytest.approx(deadline - term)
-    fence.heard(clock.now - 0.5)  # a request sent half a second ago was answered
-    assert not fence.due() and fence.silence() == pytest.approx(0.5)
+    assert guard.due() and guard.grace_left() == pytest.approx(deadline - term)
+    guard.heard(clock.now - 0.5)  # a request sent half a second ago was answered
+    assert not guard.due() and guard.silence() == pytest.approx(0.5)
 
 
-def test_a_server_that_did_not_say_its_timeout_is_never_fenced_against() -> None:
+def test_a_server_that_did_not_say_its_timeout_is_never_guarded_against() -> None:
     clock = Clock()
-    fence = Fence(clock=clock)
+    guard = PartitionGuard(clock=clock)
     clock.now += 10_000
-    assert not fence.due() and not fence.renewal_due()
+    assert not guard.due() and not guard.renewal_due()
 
 
 def _alive(pid: int) -> bool:
@@ -90,7 +90,7 @@ def test_an_agent_cut_off_stops_its_task_in_time_and_reports_it_lost(
     thread.start()
     try:
         pid = wait_for(lambda: _running_pid(agent, 5))
-        wait_for(lambda: server.where("lease/", 200) and agent.fence.silence() < 0.5)
+        wait_for(lambda: server.where("lease/", 200) and agent.partition.silence() < 0.5)
         server.refuse = {"lease/": [503] * 10_000, "report/": [503] * 10_000}  # cut off
         cut = time.monotonic()
         wait_for(lambda: not _alive(pid), timeout=10)
@@ -107,7 +107,7 @@ def test_an_agent_cut_off_stops_its_task_in_time_and_reports_it_lost(
 def test_an_agent_the_server_hears_never_stops_its_tasks(
     server: FakeServer, tmp_path: Path
 ) -> None:
-    # With leases of 0.2 s held ~0.1 s and a 4 s timeout the fence would fall at 0.5 s of
+    # With leases of 0.2 s held ~0.1 s and a 4 s timeout the guard would stop it at 0.5 s of
     # silence; six seconds of normal running leave the task alone.
     server.heartbeat_timeout = 4.0
     server.orders = [start(6, "sleep 60")]
@@ -126,8 +126,8 @@ def test_an_agent_the_server_hears_never_stops_its_tasks(
         os.killpg(pid, 9)
 
 
-def test_a_lease_too_short_to_tell_cut_off_from_healthy_turns_fencing_off() -> None:
+def test_a_lease_too_short_to_tell_cut_off_from_healthy_turns_the_guard_off() -> None:
     clock = Clock()
-    fence = Fence(timeout=1.275, lease=0.3, grace=10, clock=clock)  # 4.25 leases of 0.3 s
+    guard = PartitionGuard(timeout=1.275, lease=0.3, grace=10, clock=clock)  # 4.25 leases of 0.3 s
     clock.now += 60
-    assert not fence.enabled and not fence.due() and not fence.renewal_due()
+    assert not guard.enabled and not guard.due() and not guard.renewal_due()
