@@ -161,7 +161,9 @@ def guarded_job(marks: Path, seconds: int) -> dict[str, Any]:
 
 
 def _marks() -> Path:
-    marks = Path(tempfile.mkdtemp(prefix="berth-chaos-marks-"))
+    # Not under /tmp: as root, each task gets a private /tmp of its own, where two attempts
+    # would never see each other's lock.
+    marks = Path(tempfile.mkdtemp(prefix="berth-chaos-marks-", dir="/var/tmp"))
     marks.chmod(0o1777)  # tasks run as an unprivileged account
     return marks
 

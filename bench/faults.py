@@ -509,7 +509,9 @@ class Netns:
         subprocess.run(["ip", "link", "set", self.ours, "up"], check=True)
 
     def command(self, argv: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.name, *argv]
+        # nsenter enters the network namespace only: `ip netns exec` would remount /sys
+        # without its cgroup mounts, and the agent could not enforce a task's limits
+        return ["nsenter", f"--net=/run/netns/{self.name}", "--", *argv]
 
 
 @contextmanager

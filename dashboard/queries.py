@@ -156,7 +156,8 @@ def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
     tasks = list(job.tasks.select_related("node").prefetch_related(
         Prefetch("allocations", queryset=Allocation.objects.select_related("device"))
     ).order_by("group", "index"))  # fmt: skip
-    used = usage_by_attempt([job.pk])
+    # A record is written when an attempt ends: none to read while no task has ended.
+    used = usage_by_attempt([job.pk]) if any(t.finished_at for t in tasks) else {}
     for task in tasks:
         task.device_list = ",".join(str(i) for i in task.gpu_indices())  # type: ignore[attr-defined]
         record = used.get((task.pk, task.attempt))

@@ -223,16 +223,8 @@ class Agent:
         self.accounts: TaskAccounts | None = None  # set by prepare()
         self.bash: str | None = None  # bash's path ("" if none), found at the first start
         self.kill_on_exit = kill_on_exit
-        self.timeout = timeout
-        self.token = ""
-        self.lease = 10.0
-        self.grace = 10.0
-        self.log_chunk = LOG_CHUNK
-        self.inline_bytes = 0  # output up to this size rides in the final report (register())
+        self._init_protocol(timeout)
         self.tasks: dict[int, RunningTask] = {}
-        self.http = Http(self.server, timeout)
-        self.lease_http = Http(self.server, timeout)
-        self.backoff = Backoff()
         self.lock = threading.RLock()  # self.tasks, between the main loop and the lease thread
         self.wake = threading.Event()
         self.inbox: queue.Queue[tuple[dict[str, Any], threading.Event]] = queue.Queue()
@@ -247,6 +239,18 @@ class Agent:
         # When the server last renewed our lease (set by register()): partition.py.
         self.partition = PartitionGuard()
         self.pressure = PressureWatch([self.work_dir, self.state_dir], min_free_disk)
+
+    def _init_protocol(self, timeout: float) -> None:
+        """What the agent knows of the server before register() tells it more."""
+        self.timeout = timeout
+        self.token = ""
+        self.lease = 10.0
+        self.grace = 10.0
+        self.log_chunk = LOG_CHUNK
+        self.inline_bytes = 0  # output up to this size rides in the final report (register())
+        self.http = Http(self.server, timeout)
+        self.lease_http = Http(self.server, timeout)
+        self.backoff = Backoff()
 
     # --- HTTP ------------------------------------------------------------------------
 

@@ -201,7 +201,10 @@ class TaskSerializer(serializers.ModelSerializer[Task]):
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_usage(self, task: Task) -> dict[str, Any] | None:
         """What this attempt used once it ended, with its efficiency as seff shows it (null
-        while it runs, or where nothing was recorded); the job's records are read once."""
+        while it runs, or where nothing was recorded); the job's records are read once, and
+        not at all while none of its tasks' current attempts has ended (a new job)."""
+        if task.finished_at is None:  # a record is written when an attempt ends
+            return None
         cache: dict[int, Any] = self.context.setdefault("usage_by_job", {})
         if task.job_id not in cache:
             cache[task.job_id] = usage_by_attempt([task.job_id])

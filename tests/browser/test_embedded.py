@@ -60,12 +60,14 @@ async def _watch_a_job(url: str, password: str) -> None:
         await expect(page.locator(".node-card")).to_have_count(1, timeout=15000)
         await page.goto(f"{url}/submit/")
         await page.fill("#spec", "name: embedded\ntasks:\n- name: main\n"
-                                 "  command: 'echo ran on GPU $CUDA_VISIBLE_DEVICES; sleep 2'\n"
+                                 "  command: 'echo ran on GPU $CUDA_VISIBLE_DEVICES; sleep 5'\n"
                                  "  resources: {cpu: 0.1, memory: 16Mi, gpu: 1}\n")  # fmt: skip
         await page.click("#submit-form button[type=submit]")
         await page.wait_for_url("**/jobs/*/")
         badge = page.locator(".head .badge.big")
-        # No reload from here on: every change arrives over the websocket.
+        # No reload from here on: every change arrives over the websocket. The job runs 5 s: on
+        # a loaded machine the report of its start can be held back (SQLite busy: 503 and
+        # Retry-After) past a shorter run, and the page would rightly go straight to the end.
         await expect(badge).to_have_text("Running", timeout=20000)
         await expect(page.locator("pre.log")).to_contain_text("ran on GPU 0", timeout=20000)
         await expect(badge).to_have_text("Succeeded", timeout=20000)
