@@ -37,14 +37,17 @@ def short(**overrides: Any) -> argparse.Namespace:
 
 def assert_steady(result: dict[str, Any], healthz_within: float = 30.0) -> None:
     """The steady state holds after the fault: what every experiment checks."""
-    assert result["steady_before"], result
-    assert result["accepted"] > 0, result
-    assert result["bad_5xx"] == 0, result["answers"]
-    assert result["client_errors"] == [], result
-    assert result["lost"] == 0 and result["not_final"] == 0, result
-    assert result["written_despite_503"] == 0, result
-    assert result["doubled"] == 0, result
-    assert result["alive"], result["processes"]
+    # Each check names its field first: pytest cuts a long result short.
+    assert result["steady_before"], ("steady_before", result)
+    assert result["accepted"] > 0, ("accepted", result)
+    assert result["bad_5xx"] == 0, ("bad_5xx", result["answers"])
+    assert result["client_errors"] == [], ("client_errors", result)
+    assert result["lost"] == 0, ("lost", result)
+    assert result["not_final"] == 0, ("not_final", result)
+    assert result["written_despite_503"] == 0, ("written_despite_503", result)
+    assert result["doubled_usage_records"] == 0, ("doubled_usage_records", result)
+    assert result["overlapping_attempts"] == 0, ("overlapping_attempts", result)
+    assert result["alive"], ("alive", result["processes"])
     assert result["healthz_back_s"] is not None and result["healthz_back_s"] <= healthz_within
     assert result["drained_s"] is not None, result
 

@@ -97,6 +97,28 @@ def test_up_runs_tasks_unprivileged_and_they_cannot_read_its_data_dir(tmp_path: 
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     for name in ("secret_key", "admin_password", "join_token", "berth.sqlite3"):
         assert stat.S_IMODE((data / name).stat().st_mode) == 0o600, name
+    # Its output went to a file, not a terminal: the password is not in it, its file's path is.
+    printed = (tmp_path / "up.log").read_text()
+    assert secrets[1] not in printed and f"the password in {data / 'admin_password'}" in printed
+
+
+@pytest.mark.django_db
+def test_up_prints_the_admin_password_to_a_terminal_only(settings: Any, tmp_path: Path) -> None:
+    import io
+
+    from scheduler.management.commands.up import Command
+
+    settings.DATA_DIR = tmp_path
+    command = Command(stdout=io.StringIO())
+    to_a_file = command._ensure_admin()
+    password = (tmp_path / "admin_password").read_text().strip()
+    assert password not in to_a_file and str(tmp_path / "admin_password") in to_a_file
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert password in Command(stdout=Terminal())._ensure_admin()
 
 
 def test_up_refuses_task_dirs_inside_its_data_dir(settings: Any, tmp_path: Path) -> None:

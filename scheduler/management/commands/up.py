@@ -62,6 +62,12 @@ def default_task_dir(data: Path) -> Path:
     return data.parent / f"{data.name}-tasks"
 
 
+def _is_terminal(out: Any) -> bool:
+    stream = getattr(out, "_out", out)  # Django's OutputWrapper keeps the stream it wraps
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
 def _kept_secret(path: Path, make: Any = lambda: secrets.token_urlsafe(24)) -> str:
     """Read a secret kept in the data folder, making it on first run."""
     if path.exists():
@@ -199,15 +205,19 @@ class Command(BaseCommand):
                 raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
     def _ensure_admin(self) -> str:
+        """The login line to print: the password itself only to a terminal. Sent to a file or
+        a pipe (`nohup ./run up > up.log &`) it would sit in a file readable by others, tasks
+        included; the line names the 0600 file that holds it instead."""
         users = get_user_model()
         path = Path(settings.DATA_DIR) / "admin_password"
         if not users.objects.filter(is_superuser=True).exists():
             password = _kept_secret(path)
             users.objects.create_superuser("admin", password=password)
-            return f"admin / {password}  (kept in {path})"
-        if path.exists():
+        elif not path.exists():
+            return "your existing superuser (manage.py changepassword to reset)"
+        if _is_terminal(self.stdout):
             return f"admin / {path.read_text().strip()}  (kept in {path})"
-        return "your existing superuser (manage.py changepassword to reset)"
+        return f"admin / the password in {path} (mode 0600; not printed: output is not a terminal)"
 
     async def _scheduler(self, stop: threading.Event) -> None:
         from scheduler.leader import leader_lock
