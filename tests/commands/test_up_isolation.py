@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -128,3 +129,48 @@ def test_up_refuses_task_dirs_inside_its_data_dir(settings: Any, tmp_path: Path)
     with pytest.raises(CommandError, match="--agent-work-dir: .* is inside the data dir"):
         call_command("up", "--port", "18501", "--agent-work-dir", str(tmp_path / "data" / "t"))
     assert not (tmp_path / "data").exists()  # refused before anything was made
+
+
+@pytest.mark.root
+def test_up_stopping_stops_its_tasks_and_their_daemons(tmp_path: Path) -> None:
+    """SIGTERM to `up` alone (not its process group): the task and a daemon it started with
+    setsid are gone when `up` has exited, and the server heard the task end before it did."""
+    import tempfile
+
+    data, port = tmp_path / "data", free_port()
+    marks = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="berth-up-stop-"))  # not /tmp: private
+    marks.chmod(0o1777)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "REDIS_URL", "BERTH_SECRET_KEY", "BERTH_TEST_DB_NAME",
+                        "DJANGO_SETTINGS_MODULE", "BERTH_JOIN_TOKEN")}  # fmt: skip
+    env.update({"BERTH_DATA_DIR": str(data), "BERTH_SCHEDULER_INTERVAL": "0.3",
+                "BERTH_HEARTBEAT_INTERVAL": "0.3"})  # fmt: skip
+    with open(tmp_path / "up.log", "wb") as log:
+        up = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port)],
+                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        until(lambda: urllib.request.urlopen(f"{url}/accounts/login/", timeout=1), "up to serve")
+        made = subprocess.run([sys.executable, str(ROOT / "manage.py"), "drf_create_token",
+                               "admin"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              check=True)  # fmt: skip
+        token = re.search(r"token (\S+) for user", made.stdout).group(1)  # type: ignore[union-attr]
+        command = (f"setsid sleep 301 & echo $! > {marks}/daemon; echo $$ > {marks}/task;"
+                   " sleep 300")  # fmt: skip
+        task = {"name": "main", "command": command, "resources": {"cpu": "0.1", "memory": "32Mi"}}
+        job = call(f"{url}/api/v1/jobs/", token, {"name": "long", "tasks": [task]})
+        pids = until(lambda: [int((marks / n).read_text()) for n in ("task", "daemon")
+                              if (marks / n).read_text().strip()], "the task to start")  # fmt: skip
+        until(lambda: len(pids) == 2 or None, "both pids")
+        os.kill(up.pid, signal.SIGTERM)
+        up.wait(timeout=40)
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+    assert not [p for p in pids if Path(f"/proc/{p}").exists()
+                and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]  # fmt: skip
+    with sqlite3.connect(data / "berth.sqlite3") as db:
+        (state,) = db.execute("SELECT state FROM scheduler_task WHERE job_id = ?",
+                              (job["id"],)).fetchone()  # fmt: skip
+    assert state == "Killed", (tmp_path / "up.log").read_text()

@@ -171,24 +171,31 @@ class Command(BaseCommand):
         and the local agent on a thread. Shutdown sets `stop` for both."""
         from daphne.server import Server  # installs the asyncio reactor; import late
         from twisted.internet import reactor
+        from twisted.internet.threads import deferToThread
 
         from berth.asgi import application
 
         stop = threading.Event()
+        agent_thread = threading.Thread(target=self._agent, args=(agent, stop),
+                                        name="berth-local-agent", daemon=True)  # fmt: skip
 
         def ready() -> None:
             loop = asyncio.get_event_loop()
             if run_scheduler:
                 loop.create_task(self._scheduler(stop))
             if agent is not None:
-                threading.Thread(
-                    target=self._agent,
-                    args=(agent, stop),
-                    name="berth-local-agent",
-                    daemon=True,
-                ).start()
+                agent_thread.start()
 
-        reactor.addSystemEventTrigger("before", "shutdown", stop.set)  # type: ignore[attr-defined,arg-type]
+        def stopping() -> Any:
+            """Stop the loops; the server waits, still serving, while the local agent stops
+            its tasks (SIGTERM, SIGKILL after the grace) and reports them: nothing a task
+            started outlives `up`."""
+            stop.set()
+            if agent is None or not agent_thread.is_alive():
+                return None
+            return deferToThread(agent_thread.join, agent.grace + 10)
+
+        reactor.addSystemEventTrigger("before", "shutdown", stopping)  # type: ignore[attr-defined]
         Server(
             application=application,
             endpoints=[f"tcp:port={port}:interface={host}"],
@@ -245,6 +252,7 @@ class Command(BaseCommand):
             state_dir=data / "agent",
             task_user=options["task_user"],
             task_uids=_task_uids(),
+            kill_on_exit=True,  # up's tasks stop with it (_serve waits for them)
         )
         try:
             agent.prepare()
