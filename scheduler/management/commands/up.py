@@ -195,7 +195,7 @@ class Command(BaseCommand):
                 return None
             return deferToThread(agent_thread.join, agent.grace + 10)
 
-        reactor.addSystemEventTrigger("before", "shutdown", stopping)  # type: ignore[attr-defined]
+        reactor.addSystemEventTrigger("before", "shutdown", stopping)  # type: ignore[attr-defined,arg-type]
         Server(
             application=application,
             endpoints=[f"tcp:port={port}:interface={host}"],
