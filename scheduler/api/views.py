@@ -4,10 +4,12 @@ every signed-in user and writable by staff."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
 from django.conf import settings
+from django.db import DatabaseError
 from django.db.models import F, Prefetch, ProtectedError, QuerySet
 from django.http import Http404
 from django_filters import rest_framework as filters
@@ -39,6 +41,7 @@ from scheduler.api.serializers import (
     QueueSerializer,
     TemplateSerializer,
 )
+from scheduler.faults import database_down
 from scheduler.models import (
     Allocation,
     Device,
@@ -223,6 +226,23 @@ def show_new_job(job: Job) -> dict[str, Any]:
     return dict(_NEW_JOB.to_representation(job))
 
 
+def answer_submitted(read: Callable[[], Any], written: Job | Flow, path: str) -> Response:
+    """201 with `read()` as the body; but once a submission has committed, a database that
+    goes away before its answer is read back must not turn it into a 503 (a 503 says
+    nothing was written, and the client would submit it again): the answer is then its id
+    and where to read it."""
+    try:
+        data = read()
+    except DatabaseError as exc:
+        if not database_down(exc):
+            raise
+        location = f"/api/v1/{path}/{written.pk}/"
+        data = {"id": written.pk, "name": written.name, "url": location,
+                "detail": "submitted; the database went away before the answer could be read:"
+                          f" GET {location}"}  # fmt: skip
+    return Response(data, status=status.HTTP_201_CREATED)
+
+
 def _flat(request: Request) -> bool:
     """Does a job list ask for array elements beside the other jobs?"""
     return "array" in request.query_params or query_flag(request, "flat")
@@ -282,7 +302,7 @@ class JobViewSet(
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Submit a job (JSON, or YAML with Content-Type: application/yaml)."""
         job = submit_job(request.user, request.data)  # SpecError: 400 (api/errors.py)
-        return Response(show_new_job(job), status=status.HTTP_201_CREATED)
+        return answer_submitted(lambda: show_new_job(job), job, "jobs")
 
     def _request(self, action_name: str) -> Response:
         try:
@@ -422,9 +442,8 @@ class FlowViewSet(
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Start a flow (JSON or YAML). Its jobs are created by the scheduler loop."""
         flow = create_flow(request.user, request.data)
-        return Response(
-            self.get_serializer(self.get_queryset().get(pk=flow.pk)).data,
-            status=status.HTTP_201_CREATED,
+        return answer_submitted(
+            lambda: self.get_serializer(self.get_queryset().get(pk=flow.pk)).data, flow, "flows"
         )
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:

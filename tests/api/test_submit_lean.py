@@ -145,3 +145,37 @@ def test_signing_in_takes_one_query_whatever_the_token(key, django_assert_num_qu
 def test_an_unknown_key_of_either_kind_is_refused():
     for key in ("berth_not-a-key", "0" * 40):
         assert client_with(key).get("/api/v1/me/").status_code == 401
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/api/v1/jobs/", {"name": "arr", "array": "0-3",
+                       "tasks": [{"name": "main", "command": "true"}]}),
+    ("/api/v1/flows/", {"name": "fl", "steps": [
+        {"name": "one", "spec": {"tasks": [{"name": "main", "command": "true"}]}}]}),
+])  # fmt: skip
+def test_a_submission_that_committed_is_201_even_if_its_answer_cannot_be_read(
+    owner, monkeypatch, path, body
+):  # fmt: skip
+    """An array's or a flow's answer is read back after its commit: a database gone by then
+    must not make it a 503 (the client would submit it again)."""
+    import psycopg
+    from django.db import utils as db_utils
+    from django.db.models import QuerySet
+
+    real_get = QuerySet.get
+
+    def gone(self: QuerySet[Any], *args: Any, **kwargs: Any) -> Any:
+        if self.model.__name__ in ("Job", "Flow"):
+            outer = db_utils.OperationalError("server closed the connection unexpectedly")
+            outer.__cause__ = psycopg.OperationalError("server closed the connection")
+            raise outer
+        return real_get(self, *args, **kwargs)
+
+    client = client_with(str(Token.objects.create(user=owner).key))
+    monkeypatch.setattr(QuerySet, "get", gone)
+    response = client.post(path, body, format="json")
+    monkeypatch.setattr(QuerySet, "get", real_get)
+    assert response.status_code == 201, response.content
+    answer = response.json()
+    assert answer["name"] == body["name"] and answer["url"] == f"{path}{answer['id']}/"
+    assert client.get(answer["url"]).json()["name"] == body["name"]  # it was written
