@@ -171,8 +171,9 @@ def _bpf(command: int, attr: ctypes.Structure, what: str) -> int:
 def _meaning(code: int) -> str:
     return {
         errno.ENOSYS: "this kernel has no bpf(2)",
-        errno.EPERM: "not permitted (it needs CAP_SYS_ADMIN or CAP_BPF, and no ancestor cgroup's"
-        " device program may be attached without BPF_F_ALLOW_OVERRIDE or BPF_F_ALLOW_MULTI)",
+        errno.EPERM: "not permitted (it needs CAP_SYS_ADMIN, or CAP_BPF and CAP_NET_ADMIN, and no"
+        " ancestor cgroup's device program attached without BPF_F_ALLOW_OVERRIDE or"
+        " BPF_F_ALLOW_MULTI)",
         errno.EINVAL: "refused (a kernel without cgroup device programs: Linux 4.15+ with"
         " CONFIG_CGROUP_BPF, or a program the verifier rejects)",
         errno.EBADF: "not a cgroup v2 directory",
