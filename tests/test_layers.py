@@ -61,6 +61,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                    "scheduler.agent.cgroups", "scheduler.agent.fence", "scheduler.agent.cleanup",
                    "scheduler.agent.sim", "scheduler.agent.times", "scheduler.agent.__main__",
                    "scheduler.agent.partition", "scheduler.agent.pressure",
+                   "scheduler.agent.devicebpf",
                    "scheduler.management.stopping", "berth.env")),
 ]  # fmt: skip
 # Packages whose __init__ is empty of imports: below everything, whatever they hold.

@@ -9,8 +9,9 @@ given) and starts the task in it. One interface, two implementations:
   memory.limit_in_bytes (and memory.memsw.limit_in_bytes where swap is accounted), a CFS quota,
   pids.max, a devices allowlist, and the freezer to kill every process of the task at once.
 - `V2` (the unified hierarchy, delegated): memory.max with memory.swap.max 0 and
-  memory.oom.group, cpu.max, pids.max, cgroup.freeze / cgroup.kill. Device access on v2 is an
-  eBPF program, which this agent does not load: a v2 node does not fence devices.
+  memory.oom.group, cpu.max, pids.max, cgroup.freeze / cgroup.kill, and the devices allowlist
+  as an eBPF device program attached to the task's cgroup (scheduler/agent/devicebpf.py) where
+  the kernel lets the agent attach one.
 
 Every process a task starts stays in its cgroup (a `setsid` daemon or a double fork included),
 so ending a task is: freeze the cgroup, SIGKILL every process in it, thaw it, remove it.
@@ -28,6 +29,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from scheduler.agent import devicebpf
 
 log = logging.getLogger("berth.agent")
 ROOT = Path("/sys/fs/cgroup")
@@ -124,6 +127,7 @@ class Hierarchy(ABC):
     def __init__(self, base_name: str) -> None:
         self.base_name = base_name  # the agent's folder of task cgroups, under its own cgroup
         self.enforced: tuple[str, ...] = ()
+        self.reasons: dict[str, str] = {}  # limit -> why it is not enforced, where known
 
     @abstractmethod
     def create(self, name: str, limits: Limits) -> TaskCgroup: ...
@@ -324,6 +328,11 @@ class V2(Hierarchy):
         self.base.mkdir(exist_ok=True)
         if wanted:
             _write(self.base / "cgroup.subtree_control", wanted)
+        problem = devicebpf.probe(self.base, BASE_DEVICES)
+        if problem:
+            self.reasons["devices"] = f"no eBPF device program on cgroup v2: {problem}"
+        elif "devices" not in self.enforced:
+            self.enforced = (*self.enforced, "devices")
 
     def create(self, name: str, limits: Limits) -> V2Cgroup:
         path = self.base / name
@@ -347,6 +356,8 @@ class V2(Hierarchy):
             _write(path / "cpu.max", f"{_quota_us(limits.cpu)} {CFS_PERIOD_US}")
         if limits.pids and "pids" in self.controllers:
             _write(path / "pids.max", str(limits.pids))
+        if "devices" in self.enforced:  # replaces the program of an earlier life of the cgroup
+            devicebpf.attach(path, (*BASE_DEVICES, *device_rules(limits.devices)))
 
     def open(self, name: str) -> V2Cgroup | None:
         path = self.base / name
@@ -355,7 +366,8 @@ class V2(Hierarchy):
     def names(self) -> list[str]:
         if not self.base.is_dir():
             return []
-        return sorted(p.name for p in self.base.iterdir() if p.is_dir())
+        return sorted(p.name for p in self.base.iterdir()
+                      if p.is_dir() and p.name != devicebpf.PROBE_NAME)  # fmt: skip
 
     def remove_base(self) -> None:
         _rmdir(self.base)

@@ -91,14 +91,23 @@ class Fence:
         needed = [*REQUIRED, *(["devices"] if self.gpu_nodes else [])]
         self.missing = tuple(n for n in needed if n not in enforced)
         if self.missing:
-            why = found.problem or f"the {self._version()} cgroups here lack them"
-            text = f"cannot enforce {', '.join(self.missing)}: {why}"
+            text = f"cannot enforce {', '.join(self.missing)}: {self._why(found)}"
             if self.mode == "required":
                 self.problem = f"{text} (--enforce required: this node runs no tasks)"
                 log.error("%s", self.problem)
             else:
                 log.warning("%s (--enforce best-effort: tasks run without them)", text)
         self.ready = True
+
+    def _why(self, found: Found) -> str:
+        if found.problem:
+            return found.problem
+        reasons = self.hierarchy.reasons if self.hierarchy else {}
+        unexplained = [n for n in self.missing if n not in reasons]
+        parts = [reasons[n] for n in self.missing if n in reasons]
+        if unexplained:
+            parts.insert(0, f"the {self._version()} cgroups here lack {', '.join(unexplained)}")
+        return "; ".join(parts)
 
     def _version(self) -> str:
         return self.hierarchy.version if self.hierarchy else "no"

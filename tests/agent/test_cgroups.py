@@ -1,5 +1,6 @@
 """The cgroup interface: v2 against a fake delegated tree (this machine's v2 mount has no
-controllers), v1 on this machine's real controllers (as root)."""
+controllers), v1 on this machine's real controllers (as root). v2 device programs are tested
+for real in test_devices_v2.py."""
 
 from __future__ import annotations
 
@@ -81,15 +82,19 @@ def test_a_v2_kill_uses_cgroup_kill(tmp_path):
     assert (own / "berth-n1" / "task-1-0" / "cgroup.kill").read_text() == "1"
 
 
-def test_v2_does_not_claim_devices_and_a_node_with_gpu_nodes_then_refuses(tmp_path):
+def test_v2_where_no_device_program_attaches_does_not_claim_devices_and_gpu_nodes_refuse(
+    tmp_path,
+):
     from scheduler.agent.cgroups import Found
     from scheduler.agent.fence import Fence
 
     hierarchy = V2("berth-n1", fake_v2(tmp_path))
+    hierarchy.prepare()  # the fake tree is no cgroup: the kernel refuses the device program
     fence = Fence("required", gpu_nodes={0: "/dev/nvidia0"}, finder=lambda n: Found(hierarchy))
     fence.setup()
     assert fence.refuses and fence.describe()["missing"] == ["devices"]
-    assert "cannot enforce devices" in fence.problem
+    assert "cannot enforce devices: no eBPF device program on cgroup v2" in fence.problem
+    assert hierarchy.names() == []  # the probe's cgroup was removed again
 
 
 @pytest.mark.root
