@@ -164,8 +164,9 @@ def _devices(errors: dict[str, list[str]], raw: object) -> list[dict[str, Any]]:
     return out
 
 
-def register(data: object, node_token: str | None = None) -> dict[str, Any]:
-    """Create or update the node named in `data`.
+def register(data: object, node_token: str | None = None, address: str = "") -> dict[str, Any]:
+    """Create or update the node named in `data`, registering from `address` (the agent's
+    address as the server saw it, said in the node's event).
 
     With the join token (`node_token` None) only a new name registers, or one whose token staff
     reset: it gets a new node token. Any other taken name is 409, so that the join token
@@ -198,8 +199,9 @@ def register(data: object, node_token: str | None = None) -> dict[str, Any]:
         node.state = node.derive_state(alive=True)
         node.save()
         _reconcile_devices(node, devices)
+        origin = f" from {address}" if address else ""
         record("NodeRegistered", "Registered" if created else "Reregistered",
-               f"{len(devices)} GPUs, cpu {data.get('cpu')}, memory {data.get('memory')}",
+               f"{len(devices)} GPUs, cpu {data.get('cpu')}, memory {data.get('memory')}{origin}",
                node=node)  # fmt: skip
         if node.enforcement_problem():
             record("NodeNotReady", "CannotEnforce", node.enforcement_problem(), node=node)
