@@ -119,27 +119,48 @@ class PrivatePostgres:
 
 
 class PrivateRedis:
-    def __init__(self, root: Path, port: int | None = None) -> None:
+    """A Redis server of our own on 127.0.0.1:`port`, or with `unix` on a socket in `root`
+    only (any network namespace of this machine reaches it by its path)."""
+
+    def __init__(self, root: Path, port: int | None = None, unix: bool = False) -> None:
         self.root, self.port = root, port or free_port()
+        self.socket = root / "redis.sock" if unix else None
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
+        if self.socket is not None:
+            return f"unix://{self.socket}?db=0"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        where = (
+            ["--port", str(self.port), "--bind", "127.0.0.1"]
+            if self.socket is None
+            else ["--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700"]
+        )
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.root)],  # fmt: skip
+            ["redis-server", *where, "--save", "", "--appendonly", "no", "--dir", str(self.root)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
-        _wait(lambda: _port_open(self.port), 10, "redis to listen")
+        if self.socket is None:
+            _wait(lambda: _port_open(self.port), 10, "redis to listen")
+        else:
+            _wait(lambda: _socket_open(self.socket), 10, "redis to listen")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+
+
+def _socket_open(path: Path | None) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(str(path)) == 0
 
 
 def _port_open(port: int, host: str = "127.0.0.1") -> bool:
