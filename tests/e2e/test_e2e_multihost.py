@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -54,11 +55,17 @@ class Hosts:
     agents: dict[str, Netns]
     redis: PrivateRedis
     port: int = field(default_factory=free_port)
+    # Node names of this run only: an agent starting reaps the task cgroups under
+    # berth-<name> it does not know, so two runs sharing a name would kill each other's tasks.
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def url(self) -> str:
         return f"http://{self.server.inner}:{self.port}"
+
+    def node(self, host: str) -> str:
+        return f"mh-{host}-{self.tag}"
 
     def start(self, host: Netns, name: str, argv: list[str], env: dict[str, str]) -> None:
         with open(self.tmp / f"{name}.log", "ab") as log:
@@ -87,7 +94,7 @@ class Hosts:
         for name, host in self.agents.items():
             work = self.tmp / f"agent-{name}"
             self.start(host, f"agent-{name}", [sys.executable, "-m", "scheduler.agent",
-                       "--server", self.url, "--name", name, "--labels", f"host={name}",
+                       "--server", self.url, "--name", self.node(name), "--labels", f"host={name}",
                        "--work-dir", str(work), "--state-dir", str(work / "state"),
                        "--kill-on-exit"], self.env(server=False))  # fmt: skip
 
@@ -147,9 +154,10 @@ def submit(client: httpx.Client, spec: dict[str, Any]) -> int:
     return int(response.json()["id"])
 
 
-def both_ready() -> bool:
-    states = dict(Node.objects.filter(name__in=("a", "b")).values_list("name", "state"))
-    return states == {"a": NodeState.READY, "b": NodeState.READY}
+def both_ready(hosts: Hosts) -> bool:
+    names = [hosts.node(h) for h in ("a", "b")]
+    states = Node.objects.filter(name__in=names).values_list("state", flat=True)
+    return list(states) == [NodeState.READY] * 2
 
 
 def registered_from(name: str) -> str:
@@ -158,9 +166,9 @@ def registered_from(name: str) -> str:
 
 
 def test_two_agents_on_their_own_hosts_run_one_job_and_obey_a_cancel(hosts: Hosts, owner):
-    wait_for(both_ready, timeout=60, what="agents a and b to register")
-    assert registered_from("a") == hosts.agents["a"].inner
-    assert registered_from("b") == hosts.agents["b"].inner
+    wait_for(lambda: both_ready(hosts), timeout=60, what="agents a and b to register")
+    for host in ("a", "b"):
+        assert registered_from(hosts.node(host)) == hosts.agents[host].inner
     client = api(hosts, owner)
 
     spread_job(client, hosts)
@@ -177,7 +185,7 @@ def spread_job(client: httpx.Client, hosts: Hosts) -> None:
     wait_for(lambda: Job.objects.get(pk=job_id).state == JobState.SUCCEEDED, timeout=60,
              what="the spread job to succeed")  # fmt: skip
     placed = dict(Task.objects.filter(job_id=job_id).values_list("group", "node__name"))
-    assert placed == {"on-a": "a", "on-b": "b"}
+    assert placed == {"on-a": hosts.node("a"), "on-b": hosts.node("b")}
     logs = client.get(f"/api/v1/jobs/{job_id}/logs/").json()["tasks"]
     out = {t["group"]: t["data"] for t in logs}
     for rank, host in enumerate(("a", "b")):
