@@ -119,27 +119,48 @@ class PrivatePostgres:
 
 
 class PrivateRedis:
-    def __init__(self, root: Path, port: int | None = None) -> None:
+    """A Redis server of our own on 127.0.0.1:`port`, or with `unix` on a socket in `root`
+    only (any network namespace of this machine reaches it by its path)."""
+
+    def __init__(self, root: Path, port: int | None = None, unix: bool = False) -> None:
         self.root, self.port = root, port or free_port()
+        self.socket = root / "redis.sock" if unix else None
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
+        if self.socket is not None:
+            return f"unix://{self.socket}?db=0"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        where = (
+            ["--port", str(self.port), "--bind", "127.0.0.1"]
+            if self.socket is None
+            else ["--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700"]
+        )
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.root)],  # fmt: skip
+            ["redis-server", *where, "--save", "", "--appendonly", "no", "--dir", str(self.root)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
-        _wait(lambda: _port_open(self.port), 10, "redis to listen")
+        if self.socket is None:
+            _wait(lambda: _port_open(self.port), 10, "redis to listen")
+        else:
+            _wait(lambda: _socket_open(self.socket), 10, "redis to listen")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+
+
+def _socket_open(path: Path | None) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(str(path)) == 0
 
 
 def _port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -467,32 +488,69 @@ def thaw(proc: subprocess.Popen[bytes]) -> None:
     os.killpg(proc.pid, signal.SIGCONT)
 
 
+def _ip(*argv: str) -> None:
+    subprocess.run(["ip", *argv], check=True, capture_output=True)
+
+
+class Bridge:
+    """A switch in this namespace that namespaces plug into (`Netns(bridge=...)`): several
+    hosts on one link, 10.232.N.0/24, each reaching the others by its own address. Ours on
+    the link is `address` (.254); N is the first subnet no interface here uses yet."""
+
+    def __init__(self) -> None:
+        self.name = f"berthb-{uuid.uuid4().hex[:6]}"
+        used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
+        free = (n for n in range(1, 255) if f" 10.232.{n}." not in used)
+        self.prefix = f"10.232.{next(free)}"
+        self.address = f"{self.prefix}.254"
+
+    def __enter__(self) -> Bridge:
+        try:
+            _ip("link", "add", self.name, "type", "bridge")
+            _ip("addr", "add", f"{self.address}/24", "dev", self.name)
+            _ip("link", "set", self.name, "up")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["ip", "link", "del", self.name], capture_output=True)
+
+
 class Netns:
     """A network namespace joined to this one by a veth pair: a second host on this machine.
-    Its side is `inner` (10.231.N.2), ours `outer` (10.231.N.1); `cut()` takes our end of the
-    link down (packets are dropped, as on a lost network), `restore()` brings it back."""
+    Alone, its side is `inner` (10.231.N.2) and ours `outer` (10.231.N.1), a link of their
+    own; on a `bridge`, its side is `inner` (the bridge's prefix + `.host`) and `outer` is
+    ours on the bridge, so namespaces on one bridge reach each other too. `cut()` takes our
+    end of the link down (packets are dropped, as on a lost network), `restore()` brings it
+    back. Leaving the block removes the link and the namespace; stop the processes in it
+    first (`command()`), or they keep the namespace alive unnamed."""
 
-    def __init__(self, n: int = 7) -> None:
+    def __init__(self, n: int = 7, bridge: Bridge | None = None, host: int = 2) -> None:
         tag = uuid.uuid4().hex[:6]
         self.name, self.ours, self.theirs = f"berthc-{tag}", f"bc{tag}a", f"bc{tag}b"
-        self.outer, self.inner = f"10.231.{n}.1", f"10.231.{n}.2"
+        self.bridge = bridge
+        if bridge is None:
+            self.outer, self.inner, self.prefix_len = f"10.231.{n}.1", f"10.231.{n}.2", 30
+        else:
+            self.outer, self.inner = bridge.address, f"{bridge.prefix}.{host}"
+            self.prefix_len = 24
 
     def __enter__(self) -> Netns:
-        ip = ["ip"]
-        steps = [
-            [*ip, "netns", "add", self.name],
-            [*ip, "link", "add", self.ours, "type", "veth", "peer", "name", self.theirs],
-            [*ip, "link", "set", self.theirs, "netns", self.name],
-            [*ip, "addr", "add", f"{self.outer}/30", "dev", self.ours],
-            [*ip, "link", "set", self.ours, "up"],
-            [*ip, "netns", "exec", self.name, "ip", "addr", "add", f"{self.inner}/30", "dev",
-             self.theirs],
-            [*ip, "netns", "exec", self.name, "ip", "link", "set", self.theirs, "up"],
-            [*ip, "netns", "exec", self.name, "ip", "link", "set", "lo", "up"],
-        ]  # fmt: skip
         try:
-            for step in steps:
-                subprocess.run(step, check=True, capture_output=True)
+            _ip("netns", "add", self.name)
+            _ip("link", "add", self.ours, "type", "veth", "peer", "name", self.theirs)
+            _ip("link", "set", self.theirs, "netns", self.name)
+            if self.bridge is None:
+                _ip("addr", "add", f"{self.outer}/{self.prefix_len}", "dev", self.ours)
+            else:
+                _ip("link", "set", self.ours, "master", self.bridge.name)
+            _ip("link", "set", self.ours, "up")
+            _ip("-n", self.name, "addr", "add", f"{self.inner}/{self.prefix_len}", "dev",
+                self.theirs)  # fmt: skip
+            _ip("-n", self.name, "link", "set", self.theirs, "up")
+            _ip("-n", self.name, "link", "set", "lo", "up")
         except BaseException:
             self.__exit__()
             raise

@@ -148,6 +148,21 @@ def _wake_agents(node_ids: set[int], job_ids: set[int]) -> None:
         log.exception("waking agents failed")
 
 
+def cross_process_problem() -> str | None:
+    """Why this process's orders could not reach agents held by another process (None:
+    they can). The in-memory layer delivers only inside its own process: a scheduler loop
+    on it, apart from the web tier, would leave a cancelled or preempted task running
+    until its agent's next lease (up to BERTH_HEARTBEAT_INTERVAL)."""
+    from channels.layers import InMemoryChannelLayer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return "no channel layer is configured"
+    if isinstance(layer, InMemoryChannelLayer):
+        return "the channel layer is in-memory (REDIS_URL is not set)"
+    return None
+
+
 # --- the event loop the channel layer lives on -------------------------------------------
 # The in-memory layer's queues belong to the loop that waits on them, and the Redis layer
 # allows receive() on one loop per process and keeps its connection pool per loop. So every

@@ -164,8 +164,24 @@ def _devices(errors: dict[str, list[str]], raw: object) -> list[dict[str, Any]]:
     return out
 
 
-def register(data: object, node_token: str | None = None) -> dict[str, Any]:
-    """Create or update the node named in `data`.
+def _joining_node(name: str, cpu: int, memory: int) -> tuple[Node, bool]:
+    """The node a join token registers (locked), and whether it is new: 409 for a name
+    that has a token, which only its own agent or staff may replace."""
+    node, created = Node.objects.select_for_update().get_or_create(
+        name=name, defaults={"cpu": cpu, "memory": memory}
+    )
+    if not created and node.token_hash:
+        taken = (
+            f"node {name!r} is already registered: its own agent re-registers with its"
+            " node token; otherwise staff reset its token or delete it first"
+        )
+        raise ProtocolError({"name": [taken]}, status=409)
+    return node, created
+
+
+def register(data: object, node_token: str | None = None, address: str = "") -> dict[str, Any]:
+    """Create or update the node named in `data`, registering from `address` (the agent's
+    address as the server saw it, said in the node's event).
 
     With the join token (`node_token` None) only a new name registers, or one whose token staff
     reset: it gets a new node token. Any other taken name is 409, so that the join token
@@ -180,15 +196,7 @@ def register(data: object, node_token: str | None = None) -> dict[str, Any]:
             node, created = _own_node(node_token, name), False
             token = node_token
         else:
-            node, created = Node.objects.select_for_update().get_or_create(
-                name=name, defaults={"cpu": cpu, "memory": memory}
-            )
-            if not created and node.token_hash:
-                taken = (
-                    f"node {name!r} is already registered: its own agent re-registers with its"
-                    " node token; otherwise staff reset its token or delete it first"
-                )
-                raise ProtocolError({"name": [taken]}, status=409)
+            node, created = _joining_node(name, cpu, memory)
             token = node.issue_token()
         node.cpu, node.memory, node.labels = cpu, memory, labels
         node.enforcement = _enforcement(data.get("enforcement"))
@@ -198,8 +206,9 @@ def register(data: object, node_token: str | None = None) -> dict[str, Any]:
         node.state = node.derive_state(alive=True)
         node.save()
         _reconcile_devices(node, devices)
+        origin = f" from {address}" if address else ""
         record("NodeRegistered", "Registered" if created else "Reregistered",
-               f"{len(devices)} GPUs, cpu {data.get('cpu')}, memory {data.get('memory')}",
+               f"{len(devices)} GPUs, cpu {data.get('cpu')}, memory {data.get('memory')}{origin}",
                node=node)  # fmt: skip
         if node.enforcement_problem():
             record("NodeNotReady", "CannotEnforce", node.enforcement_problem(), node=node)

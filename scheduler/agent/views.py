@@ -97,7 +97,7 @@ class RegisterView(AgentView):
         header = authentication.get_authorization_header(request).decode(errors="replace")
         scheme, _, given = header.partition(" ")
         if scheme == NodeTokenAuthentication.keyword:
-            answer = protocol.register(request.data, node_token=given.strip())
+            answer = protocol.register(request.data, given.strip(), _address(request))
             return Response(answer, status=status.HTTP_200_OK)
         expected = settings.BERTH_JOIN_TOKEN
         if not expected:
@@ -108,7 +108,14 @@ class RegisterView(AgentView):
         # Bytes: compare_digest refuses non-ASCII text, which a header may well hold.
         if scheme != "Bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
             return Response({"detail": "wrong or missing join token"}, status=401)
-        return Response(protocol.register(request.data), status=status.HTTP_201_CREATED)
+        answer = protocol.register(request.data, address=_address(request))
+        return Response(answer, status=status.HTTP_201_CREATED)
+
+
+def _address(request: Request) -> str:
+    """Where the agent registered from: the peer's address (behind a proxy the server
+    trusts, BERTH_FORWARDED_ALLOW_IPS, the client's, as uvicorn sets it)."""
+    return str(request.META.get("REMOTE_ADDR") or "")[:64]
 
 
 class ReportView(AgentView):

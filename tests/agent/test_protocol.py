@@ -93,6 +93,14 @@ def test_it_registers_a_node_with_its_devices():
     assert Event.objects.filter(kind="NodeRegistered", node=node).exists()
 
 
+def test_it_says_where_a_node_registered_from():
+    token = register(REMOTE_ADDR="10.232.9.2").json()["token"]
+    register(token=token, scheme="Node", REMOTE_ADDR="10.232.9.3")  # the agent moved
+    events = Event.objects.filter(kind="NodeRegistered", node__name="gpu-01").order_by("pk")
+    assert [e.message.rsplit(" ", 2)[-2:] for e in events] == [
+        ["from", "10.232.9.2"], ["from", "10.232.9.3"]]  # fmt: skip
+
+
 @pytest.mark.parametrize("token", ["", "wrong", "jöin-secret"])
 def test_it_refuses_a_wrong_join_token(token):
     assert register(token=token).status_code == 401

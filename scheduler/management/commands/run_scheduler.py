@@ -11,6 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
+from scheduler import notify
 from scheduler.faults import Outage, dependency_down, describe
 from scheduler.heartbeat import record_cycle
 from scheduler.leader import (
@@ -65,6 +66,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from django.conf import settings
 
+        if not options["once"]:
+            _refuse_unreachable_agents()
         interval = options["interval"] or settings.BERTH_SCHEDULER_INTERVAL
         stop = stop_on_signals()
         guard_transactions(settings.BERTH_LEADER_TIMEOUT)
@@ -79,6 +82,20 @@ class Command(BaseCommand):
             run_loop(lock, interval, stop)
         finally:
             lock.release()
+
+
+def _refuse_unreachable_agents() -> None:
+    """A loop apart from the web tier must reach the agents' leases held there: cancels,
+    suspensions and preemptions kill tasks at once only if its wake-ups cross processes.
+    `--once` (tests, scripts) and `manage.py up` (the loop inside the web process) need not."""
+    problem = notify.cross_process_problem()
+    if problem is not None:
+        raise CommandError(
+            f"run_scheduler runs apart from the web tier, but {problem}: its orders (start,"
+            " cancel, suspend, preempt) would reach agents only at their next lease. Set"
+            " REDIS_URL (the same Redis as the web tier), or run everything in one process"
+            " with `./run up`."
+        )
 
 
 def run_loop(
