@@ -359,6 +359,9 @@ BERTH_PLAN_INTERVAL = env_int("BERTH_PLAN_INTERVAL", 10, minimum=0)
 # device holds at most HISTORY / SAMPLE samples, however often its agent renews its lease).
 BERTH_GPU_HISTORY_SECONDS = env_int("BERTH_GPU_HISTORY_SECONDS", 24 * 3600, minimum=60)
 BERTH_GPU_SAMPLE_SECONDS = env_float("BERTH_GPU_SAMPLE_SECONDS", 5.0, minimum=1.0)
+# A running job whose GPU task stays below 1 % for this many minutes is flagged (an event, the
+# job's `gpu_idle_since`, berth_jobs_gpu_idle: scheduler/gpu_idle.py); 0 turns it off.
+BERTH_GPU_IDLE_MINUTES = env_float("BERTH_GPU_IDLE_MINUTES", 30.0, minimum=0.0)
 # Token creation (POST /api/v1/tokens/, what `berth login` calls): per address or user.
 BERTH_TOKEN_CREATE_RATE = env_rate("BERTH_TOKEN_CREATE_RATE", "20/minute")
 # /metrics also answers `Authorization: Bearer <this>` (for Prometheus) when set.

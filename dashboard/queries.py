@@ -6,6 +6,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import yaml
+from django.conf import settings
 from django.db.models import Count, Prefetch, Q, QuerySet
 
 from dashboard.dag import layout
@@ -111,7 +112,18 @@ def cluster_summary() -> dict[str, Any]:
             "used_cpu": format_cpu(used_cpu), "total_cpu": format_cpu(total_cpu),
             "cpu_pct": _pct(used_cpu, total_cpu), "pending": jobs["Pending"],
             "running": jobs["Running"], "suspended": jobs["Suspended"],
-            "queues": queues}  # fmt: skip
+            "queues": queues, "gpu_idle": gpu_idle_jobs(),
+            "gpu_idle_minutes": f"{settings.BERTH_GPU_IDLE_MINUTES:g}"}  # fmt: skip
+
+
+def gpu_idle_jobs(limit: int = 50) -> list[Job]:
+    """Running jobs flagged for holding GPUs idle (scheduler/gpu_idle.py), longest first."""
+    return list(
+        Job.objects.filter(state=JobState.RUNNING, gpu_idle_since__isnull=False)
+        .select_related("owner", "queue")
+        .only("pk", "name", "gpu_idle_since", "owner__username", "queue__name")
+        .order_by("gpu_idle_since", "pk")[:limit]
+    )
 
 
 def _scheduled_queues(held: dict[str, Counter[str]]) -> set[str]:

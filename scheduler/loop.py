@@ -17,7 +17,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from scheduler import arrays, gpu_history, lifecycle, notify, planning, store
+from scheduler import arrays, gpu_history, gpu_idle, lifecycle, notify, planning, store
 from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulingPolicy
 from scheduler.faults import dependency_down
@@ -242,7 +242,8 @@ def _lifecycle(report: CycleReport, housekeeping: bool) -> None:
 
 
 def _clock_checks(report: CycleReport) -> None:
-    """What the clock decides: deadlines, silent nodes, TTLs, old GPU samples."""
+    """What the clock decides: deadlines, silent nodes, TTLs, old GPU samples, GPUs held
+    idle."""
     _phase(report, "lifecycle", lifecycle.enforce_deadlines, "deadlines")
     _phase(report, "lifecycle", lifecycle.check_nodes, "nodes")
     ttl = _phase(report, "lifecycle", lifecycle.cleanup_ttl, "ttl") or 0
@@ -251,3 +252,4 @@ def _clock_checks(report: CycleReport) -> None:
     )
     report.counts["ttl_deleted"] = ttl
     _phase(report, "lifecycle", gpu_history.prune_if_due, "gpu-history")  # once a minute
+    _phase(report, "lifecycle", gpu_idle.flag_if_due, "gpu-idle")  # every 10 s

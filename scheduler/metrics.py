@@ -78,6 +78,24 @@ def _jobs(queues: list[str]) -> Iterator[Metric]:
     yield finished
 
 
+def _gpu_idle(queues: list[str]) -> Metric:
+    """Running jobs flagged for holding GPUs idle (scheduler/gpu_idle.py), per queue."""
+    counts = dict(
+        Job.objects.filter(state=JobState.RUNNING, gpu_idle_since__isnull=False)
+        .values("queue__name")
+        .annotate(n=Count("id"))
+        .order_by()
+        .values_list("queue__name", "n")
+    )
+    gauge = GaugeMetricFamily(
+        "berth_jobs_gpu_idle", "Running jobs flagged for holding GPUs idle (below 1 % for "
+        "BERTH_GPU_IDLE_MINUTES), by queue.", labels=["queue"],
+    )  # fmt: skip
+    for queue in queues:
+        gauge.add_metric([queue], counts.get(queue, 0))
+    return gauge
+
+
 def _split(capacity: dict[bool, int], held: dict[bool, int]) -> dict[str, int]:
     """allocated / free / unavailable from capacity and use on ready (True) and other nodes."""
     return {
@@ -193,6 +211,7 @@ class ClusterCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         queues = list(Queue.objects.order_by("name").values_list("name", flat=True))
         yield from _jobs(queues)
+        yield _gpu_idle(queues)
         yield from _capacity()
         yield from _scheduler()
         yield from _usage()

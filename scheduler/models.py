@@ -446,6 +446,9 @@ class Job(models.Model):
         null=True, blank=True, help_text="parents only: at most this many elements active"
     )
     array_counts = models.JSONField(default=dict, blank=True, help_text="elements per state")
+    # Set while the running job is flagged for holding GPUs idle (scheduler/gpu_idle.py): since
+    # when its idle task's GPUs have stayed below GPU_IDLE_PERCENT. Null: not flagged.
+    gpu_idle_since = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -497,6 +500,12 @@ class Job(models.Model):
                 fields=["requested_action"],
                 condition=~Q(requested_action=""),
                 name="job_requested",
+            ),
+            # The GPU idle check and the cluster page read the flagged jobs (few rows).
+            models.Index(
+                fields=["gpu_idle_since"],
+                condition=Q(gpu_idle_since__isnull=False),
+                name="job_gpu_idle",
             ),
             # Job lists show top-level jobs (plain jobs and array parents) newest first.
             models.Index(
@@ -585,6 +594,10 @@ class Task(models.Model):
     # The GPU indices (on `node`) of this attempt, written when it is bound and kept after it
     # ends, when its Allocation rows are gone: a finished job still says which GPUs it used.
     device_indices = models.JSONField(default=list, blank=True)
+    # Since when this running attempt's GPUs have been idle (below GPU_IDLE_PERCENT in every
+    # lease since), by the server's clock; null while busy or not measured. Written by the
+    # lease (scheduler/gpu_idle.py) only when it changes, cleared when an attempt starts.
+    gpu_idle_since = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["job_id", "group", "index"]
@@ -597,6 +610,12 @@ class Task(models.Model):
         indexes = [
             # Heartbeats look up a node's tasks; the snapshot loads tasks on nodes.
             models.Index(fields=["node", "state"], name="task_node_state"),
+            # The GPU idle check reads the idle running tasks (few rows).
+            models.Index(
+                fields=["gpu_idle_since"],
+                condition=Q(gpu_idle_since__isnull=False),
+                name="task_gpu_idle",
+            ),
         ]
 
     def __str__(self) -> str:

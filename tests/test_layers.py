@@ -52,6 +52,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                   "scheduler.submit", "scheduler.newjob", "scheduler.arrays", "scheduler.bulk",
                   "scheduler.notify",
                   "scheduler.events", "scheduler.accounting", "scheduler.gpu_history",
+                  "scheduler.gpu_idle",
                   "scheduler.tokens", "scheduler.heartbeat", "scheduler.health",
                   "scheduler.metrics", "scheduler.faults", "berth.cache")),
     ("models", ("scheduler.models", "scheduler.states", "scheduler.specs",

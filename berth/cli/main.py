@@ -251,6 +251,8 @@ def show(job_id: int, as_json: bool) -> None:
     for key in ("id", "name", "owner", "queue", "priority", "state", "reason", "message",
                 "walltime", "created_at", "started_at", "finished_at"):  # fmt: skip
         click.echo(f"{key:>12}: {job.get(key) if job.get(key) not in (None, '') else '-'}")
+    if job.get("gpu_idle_since"):
+        click.echo(f"{'gpu idle':>12}: GPUs held idle (below 1 %) since {job['gpu_idle_since']}")
     if job.get("state") in ("Pending", "Suspended"):
         click.echo(f"{'position':>12}: {job_position(job) or '-'}")
         click.echo(f"{'start':>12}: {job_start(job)}")

@@ -33,7 +33,7 @@ from django.db.models import Max, Q, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from scheduler import gpu_history, notify
+from scheduler import gpu_history, gpu_idle, notify
 from scheduler.accounting import record_task_ends
 from scheduler.agent.client import PROTOCOL
 from scheduler.agent.times import parse_unix_time, process_time
@@ -311,6 +311,8 @@ class Report:
     output: tuple[int, str] | None = None  # output sent inline: (byte offset, text)
     reason: str = ""  # why it ended when the exit code does not say (END_REASONS)
     usage: dict[str, Any] = field(default_factory=dict)  # what its cgroup measured (MEASURED)
+    # A running task's GPUs' mean utilisation (%) in the sample a lease carries (gpu_idle.py).
+    gpu_utilization: float | None = None
 
 
 def _is_int(value: object) -> bool:
@@ -354,7 +356,23 @@ def _parse_task(item: object, path: str, errors: dict[str, list[str]]) -> Report
         _parse_inline(item.get("output"), f"{path}.output", errors),
         _end_reason(item.get("reason", ""), path, errors),
         _measured(item.get("usage"), f"{path}.usage", errors),
+        _recent_gpu(item.get("gpu_utilization"), state, f"{path}.gpu_utilization", errors),
     )  # fmt: skip
+
+
+def _recent_gpu(
+    raw: object, state: object, path: str, errors: dict[str, list[str]]
+) -> float | None:
+    """A running task's `gpu_utilization`: a percentage from 0 to 100, or absent/null."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 <= raw <= 100:
+        errors[path] = ["must be a percentage from 0 to 100, or null"]  # NaN fails too
+        return None
+    if state != "Running":
+        errors[path] = ["is only for a running task (an ended one sends usage.gpu_utilization)"]
+        return None
+    return float(raw)
 
 
 def _end_reason(raw: object, path: str, errors: dict[str, list[str]]) -> str:
@@ -708,6 +726,7 @@ def renew_lease(token: str, data: object) -> tuple[Node, list[Report], dict[str,
     samples and read its orders (one short transaction; a malformed body is refused whole
     before it)."""
     reports, _, samples = parse_tasks(data)
+    recent = {r.id: r.gpu_utilization for r in reports if r.gpu_utilization is not None}
     token_hash = hash_token(token) if token else ""
     with transaction.atomic():
         now = timezone.now()
@@ -727,6 +746,9 @@ def renew_lease(token: str, data: object) -> tuple[Node, list[Report], dict[str,
         )  # fmt: skip
         changed = bool(started) or was != node.state
         notify.changed(jobs={t.job_id for t in started}, nodes=[node.pk] if changed else [])
+    # After the lease's transaction, which locks the node's row after its tasks' rows: task
+    # rows are written here only when one goes idle or busy, each statement on its own.
+    gpu_idle.observe(node, recent, now)
     return node, reports, lease_orders(node, reports)
 
 

@@ -37,7 +37,7 @@ from scheduler.agent.cleanup import (
 )
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
 from scheduler.agent.fence import OUT_OF_MEMORY, Fence, oom_message, usage_report
-from scheduler.agent.gpus import FAKE_MEMORY, GpuSampler
+from scheduler.agent.gpus import FAKE_MEMORY, GpuSampler, fake_level, task_utilization
 from scheduler.agent.isolation import (
     DEFAULT_TASK_UIDS,
     DEFAULT_TASK_USER,
@@ -167,6 +167,7 @@ class RunningTask:
     reason: str = ""  # why it ended, when the exit code does not say (OutOfMemory)
     usage: dict[str, Any] | None = None  # what its cgroup says it used, once it ended
     gpu_util: list[float] = field(default_factory=lambda: [0.0, 0.0])  # NVML: sum, samples
+    fake_level: int | None = None  # what its fake GPUs report (gpus.FAKE_LEVEL_ENV), if fixed
     proc: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -543,13 +544,22 @@ class Agent:
 
     def lease_body(self) -> dict[str, Any]:
         """Our tasks, and each GPU's utilisation and memory now (the server keeps a history:
-        a sample rides on every renewal, so it costs no request of its own)."""
+        a sample rides on every renewal, so it costs no request of its own); each running
+        task holding GPUs says their mean utilisation in that sample (`gpu_utilization`: the
+        server flags GPUs held idle), so that costs no request either."""
         with self.lock:
-            busy = {i for t in self.tasks.values() if t.state == "Running" for i in t.devices}
-        samples = self.gpus.sample(busy)
+            running = [t for t in self.tasks.values() if t.state == "Running" and t.devices]
+        busy = {i for t in running for i in t.devices}
+        levels = {i: t.fake_level for t in running if t.fake_level is not None for i in t.devices}
+        samples = self.gpus.sample(busy, levels)
         if not self.gpus.fake:  # real GPUs: each task's own, for its efficiency at the end
             add_gpu_samples(list(self.tasks.values()), samples)
-        return {"tasks": self._task_list(), "usage": {"gpus": samples}}
+        recent = {t.id: task_utilization(t.devices, samples) for t in running}
+        tasks = self._task_list()
+        for item in tasks:
+            if item["state"] == "Running" and recent.get(item["id"]) is not None:
+                item["gpu_utilization"] = round(recent[item["id"]], 1)  # type: ignore[arg-type]
+        return {"tasks": tasks, "usage": {"gpus": samples}}
 
     def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:
         return self.lease_http.post("lease/", body, auth, timeout=self.lease * 1.25 + self.timeout)
@@ -660,7 +670,7 @@ class Agent:
         self.tasks[task_id] = RunningTask(
             task_id, attempt, proc.pid, str(directory), workdir=str(workdir), proc=proc,
             started=_start_time(proc.pid), devices=devices, started_at=time.time(),
-            cgroup=group, memory=limits.memory,
+            cgroup=group, memory=limits.memory, fake_level=fake_level(order.get("env")),
         )  # fmt: skip
         log.info("started task %s (attempt %s) as pid %s, user %s",
                  task_id, attempt, proc.pid, account.name)  # fmt: skip
@@ -949,11 +959,10 @@ class Agent:
 
 def add_gpu_samples(tasks: list[RunningTask], samples: list[dict[str, Any]]) -> None:
     """Add each running task's GPUs' mean utilisation now to its running total."""
-    utilization = {s["index"]: s["utilization"] for s in samples if "utilization" in s}
     for task in tasks:
-        mine = [utilization[i] for i in task.devices if i in utilization]
-        if task.state == "Running" and mine:
-            task.gpu_util[0] += sum(mine) / len(mine)
+        mean = task_utilization(task.devices, samples)
+        if task.state == "Running" and mean is not None:
+            task.gpu_util[0] += mean
             task.gpu_util[1] += 1
 
 

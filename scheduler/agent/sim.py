@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
-from scheduler.agent.gpus import FAKE_MEMORY, fake_samples
+from scheduler.agent.gpus import FAKE_MEMORY, fake_level, fake_samples, task_utilization
 from scheduler.agent.runtime import AWAIT_OUTPUT_SECONDS, FORGET_ENDED_SECONDS
 
 log = logging.getLogger("berth.simagent")
@@ -44,6 +44,7 @@ class SimTask:
     output: str = ""  # shipped before the final report
     logged: bool = False
     devices: list[int] = field(default_factory=list)  # GPU indices the server gave it
+    level: int | None = None  # its fake GPUs' utilisation, when its env fixes it (gpus.py)
 
 
 @dataclass
@@ -89,8 +90,21 @@ class SimNode:
     def gpu_samples(self) -> list[dict[str, int]]:
         """Fake utilisation for the lease: busy while a running task holds the GPU."""
         self.ticks += 1
-        busy = [i for t in self.tasks.values() if t.state == "Running" for i in t.devices]
-        return fake_samples(range(self.gpus), busy, self.ticks)
+        running = [t for t in self.tasks.values() if t.state == "Running"]
+        busy = [i for t in running for i in t.devices]
+        levels = {i: t.level for t in running if t.level is not None for i in t.devices}
+        return fake_samples(range(self.gpus), busy, self.ticks, levels)
+
+    def lease_body(self) -> dict[str, Any]:
+        """Tasks and GPU samples, each running GPU task with its GPUs' mean utilisation in
+        them, as a real agent's lease (runtime.Agent.lease_body). Under `lock`."""
+        samples = self.gpu_samples()
+        tasks = self.task_list()
+        for item, task in zip(tasks, self.tasks.values(), strict=True):
+            mean = task_utilization(task.devices, samples) if task.state == "Running" else None
+            if mean is not None:
+                item["gpu_utilization"] = round(mean, 1)
+        return {"tasks": tasks, "usage": {"gpus": samples}}
 
 
 def _duration(order: dict[str, Any]) -> float:
@@ -277,7 +291,8 @@ class SimCluster:
                     continue
                 code = int(order.get("env", {}).get("BERTH_SIM_EXIT", 0))
                 devices = [i for i in order.get("devices") or [] if isinstance(i, int)]
-                task = SimTask(key[0], key[1], now + _duration(order), code, devices=devices)
+                task = SimTask(key[0], key[1], now + _duration(order), code, devices=devices,
+                               level=fake_level(order.get("env")))  # fmt: skip
                 task.output = f"simulated task {task.id} on {node.name}: exit {code}\n"
                 node.tasks[key[0]] = task
                 self._due(task.ends_at, node, task)
@@ -342,7 +357,7 @@ class SimCluster:
                 continue
             self._wait_for_older_reports(node)
             with node.lock:
-                body = {"tasks": node.task_list(), "usage": {"gpus": node.gpu_samples()}}
+                body = node.lease_body()
             self.count("lease/")
             try:
                 answer = node.lease_http.post("lease/", body, f"Node {node.token}",

@@ -251,7 +251,8 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "id", "name", "owner", "queue", "priority", "preemptible", "min_available",
             "walltime", "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry",
             "retries", "labels", "spec", "state", "reason", "message", "status",
-            "pending_reasons", "estimated_start_at", "queue_position", "requested_action", "flow",
+            "pending_reasons", "estimated_start_at", "queue_position", "gpu_idle_since",
+            "requested_action", "flow",
             "template", "step", "item_index", "array", "array_parent", "array_index",
             "tasks", "created_at", "started_at", "finished_at",
         ]  # fmt: skip

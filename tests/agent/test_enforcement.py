@@ -181,7 +181,7 @@ def test_a_task_end_carries_its_gpus_mean_utilisation_where_nvml_measures_it(tmp
             [{"index": 0, "utilization": 70}, {"index": 1, "utilization": 30}],
         ]
     )
-    agent.gpus.sample = lambda busy: next(readings)  # type: ignore[method-assign]
+    agent.gpus.sample = lambda busy, levels=None: next(readings)  # type: ignore[method-assign]
     agent.answers = [{"start": [order(12, "sleep 1", devices=[0])]}]
     run_until(agent, lambda: 12 in agent.tasks)
     agent.lease_body()
