@@ -136,7 +136,8 @@ def reset_node_token(node: Node, user: Any) -> Node:
 def resubmit_job(job: Job, user: Any) -> Job:
     """A new job from the old one's spec, owned by the same user; the priority policy is that
     of `user`, who asks for it (SpecError if the spec is no longer accepted)."""
-    copy = submit_job(job.owner, job.spec, requested_by=user)
-    record("JobResubmitted", "UserRequest", f"by {user.username}: a copy of job {job.pk}",
-           job=copy)  # fmt: skip
+    with transaction.atomic():  # the copy and its event together: never a copy without it
+        copy = submit_job(job.owner, job.spec, requested_by=user)
+        record("JobResubmitted", "UserRequest", f"by {user.username}: a copy of job {job.pk}",
+               job=copy)  # fmt: skip
     return copy

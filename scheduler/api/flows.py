@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from scheduler.api.serializers import FlowSerializer, JobSerializer
-from scheduler.api.views import FlowViewSet, JobViewSet, conflict
+from scheduler.api.views import FlowViewSet, JobViewSet, answer_submitted, conflict
 from scheduler.flows.rerun import resubmit_flow, retry_flow
 from scheduler.models import Flow, Job
 from scheduler.operations import OperationError, resubmit_job
@@ -49,7 +49,7 @@ class FlowResubmitView(APIView):
         """A fresh copy of the flow from its spec, owned by the flow's owner."""
         flow = get_object_or_404(Flow.objects.visible_to(request.user), pk=flow_id)
         copy = resubmit_flow(flow, request.user)  # a SpecError: 400 (scheduler/api/errors.py)
-        return Response(_flow_data(request, copy.pk), status=status.HTTP_201_CREATED)
+        return answer_submitted(lambda: _flow_data(request, copy.pk), copy, "flows")
 
 
 class JobResubmitView(APIView):
@@ -59,5 +59,6 @@ class JobResubmitView(APIView):
         job = get_object_or_404(Job.objects.visible_to(request.user), pk=job_id)
         copy = resubmit_job(job, request.user)  # a SpecError: 400 (scheduler/api/errors.py)
         view = JobViewSet(request=request, format_kwarg=None, action="retrieve")
-        data = JobSerializer(view.get_queryset().get(pk=copy.pk)).data
-        return Response(data, status=status.HTTP_201_CREATED)
+        return answer_submitted(
+            lambda: JobSerializer(view.get_queryset().get(pk=copy.pk)).data, copy, "jobs"
+        )

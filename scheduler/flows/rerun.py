@@ -58,7 +58,8 @@ def resubmit_flow(flow: Flow, user: Any) -> Flow:
     """A fresh copy of `flow` from its spec; every step runs again. As for a resubmitted job
     (`operations.resubmit_job`), the copy is still the flow owner's when staff ask for it, and
     is checked against the owner's priority policy (SpecError when no longer accepted)."""
-    copy = create_flow(flow.owner, flow.spec)
-    record("FlowResubmitted", "UserRequest",
-           f"by {user.username}: a copy of flow {flow.pk}", flow=copy)  # fmt: skip
+    with transaction.atomic():  # the copy and its event together
+        copy = create_flow(flow.owner, flow.spec)
+        record("FlowResubmitted", "UserRequest",
+               f"by {user.username}: a copy of flow {flow.pk}", flow=copy)  # fmt: skip
     return copy

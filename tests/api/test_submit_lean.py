@@ -179,3 +179,48 @@ def test_a_submission_that_committed_is_201_even_if_its_answer_cannot_be_read(
     answer = response.json()
     assert answer["name"] == body["name"] and answer["url"] == f"{path}{answer['id']}/"
     assert client.get(answer["url"]).json()["name"] == body["name"]  # it was written
+
+
+@pytest.mark.parametrize(("kind", "body"), [
+    ("jobs", {"name": "again", "tasks": [{"name": "main", "command": "true"}]}),
+    ("flows", {"name": "again", "steps": [
+        {"name": "one", "spec": {"tasks": [{"name": "main", "command": "true"}]}}]}),
+])  # fmt: skip
+def test_a_resubmitted_copy_is_201_even_if_its_answer_cannot_be_read(
+    owner, monkeypatch, kind, body
+):  # fmt: skip
+    """A resubmission's copy is written with its event in one transaction; a database gone
+    before the copy is read back leaves a 201 naming it (the CLI resends 503s: a 503 here
+    made a second copy)."""
+    import psycopg
+    from django.db import utils as db_utils
+    from django.db.models import QuerySet
+
+    from scheduler.api import flows as flow_views
+
+    real_get, made = QuerySet.get, {}
+
+    def gone(self: QuerySet[Any], *args: Any, **kwargs: Any) -> Any:
+        if made and self.model.__name__ in ("Job", "Flow"):
+            outer = db_utils.OperationalError("server closed the connection unexpectedly")
+            outer.__cause__ = psycopg.OperationalError("server closed the connection")
+            raise outer
+        return real_get(self, *args, **kwargs)
+
+    def copied(real: Any) -> Any:
+        def copy(*args: Any) -> Any:
+            made["copy"] = real(*args)
+            return made["copy"]
+        return copy
+
+    client = client_with(str(Token.objects.create(user=owner).key))
+    first = client.post(f"/api/v1/{kind}/", body, format="json").json()["id"]
+    name = "resubmit_job" if kind == "jobs" else "resubmit_flow"
+    monkeypatch.setattr(flow_views, name, copied(getattr(flow_views, name)))
+    monkeypatch.setattr(QuerySet, "get", gone)
+    response = client.post(f"/api/v1/{kind}/{first}/resubmit/", format="json")
+    monkeypatch.setattr(QuerySet, "get", real_get)
+    assert response.status_code == 201, response.content
+    assert response.json()["id"] == made["copy"].pk != first
+    kinds = Event.objects.filter(**{kind[:-1]: made["copy"]}).values_list("kind", flat=True)
+    assert f"{kind[:-1].capitalize()}Resubmitted" in kinds
