@@ -41,10 +41,12 @@ CHECK_SECONDS = 10.0  # between the scheduler loop's checks: the rule counts in 
 _checked_at = -math.inf
 
 
-def observe(node: Node, utilization: Mapping[int, float], now: datetime) -> int:
+def observe(node: Node, utilization: Mapping[int, float | None], now: datetime) -> int:
     """Keep since when each of `node`'s running GPU tasks in `utilization` (task id -> mean
-    %, validated by the protocol) has been idle. Tasks of other nodes, tasks that are not
-    running and tasks holding no GPU are ignored. Returns how many rows changed."""
+    %, validated by the protocol) has been idle. None: its GPUs could not be read, so a mark
+    is dropped (a stretch is judged on measurements only: a first 0 % while a job loads its
+    data must not become a flag because NVML then broke). Tasks of other nodes, tasks that
+    are not running and tasks holding no GPU are ignored. Returns how many rows changed."""
     if not utilization:
         return 0
     rows = Task.objects.filter(
@@ -54,7 +56,8 @@ def observe(node: Node, utilization: Mapping[int, float], now: datetime) -> int:
     for pk, since, started in rows:
         if since is not None and started is not None and since < started:
             since = None  # an earlier attempt's mark
-        idle = utilization[pk] < IDLE_PERCENT
+        value = utilization[pk]
+        idle = value is not None and value < IDLE_PERCENT
         if idle and since is None:
             went_idle.append(pk)
         elif not idle and since is not None:

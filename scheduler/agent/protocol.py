@@ -311,8 +311,10 @@ class Report:
     output: tuple[int, str] | None = None  # output sent inline: (byte offset, text)
     reason: str = ""  # why it ended when the exit code does not say (END_REASONS)
     usage: dict[str, Any] = field(default_factory=dict)  # what its cgroup measured (MEASURED)
-    # A running task's GPUs' mean utilisation (%) in the sample a lease carries (gpu_idle.py).
+    # A running task's GPUs' mean utilisation (%) in the sample a lease carries (gpu_idle.py);
+    # `gpu_unmeasured`: sent as null, its GPUs could not be read (an idle mark is not kept).
     gpu_utilization: float | None = None
+    gpu_unmeasured: bool = False
 
 
 def _is_int(value: object) -> bool:
@@ -357,6 +359,7 @@ def _parse_task(item: object, path: str, errors: dict[str, list[str]]) -> Report
         _end_reason(item.get("reason", ""), path, errors),
         _measured(item.get("usage"), f"{path}.usage", errors),
         _recent_gpu(item.get("gpu_utilization"), state, f"{path}.gpu_utilization", errors),
+        "gpu_utilization" in item and item["gpu_utilization"] is None and state == "Running",
     )  # fmt: skip
 
 
@@ -726,7 +729,8 @@ def renew_lease(token: str, data: object) -> tuple[Node, list[Report], dict[str,
     samples and read its orders (one short transaction; a malformed body is refused whole
     before it)."""
     reports, _, samples = parse_tasks(data)
-    recent = {r.id: r.gpu_utilization for r in reports if r.gpu_utilization is not None}
+    recent = {r.id: r.gpu_utilization for r in reports
+              if r.gpu_utilization is not None or r.gpu_unmeasured}  # fmt: skip
     token_hash = hash_token(token) if token else ""
     with transaction.atomic():
         now = timezone.now()

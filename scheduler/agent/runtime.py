@@ -557,8 +557,9 @@ class Agent:
         recent = {t.id: task_utilization(t.devices, samples) for t in running}
         tasks = self._task_list()
         for item in tasks:
-            if item["state"] == "Running" and recent.get(item["id"]) is not None:
-                item["gpu_utilization"] = round(recent[item["id"]], 1)  # type: ignore[arg-type]
+            if item["state"] == "Running" and item["id"] in recent:
+                value = recent[item["id"]]  # None: its GPUs could not be read (said as null)
+                item["gpu_utilization"] = None if value is None else round(value, 1)  # type: ignore[assignment]
         return {"tasks": tasks, "usage": {"gpus": samples}}
 
     def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:

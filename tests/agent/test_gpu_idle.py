@@ -84,7 +84,21 @@ def test_a_lease_marks_a_running_gpu_task_idle_once_and_busy_again(token: str, o
     assert idle_since(task) == since
     assert lease(token, item(task, 37.5)).status_code == 200
     assert idle_since(task) is None
-    # No value (NVML could not read it) says nothing either way.
+    # No value (NVML could not read it) marks nothing.
+    assert lease(token, item(task, None)).status_code == 200
+    assert idle_since(task) is None
+
+
+def test_a_mark_is_dropped_when_the_gpus_can_no_longer_be_read(token: str, owner: Any) -> None:
+    """A first 0 % (a job loading its data), then NVML broken for good: the mark must not
+    outlive its measurement and become a flag; a lease that leaves the field out says
+    nothing either way (an older agent)."""
+    _, task = running(owner)
+    assert lease(token, item(task, 0)).status_code == 200
+    assert idle_since(task) is not None
+    absent = {k: v for k, v in item(task, 0).items() if k != "gpu_utilization"}
+    assert lease(token, absent).status_code == 200
+    assert idle_since(task) is not None
     assert lease(token, item(task, None)).status_code == 200
     assert idle_since(task) is None
 
