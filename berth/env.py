@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 
@@ -62,7 +63,9 @@ def env_float(
         value = float(raw.strip())
     except ValueError:
         raise ImproperlyConfiguredEnv(f"{name}={raw!r}: expected a number") from None
-    if value != value or (minimum is not None and value < minimum):
+    if not math.isfinite(value):  # nan, inf: no setting means "for ever" this way
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: must be a finite number")
+    if minimum is not None and value < minimum:
         raise ImproperlyConfiguredEnv(f"{name}={raw!r}: must be a number of at least {minimum}")
     return value
 

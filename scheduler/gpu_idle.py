@@ -38,6 +38,7 @@ from scheduler.states import JobState, TaskState
 
 IDLE_PERCENT = 1.0  # a task's GPUs below this mean utilisation are idle
 CHECK_SECONDS = 10.0  # between the scheduler loop's checks: the rule counts in minutes
+MAX_MINUTES = 366 * 24 * 60.0  # a longer setting means a year (timedelta has its limits)
 _checked_at = -math.inf
 
 
@@ -141,7 +142,7 @@ def flag_idle_jobs(now: datetime | None = None) -> int:
     """One unit of the scheduler loop: flag the running jobs holding GPUs idle past
     BERTH_GPU_IDLE_MINUTES, clear those busy again or stopped. Returns the flags changed."""
     now = now or timezone.now()
-    minutes = float(settings.BERTH_GPU_IDLE_MINUTES)
+    minutes = min(float(settings.BERTH_GPU_IDLE_MINUTES), MAX_MINUTES)
     idle = _idle_jobs(now - timedelta(minutes=minutes)) if minutes > 0 else {}
     flagged = Job.objects.filter(gpu_idle_since__isnull=False).only(
         "pk", "state", "gpu_idle_since", "flow_id"

@@ -29,6 +29,8 @@ def test_it_reads_booleans(raw, value):
         (lambda: env_int("N", 1, minimum=1, environ={"N": "0"}), "at least 1"),
         (lambda: env_float("F", 1.0, environ={"F": "fast"}), "expected a number"),
         (lambda: env_float("F", 1.0, minimum=0, environ={"F": "-1"}), "at least 0"),
+        (lambda: env_float("F", 1.0, minimum=0, environ={"F": "inf"}), "finite"),
+        (lambda: env_float("F", 1.0, environ={"F": "nan"}), "finite"),
         (lambda: env_list("L", [], environ={"L": "a,,b"}), "no empty items"),
         (
             lambda: env_url("DATABASE_URL", ("postgres",), environ={"DATABASE_URL": "mysql://x"}),

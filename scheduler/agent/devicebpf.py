@@ -31,6 +31,7 @@ import ctypes
 import errno
 import os
 import platform
+import resource
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -173,15 +174,31 @@ def _meaning(code: int) -> str:
         errno.ENOSYS: "this kernel has no bpf(2)",
         errno.EPERM: "not permitted (it needs CAP_SYS_ADMIN, or CAP_BPF and CAP_NET_ADMIN, and no"
         " ancestor cgroup's device program attached without BPF_F_ALLOW_OVERRIDE or"
-        " BPF_F_ALLOW_MULTI)",
+        " BPF_F_ALLOW_MULTI; before Linux 5.11, also room under RLIMIT_MEMLOCK)",
         errno.EINVAL: "refused (a kernel without cgroup device programs: Linux 4.15+ with"
         " CONFIG_CGROUP_BPF, or a program the verifier rejects)",
         errno.EBADF: "not a cgroup v2 directory",
     }.get(code, os.strerror(code))
 
 
+def _unlimit_memlock() -> None:
+    """Kernels before 5.11 charge each loaded program to the loader's locked memory under
+    RLIMIT_MEMLOCK (root included, shared with every other root BPF user): with the common
+    64 KiB limit, starts would fail at about the sixteenth running task. Raise it as libbpf
+    does: to unlimited, else (no CAP_SYS_RESOURCE) to the hard limit."""
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    for limits in ((resource.RLIM_INFINITY,) * 2, (hard, hard)):  # unlimited, or all we may
+        try:
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, limits)
+            return
+        except (ValueError, OSError):
+            continue
+
+
 def load(rules: Iterable[Rule]) -> int:
     """Load the program for these rules; its file descriptor (the caller closes it)."""
+    if resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] != resource.RLIM_INFINITY:
+        _unlimit_memlock()
     program = ctypes.create_string_buffer(assemble(rules))
     license = ctypes.create_string_buffer(LICENSE)
     attr = _LoadAttr(

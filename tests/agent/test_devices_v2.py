@@ -136,3 +136,21 @@ def test_a_rule_that_allows_everything_ends_the_program():
 
 def test_the_base_allowlist_parses():
     assert len([devicebpf.parse(r) for r in BASE_DEVICES]) == len(BASE_DEVICES)
+
+
+def test_loading_lifts_a_low_memlock_limit_as_libbpf_does() -> None:
+    """Before Linux 5.11 each program counts against RLIMIT_MEMLOCK: a low limit would make
+    starts fail after a dozen tasks. In a child, so the test's own limits stay as they were."""
+    import resource
+
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the limit was lifted and the program loaded
+        code = 1
+        try:
+            hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 << 10, hard))
+            os.close(devicebpf.load([devicebpf.parse("c 1:3 rwm")]))
+            code = 0 if resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == hard else 2
+        finally:
+            os._exit(code)
+    assert os.waitpid(pid, 0)[1] == 0

@@ -321,3 +321,12 @@ def test_the_simulated_node_says_it_too() -> None:
         {"id": 6, "attempt": 0, "devices": [1], "env": {"BERTH_SIM_DURATION": "60"}}]})  # fmt: skip
     tasks = {t["id"]: t for t in node.lease_body()["tasks"]}
     assert tasks[5]["gpu_utilization"] == 0 and tasks[6]["gpu_utilization"] > 80
+
+
+def test_a_huge_limit_means_a_year_not_a_crash(token: str, settings: Any, owner: Any) -> None:
+    from scheduler.gpu_idle import flag_idle_jobs
+
+    _, task = running(owner)
+    assert lease(token, item(task, 0)).status_code == 200
+    settings.BERTH_GPU_IDLE_MINUTES = 1e12  # past what a timedelta can hold
+    assert flag_idle_jobs() == 0
