@@ -198,7 +198,8 @@ def test_a_resubmitted_copy_is_201_even_if_its_answer_cannot_be_read(
 
     from scheduler.api import flows as flow_views
 
-    real_get, made = QuerySet.get, {}  # type: dict[str, Any]
+    real_get = QuerySet.get
+    made: dict[str, Any] = {}
 
     def gone(self: QuerySet[Any], *args: Any, **kwargs: Any) -> Any:
         if made and self.model.__name__ in ("Job", "Flow"):
