@@ -63,6 +63,8 @@ class Limits:
     cpu: int = 0
     pids: int = 0
     devices: tuple[str, ...] = ()  # paths of character devices (its GPUs and their controls)
+    # More devices.allow rules every task of the node gets (run_agent --allow-device)
+    allow: tuple[str, ...] = ()
 
 
 @dataclass
@@ -232,7 +234,7 @@ class V1(Hierarchy):
             _write(dirs["pids"] / "pids.max", str(limits.pids))
         if "devices" in dirs:
             _write(dirs["devices"] / "devices.deny", "a")
-            for rule in (*BASE_DEVICES, *device_rules(limits.devices)):
+            for rule in (*BASE_DEVICES, *limits.allow, *device_rules(limits.devices)):
                 _write(dirs["devices"] / "devices.allow", rule)
 
     def open(self, name: str) -> V1Cgroup | None:
@@ -357,7 +359,7 @@ class V2(Hierarchy):
         if limits.pids and "pids" in self.controllers:
             _write(path / "pids.max", str(limits.pids))
         if "devices" in self.enforced:  # replaces the program of an earlier life of the cgroup
-            devicebpf.attach(path, (*BASE_DEVICES, *device_rules(limits.devices)))
+            devicebpf.attach(path, (*BASE_DEVICES, *limits.allow, *device_rules(limits.devices)))
 
     def open(self, name: str) -> V2Cgroup | None:
         path = self.base / name

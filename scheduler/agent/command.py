@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from scheduler.agent import devicebpf
 from scheduler.agent.cleanup import DEFAULT_KEEP_WORK_DIRS
 from scheduler.agent.fence import DEFAULT_PIDS_LIMIT, MODES, Fence
 from scheduler.agent.isolation import DEFAULT_TASK_UIDS, DEFAULT_TASK_USER, parse_uid_range
@@ -23,6 +24,7 @@ from scheduler.management.stopping import stop_on_signals
 
 log = logging.getLogger("berth.agent")
 MAX_TOKEN_FILE = 4096
+MAX_ALLOWED_DEVICES = 64
 TASK_UIDS_TEXT = f"{DEFAULT_TASK_UIDS[0]}-{DEFAULT_TASK_UIDS[1]}"
 DESCRIPTION = (
     "Run the node agent: register this machine with the server (cpu, memory, GPUs found"
@@ -126,6 +128,15 @@ def _add_enforcement_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"processes a task may have at once (default {DEFAULT_PIDS_LIMIT})",
     )
     parser.add_argument(
+        "--allow-device",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="a device every task may use besides the base set (null, zero, random, ttys) and"
+        " its own GPUs, in devices.allow syntax, e.g. 'c 231:* rw' for InfiniBand verbs or"
+        " 'c 10:229 rw' for FUSE; repeat for more",
+    )
+    parser.add_argument(
         "--keep-work-dirs",
         type=float,
         default=DEFAULT_KEEP_WORK_DIRS,
@@ -176,12 +187,27 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         options.get("enforce"),
         base_name=f"berth-{agent.name}",
         pids_limit=options.get("pids_limit", DEFAULT_PIDS_LIMIT),
+        allow=allowed_devices(options.get("allow_device") or []),
     )
     try:
         agent.prepare()
     except (ValueError, OSError) as exc:
         raise UsageError(f"--task-user/--work-dir/--state-dir: {exc}") from None
     return agent
+
+
+def allowed_devices(rules: list[str]) -> tuple[str, ...]:
+    """--allow-device rules, each checked as the kernel would read it (UsageError)."""
+    if len(rules) > MAX_ALLOWED_DEVICES:
+        raise UsageError(f"--allow-device: at most {MAX_ALLOWED_DEVICES} rules")
+    for rule in rules:
+        try:
+            parsed = devicebpf.parse(rule)
+        except ValueError as exc:
+            raise UsageError(f"--allow-device: {exc}") from None
+        if parsed.kind == "a" or (parsed.major is None and parsed.access & 6):
+            raise UsageError(f"--allow-device: {rule!r} would open every device of its kind")
+    return tuple(" ".join(rule.split()) for rule in rules)
 
 
 def run(options: Mapping[str, Any]) -> None:

@@ -67,12 +67,14 @@ class Fence:
 
     def __init__(self, mode: str | None = None, base_name: str = "berth",
                  pids_limit: int = DEFAULT_PIDS_LIMIT, gpu_nodes: dict[int, str] | None = None,
-                 finder: Callable[[str], Found] = detect) -> None:  # fmt: skip
+                 finder: Callable[[str], Found] = detect,
+                 allow: tuple[str, ...] = ()) -> None:  # fmt: skip
         if mode is not None and mode not in MODES:
             raise ValueError(f"must be one of {', '.join(MODES)}, got {mode!r}")
         self.mode = mode or default_mode()
         self.base_name = base_name
         self.pids_limit = pids_limit
+        self.allow = allow  # devices.allow rules every task gets besides BASE_DEVICES
         self.gpu_nodes = dict(gpu_nodes) if gpu_nodes is not None else nvidia_nodes()
         self.finder = finder
         self.hierarchy: Hierarchy | None = None
@@ -126,6 +128,7 @@ class Fence:
             "missing": list(self.missing),
             "problem": self.problem,
             "pids_limit": self.pids_limit,
+            "allowed_devices": list(self.allow),
         }
 
     def limits(self, order: dict[str, Any], devices: Iterable[int]) -> Limits:
@@ -136,6 +139,7 @@ class Fence:
             cpu=_whole(resources.get("cpu")),
             pids=_whole(resources.get("pids")) or self.pids_limit,
             devices=gpu_device_nodes(devices, self.gpu_nodes),
+            allow=self.allow,
         )
 
     def create(self, name: str, limits: Limits) -> str:

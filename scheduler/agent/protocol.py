@@ -256,6 +256,9 @@ def _enforcement(raw: object) -> dict[str, Any]:
     for key in ("enforced", "missing"):
         if isinstance(raw.get(key), list):
             kept[key] = [storable_text(v)[:32] for v in raw[key][:16] if isinstance(v, str)]
+    if isinstance(raw.get("allowed_devices"), list):  # devices.allow rules (--allow-device)
+        kept["allowed_devices"] = [storable_text(v)[:32] for v in raw["allowed_devices"][:64]
+                                   if isinstance(v, str)]  # fmt: skip
     if _is_int(raw.get("pids_limit")) and 0 <= raw["pids_limit"] < 2**31:
         kept["pids_limit"] = raw["pids_limit"]
     return kept

@@ -51,11 +51,23 @@ def _remove_cgroup(path: Path) -> None:
     path.rmdir()
 
 
-def v2_fence(own: Path, mode: str, gpus: dict[int, str]) -> Fence:
+def v2_fence(own: Path, mode: str, gpus: dict[int, str], allow: tuple[str, ...] = ()) -> Fence:
     hierarchy = V2("berth-v2-node", own)
     hierarchy.prepare()
     return Fence(mode, base_name="berth-v2-node", gpu_nodes=gpus,
-                 finder=lambda name: Found(hierarchy))  # fmt: skip
+                 finder=lambda name: Found(hierarchy), allow=allow)  # fmt: skip
+
+
+@pytest.mark.root
+def test_a_device_the_node_allows_is_open_to_every_task(tmp_path, unified, gpu_nodes):
+    """--allow-device (InfiniBand verbs, FUSE): here the second fake GPU's numbers, which its
+    task was not given, are reached through the driver instead of refused."""
+    fence = v2_fence(unified, "best-effort", gpu_nodes, allow=("c 195:1 rw",))
+    agent = RecordingAgent(tmp_path, fence=fence)
+    agent.answers = [{"start": [order(23, f"exec 2>&1; : < {gpu_nodes[1]}", devices=[0])]}]
+    ended(agent, 23)
+    assert "No such device or address" in agent.output(23), agent.output(23)
+    fence.close()
 
 
 @pytest.mark.root
