@@ -102,6 +102,7 @@ def test_without_predictions_the_estimate_says_walltimes(owner, api, client):
     waiting = make_job(owner, "waits", gpu=1, walltime=3600)
     run_scheduler_cycle()
     waiting.refresh_from_db()
+    assert waiting.estimated_start_at is not None
     assert (waiting.estimated_start_at - timezone.now()).total_seconds() > 3000
     assert api(owner).get(f"/api/v1/jobs/{waiting.pk}/").json()["estimate_basis"] == "walltime"
     client.force_login(owner)
