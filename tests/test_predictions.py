@@ -126,3 +126,22 @@ def test_berth_show_says_what_the_estimate_was_planned_by(monkeypatch, basis, sa
     monkeypatch.setattr(main, "client", Client)
     out = CliRunner().invoke(main.cli, ["show", "2"]).output
     assert said in out
+
+
+def test_a_job_past_its_prediction_is_not_killed_until_its_walltime(owner, settings):
+    settings.BERTH_RUNTIME_PREDICTIONS = True
+    finished(owner, 60)
+    node = make_node("n1", gpus=1)
+    running = make_job(owner, "runs", gpu=1, walltime=3600)
+    place(running, node, devices=1)
+    long_ago = timezone.now() - timedelta(seconds=600)  # ten times its prediction
+    Job.objects.filter(pk=running.pk).update(started_at=long_ago)
+    running.tasks.update(started_at=long_ago)
+    run_scheduler_cycle()
+    running.refresh_from_db()
+    assert running.state == JobState.RUNNING
+    Job.objects.filter(pk=running.pk).update(started_at=long_ago - timedelta(seconds=3600))
+    running.tasks.update(started_at=long_ago - timedelta(seconds=3600))
+    run_scheduler_cycle()
+    running.refresh_from_db()
+    assert running.state != JobState.RUNNING  # past its own walltime: stopped
