@@ -22,9 +22,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("swf", type=Path)
     parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--cores-per-node", type=int, default=1)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        simulator = _simulator(args.swf, args.nodes, Path(work))
+        simulator = _simulator(args.swf, args.nodes, args.cores_per_node, Path(work))
         started, cpu_started = time.perf_counter(), time.process_time()
         simulator.start_simulation()
         wall = time.perf_counter() - started
@@ -43,7 +44,7 @@ def main() -> None:
     )
 
 
-def _simulator(swf: Path, nodes: int, work: Path) -> Any:
+def _simulator(swf: Path, nodes: int, cores: int, work: Path) -> Any:
     # AccaSim 1.1.3 imports `collections.Mapping`, which Python 3.10 removed; give it the
     # same class under the old name rather than patch AccaSim.
     import collections
@@ -57,11 +58,12 @@ def _simulator(swf: Path, nodes: int, work: Path) -> Any:
     except ImportError as exc:
         sys.exit(f"AccaSim is not importable from {sys.executable}: {exc}")
     config = work / "system.config"
-    # One single-core node per processor, as bench/replay.py models the SP2.
+    # Nodes of `cores` cores, as bench/replay.py models the log's machine (the SP2: one
+    # single-core node per processor; Blue Horizon: 8-way nodes).
     config.write_text(
         json.dumps(
             {
-                "groups": {"sp2": {"core": 1, "mem": 1 << 30}},
+                "groups": {"sp2": {"core": cores, "mem": 1 << 30}},
                 "resources": {"sp2": nodes},
                 "equivalence": {"processor": {"core": 1}},
                 "start_time": 0,

@@ -354,6 +354,19 @@ BERTH_ARRAY_MAX_TASKS = env_int("BERTH_ARRAY_MAX_TASKS", 200_000, minimum=1)
 # Start estimates are planned for at most this many waiting jobs per cycle (docs/limits.md).
 BERTH_PLAN_DEPTH = env_int("BERTH_PLAN_DEPTH", 500, minimum=0)
 BERTH_PLAN_INTERVAL = env_int("BERTH_PLAN_INTERVAL", 10, minimum=0)
+# Runtime predictions (EASY++, docs/configuration.md): backfill and start estimates plan each
+# job by its owner's last two run times (capped by its walltime) instead of its walltime;
+# jobs are still killed only at their walltime. Off by default: planning as before.
+BERTH_RUNTIME_PREDICTIONS = env_bool("BERTH_RUNTIME_PREDICTIONS", default=False)
+# How a prediction a running job outlived is raised: to its walltime, or stepwise.
+BERTH_PREDICTION_CORRECTION = (
+    os.environ.get("BERTH_PREDICTION_CORRECTION", "").strip() or "walltime"
+)
+if BERTH_PREDICTION_CORRECTION not in ("walltime", "stepwise"):
+    raise ImproperlyConfigured(
+        f"BERTH_PREDICTION_CORRECTION={BERTH_PREDICTION_CORRECTION!r}:"
+        " expected walltime or stepwise"
+    )
 # GPU utilisation history (docs/metrics.md): samples older than this are deleted by the
 # scheduler loop, and at most one sample per node is kept per BERTH_GPU_SAMPLE_SECONDS (so a
 # device holds at most HISTORY / SAMPLE samples, however often its agent renews its lease).

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -191,7 +192,8 @@ def run_scheduler_cycle(
 
 
 def _cycle(report: CycleReport, config: SchedulingPolicy | None) -> None:
-    config = config or SchedulingPolicy()
+    # A prediction a running job outlived is raised as the cluster says (docs/configuration.md).
+    config = config or SchedulingPolicy(prediction_correction=settings.BERTH_PREDICTION_CORRECTION)
     # User requests first, so a cancel or suspend takes effect before placement. Array
     # elements asked to stop are cancelled in bulk first, not one transaction each.
     report.counts["requests"] = (

@@ -537,6 +537,15 @@ class Job(models.Model):
         return self.state in JOB_FINAL
 
     @property
+    def estimate_basis(self) -> str | None:
+        """What the start estimate was planned by: "walltime" (running and waiting jobs
+        end at their walltimes) or "prediction" (BERTH_RUNTIME_PREDICTIONS: at their
+        owners' predicted run times); None without an estimate."""
+        if self.estimated_start_at is None:
+            return None
+        return "prediction" if settings.BERTH_RUNTIME_PREDICTIONS else "walltime"
+
+    @property
     def status(self) -> dict[str, Any] | None:
         """Why a pending or suspended job waits, as {code, message, node_reasons} (codes of
         scheduler.core.status), or None for other jobs and for one the scheduler has not

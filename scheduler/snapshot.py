@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Q, QuerySet, TextField
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from scheduler import predictions
 from scheduler.core.model import DeviceInfo, JobInfo, NodeInfo, QueueInfo, Snapshot, TaskInfo
 from scheduler.core.resources import DIMENSIONS, Resources
 from scheduler.lifecycle import PREEMPTED
@@ -70,6 +72,8 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
     names.devices_by_task = _devices_by_task(loaded)
     for row in _job_rows(wanted):
         _load_job(loaded, row, tasks_by_job.get(row[0], []), names)
+    if settings.BERTH_RUNTIME_PREDICTIONS:
+        predictions.HISTORY.predict(loaded.snapshot.jobs)
     return loaded
 
 

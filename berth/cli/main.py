@@ -255,7 +255,9 @@ def show(job_id: int, as_json: bool) -> None:
         click.echo(f"{'gpu idle':>12}: GPUs held idle (below 1 %) since {job['gpu_idle_since']}")
     if job.get("state") in ("Pending", "Suspended"):
         click.echo(f"{'position':>12}: {job_position(job) or '-'}")
-        click.echo(f"{'start':>12}: {job_start(job)}")
+        basis = job.get("estimate_basis")
+        by = {"prediction": " (by runtime predictions)", "walltime": " (by walltimes)"}
+        click.echo(f"{'start':>12}: {job_start(job)}{by.get(basis, '')}")
     status = job.get("status")
     if status:
         click.echo(f"{'status':>12}: {status['code']}")
@@ -291,8 +293,13 @@ def _peak(task: dict[str, Any]) -> str | None:
 @cli.command()
 @click.argument("job_id", type=int)
 @click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
-@click.option("--task", "task_name", default=None, metavar="TASK",
-              help="only this task: GROUP-INDEX as `berth show` lists it (or INDEX)")
+@click.option(
+    "--task",
+    "task_name",
+    default=None,
+    metavar="TASK",
+    help="only this task: GROUP-INDEX as `berth show` lists it (or INDEX)",
+)
 @click.option("--attempt", type=int, default=None, help="an earlier attempt's output")
 def logs(job_id: int, follow: bool, task_name: str | None, attempt: int | None) -> None:
     """A job's whole output, task by task (with -f: live, until the job ends)."""

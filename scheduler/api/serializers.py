@@ -244,6 +244,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     pending_reasons = serializers.SerializerMethodField()
     queue_position = serializers.SerializerMethodField()
     array = serializers.SerializerMethodField()
+    estimate_basis = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -251,7 +252,8 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "id", "name", "owner", "queue", "priority", "preemptible", "min_available",
             "walltime", "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry",
             "retries", "labels", "spec", "state", "reason", "message", "status",
-            "pending_reasons", "estimated_start_at", "queue_position", "gpu_idle_since",
+            "pending_reasons", "estimated_start_at", "estimate_basis", "queue_position",
+            "gpu_idle_since",
             "requested_action", "flow",
             "template", "step", "item_index", "array", "array_parent", "array_index",
             "tasks", "created_at", "started_at", "finished_at",
@@ -275,6 +277,14 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         if self.context.get("array_indices"):
             data["indices"] = indices_by_state(job)
         return data
+
+    @extend_schema_field(
+        serializers.ChoiceField(choices=["walltime", "prediction"], allow_null=True)
+    )
+    def get_estimate_basis(self, job: Job) -> str | None:
+        """What `estimated_start_at` was planned by: jobs' walltimes, or runtime
+        predictions (EASY++, docs/configuration.md); null without an estimate."""
+        return job.estimate_basis
 
     @extend_schema_field(serializers.IntegerField(allow_null=True, min_value=1))
     def get_queue_position(self, job: Job) -> int | None:

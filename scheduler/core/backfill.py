@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scheduler.core import predict
 from scheduler.core.actions import (
     Memo,
     in_order,
@@ -239,8 +240,8 @@ def _ends_before(session: Session, job: JobInfo, reservation: Reservation | None
         reservation is not None
         and reservation.placed
         and reservation.start is not None
-        and job.walltime is not None
-        and session.now + job.walltime <= reservation.start
+        and (ran := predict.runtime(job)) is not None
+        and session.now + ran <= reservation.start
     )
 
 
@@ -250,10 +251,10 @@ def _fits_around(session: Session, job: JobInfo, reservation: Reservation) -> Fi
         return None  # the reserved job fits nowhere for now: nothing to protect
     if (
         reservation.start is not None
-        and job.walltime is not None
-        and session.now + job.walltime <= reservation.start
+        and (ran := predict.runtime(job)) is not None
+        and session.now + ran <= reservation.start
     ):
-        return None  # it ends before the reservation starts
+        return None  # it ends before the reservation starts (walltime, or prediction)
     return _AroundReservation(reservation.spare)
 
 
@@ -323,9 +324,10 @@ def _reserve(session: Session, job: JobInfo) -> None:
         )
         session.set_pending(job, Status(Code.RESERVED, message, counts))
     else:
+        predicted = any(running.predicted is not None for running in session.running)
         message = (
             f"waiting for reservation: expected to start in {start - session.now:.0f}s,"
-            " when running jobs reach their walltime"
+            f" when running jobs reach their {'predicted end' if predicted else 'walltime'}"
         )
         session.set_pending(job, Status(Code.RESERVED, message, counts, start))
 
@@ -392,7 +394,8 @@ def _ends(session: Session, room: dict[str, Resources]) -> list[tuple[float, str
             if task.state == "Releasing" or running.id in session.evicted:
                 when = session.now
             elif running.walltime is not None and task.started_at is not None:
-                when = task.started_at + running.walltime
+                correction = session.config.prediction_correction
+                when = predict.end(running, task.started_at, session.now, correction) or 0.0
             else:
                 continue
             release = Resources(task.resources.cpu, task.resources.memory, len(task.devices))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.core.predict import CORRECTIONS
 from scheduler.core.resources import Resources
 
 ACTIONS = ("enqueue", "allocate", "preempt", "reclaim", "backfill")
@@ -65,6 +66,9 @@ class JobInfo:
     state: str  # Pending | Suspended (candidates) | Running (holds its placed tasks)
     tasks: list[TaskInfo]
     suspend_requested: bool = False
+    # The core's runtime prediction (scheduler/core/predict.py), planned in place of the
+    # walltime when set; None: the walltime. Never a kill time.
+    predicted: float | None = None
 
     @property
     def is_candidate(self) -> bool:
@@ -91,6 +95,9 @@ class SchedulingPolicy:
     fair_share: bool = True
     extra_plugins: tuple[Any, ...] = ()
     disabled_plugins: tuple[str, ...] = ()  # plugin names, e.g. ("drf",)
+    # How a runtime prediction a running job outlived is raised (jobs with `predicted` only):
+    # walltime | stepwise (scheduler/core/predict.py).
+    prediction_correction: str = "walltime"
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.actions if a not in ACTIONS]
@@ -98,6 +105,11 @@ class SchedulingPolicy:
             raise ValueError(f"unknown actions: {', '.join(unknown)}")
         if self.node_order not in ("binpack", "spread"):
             raise ValueError(f"node_order must be binpack or spread, got {self.node_order!r}")
+        if self.prediction_correction not in CORRECTIONS:
+            raise ValueError(
+                f"prediction_correction must be {' or '.join(CORRECTIONS)},"
+                f" got {self.prediction_correction!r}"
+            )
 
     @classmethod
     def fcfs(cls) -> SchedulingPolicy:

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from math import nextafter
 
+from scheduler.core import predict
 from scheduler.core.actions import enqueue, in_order
 from scheduler.core.cycle import Bind, CycleResult
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
@@ -108,7 +109,7 @@ def fingerprint(snapshot: Snapshot, result: CycleResult, config: SchedulingPolic
                   for n in snapshot.nodes),
             tuple((q.name, q.weight, q.priority, q.capability, q.open) for q in snapshot.queues),
             tuple(
-                (j.id, j.state, j.priority, j.walltime, j.suspend_requested, j.queue,
+                (j.id, j.state, j.priority, j.walltime, j.predicted, j.suspend_requested, j.queue,
                  tuple((t.id, t.state, t.node, t.started_at) for t in j.tasks))
                 for j in snapshot.jobs
             ),
@@ -203,7 +204,8 @@ class _Planner:
                 self._unknown()
                 return None
             after = max(after, status.estimated_start)
-        duration = job.walltime or INF
+        ran = predict.runtime(job)
+        duration = (job.walltime or INF) if job.predicted is None or ran is None else ran
         found = self._earliest(job, gang, duration, after) if after < INF else None
         if found is None:
             self._unknown()
@@ -387,7 +389,9 @@ def _releases(session: Session, node: NodeView) -> list[tuple[float, Free]]:
         if task.state == "Releasing" or running.suspend_requested:
             out.append((session.now, amount))
         elif running.walltime is not None and task.started_at is not None:
-            out.append((max(session.now, task.started_at + running.walltime), amount))
+            correction = session.config.prediction_correction
+            ends = predict.end(running, task.started_at, session.now, correction) or 0.0
+            out.append((max(session.now, ends), amount))
         else:
             out.append((INF, amount))
     return out

@@ -4,19 +4,28 @@ the core runs a cycle and its binds start jobs at that time.
 Two paths decide the same: `incremental=True` keeps one standing session and tells it what
 arrived and finished; `incremental=False` builds a full snapshot and calls `run_cycle` at
 every event, as a deployment does (the reference the fast path is tested against).
+
+With `predictions=True` each job is planned by its EASY++ runtime prediction
+(scheduler/core/predict.py: its owner's last two finished run times, capped by its walltime)
+instead of its walltime; it still runs its own run time (a trace's run time is already capped
+by the walltime it was killed at). With `estimates=True` every job gets a start estimate at
+submission (`ReplayResult.estimates`, see `submission_estimate`).
 """
 
 from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from scheduler.core import predict
 from scheduler.core.cycle import CycleResult, run_cycle
 from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulingPolicy, Snapshot, TaskInfo
 from scheduler.core.resources import Resources
 from scheduler.core.standing import StandingSession
 from scheduler.core.status import Code
+from scheduler.core.timeline import INF, Timeline
 
 
 @dataclass
@@ -44,6 +53,10 @@ class ReplayResult:
     first_reservation: dict[int, float] = field(default_factory=dict)
     cycles: int = 0
     cycle_seconds: float = 0.0
+    # job -> the runtime it was planned by (its prediction; with predictions on only)
+    predicted: dict[int, float | None] = field(default_factory=dict)
+    # job -> its start estimate at submission (with estimates on; unknown ones left out)
+    estimates: dict[int, float] = field(default_factory=dict)
 
 
 def replay(
@@ -52,44 +65,141 @@ def replay(
     queues: list[QueueInfo],
     config: SchedulingPolicy,
     incremental: bool = True,
+    predictions: bool = False,
+    estimates: bool = False,
 ) -> ReplayResult:
     """Replay until every job has started or nothing more can happen; a job that never fits
     is left out of `starts`."""
     path: _Path = _Standing(nodes, queues, config) if incremental else _Full(nodes, queues, config)
-    by_id = {j.id: j for j in jobs}
+    run = _Run(jobs, path, config, predictions, estimates, nodes)
     arrivals = sorted(jobs, key=lambda j: (j.submit, j.id))
-    ends: list[tuple[float, int]] = []
-    result = ReplayResult()
-    waiting = 0
     next_arrival = 0
-    while next_arrival < len(arrivals) or ends:
-        now = arrivals[next_arrival].submit if next_arrival < len(arrivals) else ends[0][0]
-        if ends and ends[0][0] < now:
-            now = ends[0][0]
-        while ends and ends[0][0] <= now:
-            path.finish(heapq.heappop(ends)[1])
+    while next_arrival < len(arrivals) or run.ends:
+        now = arrivals[next_arrival].submit if next_arrival < len(arrivals) else run.ends[0][0]
+        if run.ends and run.ends[0][0] < now:
+            now = run.ends[0][0]
+        while run.ends and run.ends[0][0] <= now:
+            run.finish(heapq.heappop(run.ends)[1])
+        arrived = []
         while next_arrival < len(arrivals) and arrivals[next_arrival].submit <= now:
-            path.submit(arrivals[next_arrival])
+            arrived.append(arrivals[next_arrival])
+            run.submit(arrivals[next_arrival])
             next_arrival += 1
-            waiting += 1
-        if not waiting:
-            continue
+        if run.pending:
+            run.cycle(now)
+        if estimates and arrived:
+            run.estimate(now, arrived)
+    return run.result
+
+
+class _Run:
+    """One replay's state: what waits, what runs and until when, the owners' histories."""
+
+    def __init__(
+        self,
+        jobs: list[TraceJob],
+        path: _Path,
+        config: SchedulingPolicy,
+        predictions: bool,
+        estimates: bool,
+        nodes: list[NodeInfo],
+    ) -> None:
+        self.by_id = {j.id: j for j in jobs}
+        self.path, self.config, self.predictions = path, config, predictions
+        self.history = predict.History()
+        self.result = ReplayResult()
+        self.ends: list[tuple[float, int]] = []
+        self.pending: dict[int, TraceJob] = {}  # in arrival order
+        self.running: dict[int, float] = {}  # job -> its start
+        self.capacity = sum(n.allocatable.cpu for n in nodes if n.state == "Ready")
+
+    def submit(self, job: TraceJob) -> None:
+        predicted = self.history.predict(job.owner, job.walltime) if self.predictions else None
+        if self.predictions:
+            self.result.predicted[job.id] = predicted
+        self.pending[job.id] = job
+        self.path.submit(job, predicted)
+
+    def finish(self, job_id: int) -> None:
+        job = self.by_id[job_id]
+        self.running.pop(job_id)
+        self.history.finished(job.owner, job.runtime)
+        self.path.finish(job_id)
+
+    def cycle(self, now: float) -> None:
+        result = self.result
         tick = time.perf_counter()
-        started = path.cycle(now, result)
+        started = self.path.cycle(now, result)
         result.cycle_seconds += time.perf_counter() - tick
         result.cycles += 1
         for job_id, where in started.items():
-            job = by_id[job_id]
+            job = self.by_id[job_id]
             if len(where) != job.tasks:
                 raise AssertionError(f"job {job_id}: the gang must start whole")
             result.starts[job_id] = now
             result.placements[job_id] = where
-            waiting -= 1
-            heapq.heappush(ends, (now + job.runtime, job_id))
-    return result
+            del self.pending[job_id]
+            self.running[job_id] = now
+            heapq.heappush(self.ends, (now + job.runtime, job_id))
+
+    def estimate(self, now: float, arrived: list[TraceJob]) -> None:
+        """The start estimates of the jobs that just arrived (see `submission_estimate`)."""
+        correction = self.config.prediction_correction
+        releases = []
+        for job_id, started in self.running.items():
+            job = self.by_id[job_id]
+            info = _Planned(job.walltime, self.result.predicted.get(job_id))
+            end = predict.end(info, started, now, correction)
+            releases.append((INF if end is None else max(now, end), job.tasks * job.resources.cpu))
+        ahead = [(j, self.result.predicted.get(j.id)) for j in self.pending.values()]
+        found = submission_estimate(now, self.capacity, releases, ahead, {j.id for j in arrived})
+        for job in arrived:
+            if job.id in self.result.starts:
+                self.result.estimates[job.id] = self.result.starts[job.id]
+            elif job.id in found:
+                self.result.estimates[job.id] = found[job.id]
 
 
-def job_info(job: TraceJob, first_task_id: int) -> JobInfo:
+@dataclass
+class _Planned:
+    walltime: float | None
+    predicted: float | None
+
+
+def submission_estimate(
+    now: float,
+    capacity: int,
+    releases: Iterable[tuple[float, int]],
+    pending: list[tuple[TraceJob, float | None]],
+    wanted: set[int],
+) -> dict[int, float]:
+    """Start estimates as a conservative plan gives them (as scheduler/core/plan.py does,
+    on the cluster's processors in total rather than node by node: exact where every task
+    takes whole nodes, as in the SWF replays): running jobs give back their processors at
+    their planned ends (walltime, or prediction), and the pending jobs, in queue order, each
+    take the earliest time their processors are free for their planned run time. Only
+    `wanted` jobs' estimates are returned; the plan stops after the last of them."""
+    used = sum(cpu for _, cpu in releases)
+    line = Timeline(now, (capacity - used, 0, 0), [(at, (cpu, 0, 0)) for at, cpu in releases])
+    found: dict[int, float] = {}
+    left = len(wanted)
+    for job, predicted in pending:
+        ran = predict.runtime(_Planned(job.walltime, predicted))
+        duration = INF if ran is None else ran
+        need = (job.tasks * job.resources.cpu, 0, 0)
+        start = line.earliest(need, duration, now, INF)
+        if start is None:
+            continue
+        line.hold(start, start + duration, need)
+        if job.id in wanted:
+            found[job.id] = start
+            left -= 1
+            if left == 0:
+                break
+    return found
+
+
+def job_info(job: TraceJob, first_task_id: int, predicted: float | None = None) -> JobInfo:
     return JobInfo(
         id=job.id,
         name=f"trace-{job.id}",
@@ -107,6 +217,7 @@ def job_info(job: TraceJob, first_task_id: int) -> JobInfo:
             TaskInfo(first_task_id + i, "main", i, job.resources, job.node_selector)
             for i in range(job.tasks)
         ],
+        predicted=predicted,
     )
 
 
@@ -118,7 +229,7 @@ def _started(result: CycleResult) -> dict[int, list[tuple[str, tuple[int, ...]]]
 
 
 class _Path:
-    def submit(self, job: TraceJob) -> None:
+    def submit(self, job: TraceJob, predicted: float | None) -> None:
         raise NotImplementedError
 
     def finish(self, job_id: int) -> None:
@@ -135,8 +246,8 @@ class _Standing(_Path):
         self.standing = StandingSession(nodes, queues, config)
         self.next_task_id = 1
 
-    def submit(self, job: TraceJob) -> None:
-        self.standing.submit(job_info(job, self.next_task_id))
+    def submit(self, job: TraceJob, predicted: float | None) -> None:
+        self.standing.submit(job_info(job, self.next_task_id, predicted))
         self.next_task_id += job.tasks
 
     def finish(self, job_id: int) -> None:
@@ -157,19 +268,22 @@ class _Full(_Path):
         self.nodes, self.queues, self.config = nodes, queues, config
         self.pending: dict[int, TraceJob] = {}
         self.running: dict[int, tuple[TraceJob, float, list[tuple[str, tuple[int, ...]]]]] = {}
+        self.predicted: dict[int, float | None] = {}
 
-    def submit(self, job: TraceJob) -> None:
+    def submit(self, job: TraceJob, predicted: float | None) -> None:
         self.pending[job.id] = job
+        self.predicted[job.id] = predicted
 
     def finish(self, job_id: int) -> None:
         self.running.pop(job_id)
+        self.predicted.pop(job_id)
 
     def cycle(
         self, now: float, result: ReplayResult
     ) -> dict[int, list[tuple[str, tuple[int, ...]]]]:
-        infos = [job_info(j, j.id * 1000) for j in self.pending.values()]
+        infos = [job_info(j, j.id * 1000, self.predicted[j.id]) for j in self.pending.values()]
         for job, started_at, where in self.running.values():
-            info = job_info(job, job.id * 1000)
+            info = job_info(job, job.id * 1000, self.predicted[job.id])
             info.state = "Running"
             for task, (node, devices) in zip(info.tasks, where, strict=True):
                 task.state, task.node, task.devices, task.started_at = (

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from scheduler.core import predict
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
 from scheduler.core.resources import DIMENSIONS, Resources
 from scheduler.core.status import Status
@@ -279,9 +280,14 @@ class Session:
 
     def add_ends(self, started: list[tuple[JobInfo, TaskInfo, str]]) -> None:
         """Tasks started on nodes: when their walltimes give their resources back."""
+        correction = self.config.prediction_correction
         for job, task, node in started:
             if job.walltime is None or task.started_at is None or task.state == "Releasing":
                 continue
+            if job.predicted is None:
+                at = task.started_at + job.walltime
+            else:  # its prediction, raised as often as the job has outlived it
+                at = predict.end(job, task.started_at, self.now, correction) or 0.0
             request = task.resources
             release = (
                 request  # the same figures: no need for a new tuple
@@ -289,10 +295,33 @@ class Session:
                 else Resources(request.cpu, request.memory, len(task.devices))
             )
             # (end, node, task id) is unique: sorting never compares further.
-            self.walltime_ends.append(
-                (task.started_at + job.walltime, node, task.id, job.id, release)
-            )
+            self.walltime_ends.append((at, node, task.id, job.id, release))
         self.walltime_ends.sort()
+
+    def raise_outlived(self) -> None:
+        """Running jobs still running at their predicted end get a later one
+        (`predict.end`); the plans made with the old ends are forgotten. Jobs planned by
+        their walltime are left as they are."""
+        ends = self.walltime_ends
+        count = 0
+        while count < len(ends) and ends[count][0] <= self.now:
+            count += 1
+        changed = False
+        correction = self.config.prediction_correction
+        for i in range(count):
+            at, node, task_id, job_id, release = ends[i]
+            job = self.jobs.get(job_id)
+            if job is None or job.predicted is None:
+                continue
+            started = next(t.started_at for t in job.tasks if t.id == task_id)
+            later = predict.end(job, started or 0.0, self.now, correction) or at
+            if later != at:
+                ends[i] = (later, node, task_id, job_id, release)
+                changed = True
+        if changed:
+            ends.sort()
+            self.version += 1
+            self.reservations = {}
 
     def freed(self, node: NodeView, cpu: int, memory: int, gpu: int) -> None:
         """The node's free resources changed by (cpu, memory, gpu)."""

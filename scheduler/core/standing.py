@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
+from scheduler.core import predict
 from scheduler.core.cycle import CycleResult, run_actions
 from scheduler.core.model import (
     JobInfo,
@@ -80,19 +81,13 @@ class StandingSession:
         if queue is not None:
             queue.allocated = queue.allocated - held
         job.state = "Succeeded"
-        _drop_ends(session.walltime_ends, job)
+        ends = _drop_ends(session.walltime_ends, job)
         session.forget_job(job_id)
         session.forget_key(job_id)
         session.version += 1
-        walltime = job.walltime
-        ends = (
-            [t.started_at + walltime for t in job.tasks if t.started_at is not None]
-            if (walltime is not None)
-            else []
-        )
         if ends and len(ends) == len(job.tasks):
-            # From its last walltime end on, the room is what the plan counted.
-            session.carry_plan(max(ends, default=None))
+            # From its last planned end on, the room is what the plan counted.
+            session.carry_plan(max(ends))
         return job
 
     def _release(self, job: JobInfo) -> Resources:
@@ -133,7 +128,7 @@ class StandingSession:
         start = plan[1][0]
         harmless = self.session.plan_harmless
         return all(
-            job.id in harmless or (job.walltime is not None and now + job.walltime > start)
+            job.id in harmless or ((ran := predict.runtime(job)) is not None and now + ran > start)
             for job in started
         )
 
@@ -141,6 +136,7 @@ class StandingSession:
         """Run the actions at `now` and start what they bound."""
         session = self.session
         session.begin_cycle(now)
+        session.raise_outlived()
         result = run_actions(session)
         self._start(now)
         return result
@@ -153,20 +149,22 @@ class StandingSession:
             return
         started: dict[int, JobInfo] = {}
         ends = session.walltime_ends
+        planned = {job.id: predict.runtime(job) for job, *_ in bound}
         for job, task, node, devices in bound:
             task.state, task.node, task.devices, task.started_at = (
                 "Running", node.name, devices, now,
             )  # fmt: skip
             node.tasks.append((job, task))
             started[job.id] = job
-            if job.walltime is not None:  # (as `Session.add_ends` does, in the same loop)
+            ran = planned[job.id]
+            if ran is not None:  # (as `Session.add_ends` does, in the same loop)
                 request = task.resources
                 release = (
                     request
                     if request.gpu == len(devices)
                     else Resources(request.cpu, request.memory, len(devices))
                 )
-                ends.append((now + job.walltime, node.name, task.id, job.id, release))
+                ends.append((now + ran, node.name, task.id, job.id, release))
         ends.sort()
         session.version += 1
         if self._plan_stands(started.values(), now):
@@ -192,18 +190,27 @@ class StandingSession:
             _remove(queue.jobs, job)
 
 
-def _drop_ends(ends: list[tuple[float, str, int, int, Resources]], job: JobInfo) -> None:
-    """Take the job's walltime ends out of the sorted list: each is at its task's start plus
-    the job's walltime, so only the entries at those moments are looked at."""
+def _drop_ends(ends: list[tuple[float, str, int, int, Resources]], job: JobInfo) -> list[float]:
+    """Take the job's planned ends out of the sorted list; return them. Planned by walltime,
+    each is at its task's start plus the walltime, so only the entries at those moments are
+    looked at; a predicted end may have been raised since: the whole list is."""
     if job.walltime is None:
-        return  # it has none
+        return []  # it has none
+    if job.predicted is not None:
+        dropped = [e[0] for e in ends if e[3] == job.id]
+        ends[:] = [e for e in ends if e[3] != job.id]
+        return dropped
     moments = {t.started_at + job.walltime for t in job.tasks if t.started_at is not None}
+    dropped = []
     for moment in moments:
         first = bisect.bisect_left(ends, (moment,))
         last = first
         while last < len(ends) and ends[last][0] == moment:
             last += 1
-        ends[first:last] = [e for e in ends[first:last] if e[3] != job.id]
+        kept = [e for e in ends[first:last] if e[3] != job.id]
+        dropped.extend([moment] * (last - first - len(kept)))
+        ends[first:last] = kept
+    return dropped
 
 
 def _remove(jobs: list[JobInfo], job: JobInfo) -> None:

@@ -159,3 +159,31 @@ def test_no_reserved_job_starts_later_than_its_first_reservation(kth_replays):
     assert result.first_reservation  # the log does make jobs wait for a reservation
     late = {i: t for i, t in result.first_reservation.items() if result.starts[i] > t}
     assert late == {}
+
+
+def test_with_predictions_off_the_kth_log_is_scheduled_as_recorded():
+    """Issue #21: runtime predictions are off unless asked for, and then change nothing,
+    start estimates at submission included (they only read the replay's state)."""
+    jobs, recorded = kth_trace()
+    nodes, queues = kth_cluster()
+    result = replay(jobs, nodes, queues, POLICIES["easy"], predictions=False, estimates=True)
+    assert schedule(jobs, result) == recorded["easy"]
+    assert result.predicted == {}
+    assert len(result.estimates) == len(jobs)  # every job fits once the cluster drains
+
+
+@pytest.mark.parametrize("correction", ["walltime", "stepwise"])
+def test_full_cycles_and_the_standing_session_decide_the_same_with_predictions(correction):
+    """Predictions raised as running jobs outlive them: the standing session's kept ends
+    and plans give what a fresh snapshot at every event gives."""
+    jobs = generated_trace(3, 150)
+    for i, job in enumerate(jobs):
+        job.owner = f"u{i % 4}"
+    nodes, queues = generated_cluster()
+    config = SchedulingPolicy(actions=POLICIES["easy"].actions, prediction_correction=correction)
+    full = replay(jobs, nodes, queues, config, incremental=False, predictions=True)
+    standing = replay(jobs, nodes, queues, config, incremental=True, predictions=True)
+    assert schedule(jobs, standing) == schedule(jobs, full)
+    assert standing.first_reservation == full.first_reservation
+    off = replay(jobs, nodes, queues, config)
+    assert schedule(jobs, standing) != schedule(jobs, off)  # predictions do change decisions
