@@ -141,6 +141,9 @@ class StandingSession:
         """Run the actions at `now` and start what they bound."""
         session = self.session
         session.begin_cycle(now)
+        weights = session.config.priority_weights
+        if weights.age and not weights.off:
+            session.refresh_keys()  # waiting raises the age factor: the order moves
         result = run_actions(session)
         self._start(now)
         return result
