@@ -17,7 +17,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from scheduler import arrays, gpu_history, lifecycle, notify, planning, store
+from scheduler import arrays, fairshare, gpu_history, lifecycle, notify, planning, store
 from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulingPolicy
 from scheduler.faults import dependency_down
@@ -191,7 +191,7 @@ def run_scheduler_cycle(
 
 
 def _cycle(report: CycleReport, config: SchedulingPolicy | None) -> None:
-    config = config or SchedulingPolicy()
+    config = config or fairshare.scheduling_policy()
     # User requests first, so a cancel or suspend takes effect before placement. Array
     # elements asked to stop are cancelled in bulk first, not one transaction each.
     report.counts["requests"] = (
@@ -204,6 +204,7 @@ def _cycle(report: CycleReport, config: SchedulingPolicy | None) -> None:
     _phase(report, "lifecycle", arrays.release_held_elements, "arrays")
     loaded = _phase(report, "load", _load)
     if loaded is not None:
+        _phase(report, "load", lambda: fairshare.fill(loaded.snapshot, config), "fairshare")
         result = _phase(report, "core", lambda: run_cycle(loaded.snapshot, config))
         if result is not None:
             report.core_timings = dict(result.timings)
@@ -217,6 +218,7 @@ def _cycle(report: CycleReport, config: SchedulingPolicy | None) -> None:
                     n for a, n in applied.by_action.items() if a not in ("allocate", "backfill")
                 )
                 report.counts["stale"] = applied.stale
+            _phase(report, "commit", lambda: fairshare.persist_factors(result, config), "factors")
             for evict in result.evictions:
                 report.counts["reclaimed" if evict.reason == "Reclaimed" else "preempted"] += 1
             report.counts["pending"] = len(result.pending)
