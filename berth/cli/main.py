@@ -304,8 +304,13 @@ def _peak(task: dict[str, Any]) -> str | None:
 @cli.command()
 @click.argument("job_id", type=int)
 @click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
-@click.option("--task", "task_name", default=None, metavar="TASK",
-              help="only this task: GROUP-INDEX as `berth show` lists it (or INDEX)")
+@click.option(
+    "--task",
+    "task_name",
+    default=None,
+    metavar="TASK",
+    help="only this task: GROUP-INDEX as `berth show` lists it (or INDEX)",
+)
 @click.option("--attempt", type=int, default=None, help="an earlier attempt's output")
 def logs(job_id: int, follow: bool, task_name: str | None, attempt: int | None) -> None:
     """A job's whole output, task by task (with -f: live, until the job ends)."""
