@@ -127,6 +127,7 @@ def stored(factors: Factors, weights: PriorityWeights) -> dict[str, Any]:
     """A job's factors as stored and shown (`sprio`): the priority, each factor and what it
     adds with its weight."""
     named = factors.as_dict()
+    del named["priority"]  # at the top, rounded coarser: it moves with age every cycle
     size_weight = weights.job_size
     weighted = {
         "age": round(weights.age * factors.age, 1),

@@ -218,7 +218,12 @@ def _cycle(report: CycleReport, config: SchedulingPolicy | None) -> None:
                     n for a, n in applied.by_action.items() if a not in ("allocate", "backfill")
                 )
                 report.counts["stale"] = applied.stale
-            _phase(report, "commit", lambda: fairshare.persist_factors(result, config), "factors")
+            report.counts["factors_written"] = (
+                _phase(
+                    report, "commit", lambda: fairshare.persist_factors(result, config), "factors"
+                )
+                or 0
+            )
             for evict in result.evictions:
                 report.counts["reclaimed" if evict.reason == "Reclaimed" else "preempted"] += 1
             report.counts["pending"] = len(result.pending)

@@ -239,3 +239,13 @@ def test_the_api_shows_a_pending_jobs_factors(api, owner):
     body = api(owner).get(f"/api/v1/jobs/{waiting.pk}/").json()
     assert set(body["priority_factors"]) == {"priority", "factors", "weighted"}
     assert body["priority_factors"]["factors"]["fair_share"] == 1.0
+
+
+def test_factors_are_written_once_not_every_cycle(owner):
+    make_node("gpu-1", gpus=1, cpu=8000)
+    submit_job(owner, one_gpu_job("sweep", array="0-99"))
+    first = run_scheduler_cycle()
+    assert first.counts["factors_written"] == 99  # one placed, 99 wait
+    # The placed one now counts as usage: the factors change once, then stand.
+    assert run_scheduler_cycle().counts["factors_written"] == 99
+    assert run_scheduler_cycle().counts["factors_written"] == 0
