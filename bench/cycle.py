@@ -31,6 +31,7 @@ from scheduler.core.model import (  # noqa: E402
     Snapshot,
     TaskInfo,
 )
+from scheduler.core.priority import PriorityWeights  # noqa: E402
 from scheduler.core.resources import Resources  # noqa: E402
 
 GI = 1 << 30
@@ -163,14 +164,22 @@ def _pending_job(job: _JobMaker, gpus: int, queues: int) -> JobInfo:
     )
 
 
+# `--factors`: the job order of the scheduler loop's default settings, over 37 users with
+# different usage (docs/configuration.md#job-priority-and-fair-share).
+FACTORS = PriorityWeights(age=1000, fair_share=10_000, priority=100)
+
+
 def measure(
-    nodes: int, gpus: int, jobs: int, seed: int, queues: int, repeat: int
+    nodes: int, gpus: int, jobs: int, seed: int, queues: int, repeat: int, factors: bool = False
 ) -> dict[str, Any]:
     snapshot = build(nodes, gpus, jobs, seed, queues)
+    policy = SchedulingPolicy(priority_weights=FACTORS if factors else PriorityWeights())
+    if factors:
+        snapshot.usage = {f"user-{i}": 1000.0 * i for i in range(37)}
     best: dict[str, Any] | None = None
     for _ in range(repeat):
         started = time.perf_counter()
-        result = run_cycle(snapshot, SchedulingPolicy())
+        result = run_cycle(snapshot, policy)
         total = time.perf_counter() - started
         if best is None or total < best["total_s"]:
             best = {
@@ -179,6 +188,7 @@ def measure(
                 "pending_jobs": jobs,
                 "running_jobs": sum(1 for j in snapshot.jobs if j.state == "Running"),
                 "queues": queues,
+                "factors": factors,
                 "total_s": round(total, 4),
                 "actions_s": {k: round(v, 4) for k, v in result.timings.items() if k != "total"},
                 "binds": len(result.binds),
@@ -199,6 +209,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3, help="runs; the fastest is reported")
     parser.add_argument("--sweep", action="store_true", help="the growth series of the issue")
+    parser.add_argument("--factors", action="store_true", help="order by the priority factors")
     args = parser.parse_args()
     for name in ("nodes", "gpus_per_node", "jobs", "queues", "repeat"):
         if getattr(args, name) < 1:
@@ -207,7 +218,13 @@ def main() -> None:
         print(
             json.dumps(
                 measure(
-                    args.nodes, args.gpus_per_node, args.jobs, args.seed, args.queues, args.repeat
+                    args.nodes,
+                    args.gpus_per_node,
+                    args.jobs,
+                    args.seed,
+                    args.queues,
+                    args.repeat,
+                    args.factors,
                 ),
                 indent=1,
             )

@@ -367,6 +367,25 @@ if BERTH_PREDICTION_CORRECTION not in ("walltime", "stepwise"):
         f"BERTH_PREDICTION_CORRECTION={BERTH_PREDICTION_CORRECTION!r}:"
         " expected walltime or stepwise"
     )
+# Job priority from named factors (docs/planning.md, docs/configuration.md), as Slurm's
+# PriorityWeight*: each factor in [0, 1] times its weight (the job's own priority counts per
+# unit). BERTH_PRIORITY_FACTORS=off sets every weight to 0: jobs go by their own priority,
+# then age, exactly as before the factors existed.
+BERTH_PRIORITY_FACTORS = env_bool("BERTH_PRIORITY_FACTORS", default=True)
+BERTH_PRIORITY_WEIGHT_AGE = env_float("BERTH_PRIORITY_WEIGHT_AGE", 1000.0, minimum=0.0)
+BERTH_PRIORITY_WEIGHT_FAIRSHARE = env_float("BERTH_PRIORITY_WEIGHT_FAIRSHARE", 10000.0, minimum=0.0)
+BERTH_PRIORITY_WEIGHT_JOBSIZE = env_float("BERTH_PRIORITY_WEIGHT_JOBSIZE", 0.0, minimum=0.0)
+BERTH_PRIORITY_WEIGHT_QUEUE = env_float("BERTH_PRIORITY_WEIGHT_QUEUE", 0.0, minimum=0.0)
+BERTH_PRIORITY_WEIGHT_PRIORITY = env_float("BERTH_PRIORITY_WEIGHT_PRIORITY", 100.0, minimum=0.0)
+BERTH_PRIORITY_MAX_AGE = env_float("BERTH_PRIORITY_MAX_AGE", 7 * 86400.0, minimum=1.0)
+BERTH_PRIORITY_FAVOR_SMALL = env_bool("BERTH_PRIORITY_FAVOR_SMALL", default=False)
+# Fair share's usage: GPU-seconds and core-seconds weighted, halved every half-life seconds
+# (0: never), read again at most every BERTH_FAIRSHARE_REFRESH_SECONDS by the scheduler.
+BERTH_FAIRSHARE_HALF_LIFE = env_float("BERTH_FAIRSHARE_HALF_LIFE", 7 * 86400.0, minimum=0.0)
+BERTH_FAIRSHARE_GPU_WEIGHT = env_float("BERTH_FAIRSHARE_GPU_WEIGHT", 10.0, minimum=0.0)
+BERTH_FAIRSHARE_CPU_WEIGHT = env_float("BERTH_FAIRSHARE_CPU_WEIGHT", 1.0, minimum=0.0)
+BERTH_FAIRSHARE_DEFAULT_SHARE = env_float("BERTH_FAIRSHARE_DEFAULT_SHARE", 1.0, minimum=0.0)
+BERTH_FAIRSHARE_REFRESH_SECONDS = env_float("BERTH_FAIRSHARE_REFRESH_SECONDS", 60.0, minimum=0.0)
 # GPU utilisation history (docs/metrics.md): samples older than this are deleted by the
 # scheduler loop, and at most one sample per node is kept per BERTH_GPU_SAMPLE_SECONDS (so a
 # device holds at most HISTORY / SAMPLE samples, however often its agent renews its lease).

@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from scheduler.accounting import UsageQueryError, parse_usage_query, usage_rows
+from scheduler.fairshare import share_rows, weights
 from scheduler.models import ApiToken, UsageRecord
 from scheduler.tokens import TokenError, create_token, revoke_token
 
@@ -80,6 +81,11 @@ def usage(request: HttpRequest) -> HttpResponse:
         chart=usage_chart(usage_rows(records, ["day", "user"]), since.date(), last_day),
         totals=usage_rows(records, ["user"]),
     )  # fmt: skip
+    shares = share_rows()  # fair share now (sshare): your own line, everyone's for staff
+    context["shares"] = shares if user.is_staff else [
+        r for r in shares if r.user == user.get_username()
+    ]  # fmt: skip
+    context["factors_off"] = weights().off
     return render(request, "dashboard/usage.html", context)
 
 

@@ -25,6 +25,7 @@ from scheduler.models import (
     Task,
     TaskLog,
     UsageRecord,
+    UserShare,
 )
 
 
@@ -45,9 +46,18 @@ def _apply(
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin[Queue]):
     list_display = ["name", "weight", "capability", "reclaimable", "priority",
-                    "max_user_priority", "open"]  # fmt: skip
+                    "max_user_priority", "open", "max_user_running_gpus",
+                    "max_user_running_cpus", "max_user_running_jobs", "max_user_pending_jobs",
+                    "user_limits_exempt_staff"]  # fmt: skip
     list_filter = ["open", "reclaimable"]
     search_fields = ["name"]
+
+
+@admin.register(UserShare)
+class UserShareAdmin(admin.ModelAdmin[UserShare]):
+    list_display = ["user", "account", "shares"]
+    search_fields = ["user__username", "account"]
+    raw_id_fields = ["user"]
 
 
 class DeviceInline(admin.TabularInline[Device, Node]):

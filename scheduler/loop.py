@@ -14,11 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from scheduler import arrays, gpu_history, gpu_idle, lifecycle, notify, planning, store
+from scheduler import arrays, fairshare, gpu_history, gpu_idle, lifecycle, notify, planning, store
 from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulingPolicy
 from scheduler.faults import dependency_down
@@ -192,8 +191,7 @@ def run_scheduler_cycle(
 
 
 def _cycle(report: CycleReport, config: SchedulingPolicy | None) -> None:
-    # A prediction a running job outlived is raised as the cluster says (docs/configuration.md).
-    config = config or SchedulingPolicy(prediction_correction=settings.BERTH_PREDICTION_CORRECTION)
+    config = config or fairshare.scheduling_policy()
     # User requests first, so a cancel or suspend takes effect before placement. Array
     # elements asked to stop are cancelled in bulk first, not one transaction each.
     report.counts["requests"] = (
@@ -206,6 +204,7 @@ def _cycle(report: CycleReport, config: SchedulingPolicy | None) -> None:
     _phase(report, "lifecycle", arrays.release_held_elements, "arrays")
     loaded = _phase(report, "load", _load)
     if loaded is not None:
+        _phase(report, "load", lambda: fairshare.fill(loaded.snapshot, config), "fairshare")
         result = _phase(report, "core", lambda: run_cycle(loaded.snapshot, config))
         if result is not None:
             report.core_timings = dict(result.timings)
@@ -219,6 +218,12 @@ def _cycle(report: CycleReport, config: SchedulingPolicy | None) -> None:
                     n for a, n in applied.by_action.items() if a not in ("allocate", "backfill")
                 )
                 report.counts["stale"] = applied.stale
+            report.counts["factors_written"] = (
+                _phase(
+                    report, "commit", lambda: fairshare.persist_factors(result, config), "factors"
+                )
+                or 0
+            )
             for evict in result.evictions:
                 report.counts["reclaimed" if evict.reason == "Reclaimed" else "preempted"] += 1
             report.counts["pending"] = len(result.pending)

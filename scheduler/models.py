@@ -98,6 +98,28 @@ class Queue(models.Model):
         help_text="the highest job priority non-staff users may ask for; staff may set any",
     )
     open = models.BooleanField(default=True)
+    # Per-user limits in this queue (null: unlimited), as Slurm's MaxTRESPerUser,
+    # MaxJobsPerUser and MaxSubmitJobsPerUser: a job that would take its owner past a running
+    # limit waits (UserLimit); a submission past the pending limit is refused with a 400.
+    max_user_running_gpus = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MaxValueValidator(10**6)],
+        help_text="GPUs one user's running jobs may hold in this queue; empty: unlimited",
+    )  # fmt: skip
+    max_user_running_cpus = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=[MaxValueValidator(10**12)],
+        help_text="millicores one user's running jobs may hold in this queue; empty: unlimited",
+    )  # fmt: skip
+    max_user_running_jobs = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MaxValueValidator(10**7)],
+        help_text="jobs one user may run at once in this queue; empty: unlimited",
+    )  # fmt: skip
+    max_user_pending_jobs = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MaxValueValidator(10**7)],
+        help_text="jobs (array elements each) one user may have waiting here; empty: unlimited",
+    )  # fmt: skip
+    user_limits_exempt_staff = models.BooleanField(
+        default=False, help_text="staff users are not held to the per-user limits"
+    )
     default_cpu = models.BigIntegerField(
         default=DEFAULT_TASK_CPU,
         validators=[MinValueValidator(0), MaxValueValidator(10**9)],
@@ -407,6 +429,10 @@ class Job(models.Model):
     pending_code = models.CharField(max_length=32, blank=True)
     pending_message = models.TextField(blank=True)
     pending_node_reasons = models.JSONField(default=dict, blank=True)
+    # The pending job's priority and its named factors as the scheduler last ordered it
+    # (scheduler/fairshare.py): {"priority", "factors": {...}, "weighted": {...}}; null when
+    # not waiting or the factors are off.
+    priority_factors = models.JSONField(null=True, blank=True)
     # When a pending job should start: written by the planner, not by the status writer.
     estimated_start_at = models.DateTimeField(null=True, blank=True)
     # 1 = next in its queue, in the scheduler's order (scheduler/planning.py); null when the
@@ -472,6 +498,10 @@ class Job(models.Model):
         indexes = [
             # The store adapter loads active jobs by state every cycle.
             models.Index(fields=["state", "queue"], name="job_state_queue"),
+            # Per-user pending limits (scheduler/submit.py): one owner's waiting jobs in a queue.
+            models.Index(
+                fields=["owner", "queue"], condition=Q(state="Pending"), name="job_pending_owner"
+            ),
             # The jobs page lists a user's jobs newest first.
             models.Index(fields=["owner", "-id"], name="job_owner"),
             # TTL cleanup scans finished jobs by finish time.
@@ -757,6 +787,32 @@ class SchedulerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"last cycle {self.last_cycle_at} by {self.leader}"
+
+
+class UserShare(models.Model):
+    """A user's fair-share shares (Slurm's `Shares` of an association); a user without a row
+    has `BERTH_FAIRSHARE_DEFAULT_SHARE`. `account` is the group the shares are within, "" for
+    the cluster: accounts (Slurm's Fair Tree levels) may come later without a new table."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    account = models.CharField(max_length=63, blank=True, default="")
+    shares = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1e9)],
+        help_text="relative shares; 0 puts the user behind everyone with usage",
+    )
+
+    class Meta:
+        ordering = ["account", "user_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "account"], name="usershare_once"),
+            models.CheckConstraint(
+                condition=Q(shares__gte=0) & Q(shares__lte=1e9), name="usershare_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}/{self.account or '-'}: {self.shares:g}"
 
 
 class UsageRecord(models.Model):

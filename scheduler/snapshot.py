@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db.models import Q, QuerySet, TextField
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
@@ -203,10 +204,17 @@ def _load_nodes(loaded: Loaded) -> dict[int, str]:
 
 def _load_queues(loaded: Loaded) -> dict[int, str]:
     queue_name = {}
-    for pk, name, weight, capability, reclaimable, priority, is_open in Queue.objects.order_by(
-        "name"
-    ).values_list("id", "name", "weight", "capability", "reclaimable", "priority", "open"):
+    rows = Queue.objects.order_by("name").values_list(
+        "id", "name", "weight", "capability", "reclaimable", "priority", "open",
+        "max_user_running_gpus", "max_user_running_cpus", "max_user_running_jobs",
+        "user_limits_exempt_staff",
+    )  # fmt: skip
+    staff: frozenset[str] | None = None
+    for pk, name, weight, capability, reclaimable, priority, is_open, *limits in rows:
         queue_name[pk] = name
+        gpus, cpus, jobs, exempt_staff = limits
+        if exempt_staff and staff is None and (gpus, cpus, jobs) != (None, None, None):
+            staff = _staff_ids()
         try:
             limit = _capability(capability)
         except ValueError as exc:
@@ -222,9 +230,20 @@ def _load_queues(loaded: Loaded) -> dict[int, str]:
                 reclaimable=reclaimable,
                 priority=priority,
                 open=is_open,
+                max_user_gpus=gpus,
+                max_user_cpus=cpus,
+                max_user_jobs=jobs,
+                limits_exempt=(staff or frozenset()) if exempt_staff else frozenset(),
             )
         )
     return queue_name
+
+
+def _staff_ids() -> frozenset[str]:
+    """Staff users, by id as the snapshot names owners (read only where a queue exempts
+    them from its per-user limits)."""
+    users = get_user_model().objects.filter(is_staff=True, is_active=True)
+    return frozenset(str(pk) for pk in users.values_list("pk", flat=True))
 
 
 def _capability(data: Any) -> Resources | None:

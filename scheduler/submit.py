@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models import Count, QuerySet
 
 from scheduler import notify
 from scheduler.arrays import submit_array
+from scheduler.arrayspec import parse_array
 from scheduler.core.fit import Ask, Offer, never_fits, over_capability
 from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
 from scheduler.core.resources import Resources
@@ -31,12 +34,14 @@ from scheduler.newjob import write_job
 from scheduler.setbased import row_by
 from scheduler.specs import (
     SpecError,
+    array_max_elements,
     normalize_flow_spec,
     normalize_job_spec,
     normalize_template_spec,
     step_job_spec,
     with_queue_defaults,
 )
+from scheduler.states import JobState
 
 M = TypeVar("M", bound=models.Model)
 
@@ -64,21 +69,60 @@ def submit_job(
     # A flow's steps were checked against the nodes when the flow was submitted.
     spec, queue, lowered = _checked(data, policy_user, lower_priority_to_cap, flow is None)
     labels = _job_labels(spec, flow, template, step)
-    if "array" in spec:
-        if flow is not None:
-            raise SpecError({"array": ["not in a flow step: a step fans out with items"]})
-        return submit_array(owner, spec, queue, labels)
-    job = Job(
-        **_job_fields(spec),
-        owner=owner,
-        queue=queue,
-        labels=labels,
-        flow=flow,
-        step=step,
-        item_index=item_index,
-        template=template,
-        hold_reason=hold_reason,
-    )
+    if "array" in spec and flow is not None:
+        raise SpecError({"array": ["not in a flow step: a step fans out with items"]})
+    # A flow's own jobs are not held to the pending limit: the flow was accepted whole.
+    limited = flow is None and queue.max_user_pending_jobs is not None
+    with pending_limit(owner, queue, _elements(spec) if limited else 0):
+        if "array" in spec:
+            return submit_array(owner, spec, queue, labels)
+        job = _write_new_job(owner, spec, queue, labels, lowered,
+                             flow=flow, step=step, item_index=item_index, template=template,
+                             hold_reason=hold_reason)  # fmt: skip
+    notify.changed(jobs=[job.pk], flows=[flow.pk] if flow else [])
+    return job
+
+
+def _elements(spec: dict[str, Any]) -> int:
+    """How many jobs the spec makes: an array's elements, else one."""
+    if "array" not in spec:
+        return 1
+    return len(parse_array(spec["array"], array_max_elements()).indices)
+
+
+@contextmanager
+def pending_limit(owner: Any, queue: Queue, adding: int) -> Iterator[None]:
+    """Refuse (SpecError, nothing written) a submission that would take `owner` past the
+    queue's `max_user_pending_jobs`; else run the block in one transaction holding a lock
+    per (user, queue) until it commits, so two racing submissions cannot both pass. No
+    statement at all where the queue sets no limit (or exempts the owner)."""
+    limit = queue.max_user_pending_jobs
+    exempt = queue.user_limits_exempt_staff and getattr(owner, "is_staff", False)
+    if limit is None or exempt or adding <= 0:
+        yield
+        return
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:  # released at commit or rollback
+                # The two-key form: apart from the leader's one-key lock (scheduler/leader.py).
+                cursor.execute("SELECT pg_advisory_xact_lock(%s::int, %s::int)",
+                               [queue.pk, owner.pk])  # fmt: skip
+        waiting = Job.objects.filter(owner=owner, queue=queue, state=JobState.PENDING)
+        count = waiting.filter(array_size__isnull=True).count()
+        if count + adding > limit:
+            raise SpecError({"queue": [
+                f'max_user_pending_jobs of queue "{queue.name}" is {limit}: you have {count}'
+                f" pending there and this submission adds {adding}"
+            ]})  # fmt: skip
+        yield
+
+
+def _write_new_job(
+    owner: Any, spec: dict[str, Any], queue: Queue, labels: dict[str, str], lowered: str,
+    **links: Any,
+) -> Job:  # fmt: skip
+    """Insert one job, its tasks and its submission events (scheduler/newjob.py)."""
+    job = Job(**_job_fields(spec), owner=owner, queue=queue, labels=labels, **links)
     tasks = _new_tasks(job, spec)
     events = [_event(job, "JobSubmitted", "Submitted",
                      f"{len(tasks)} tasks in queue {queue.name}")]  # fmt: skip
@@ -86,7 +130,6 @@ def submit_job(
         events.append(_event(job, "PriorityLowered", "PriorityPolicy", lowered))
     write_job(job, tasks, events)  # one statement, atomic (scheduler/newjob.py)
     _created_with(job, tasks)
-    notify.changed(jobs=[job.pk], flows=[flow.pk] if flow else [])
     return job
 
 

@@ -55,6 +55,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                   "scheduler.gpu_idle",
                   "scheduler.tokens", "scheduler.heartbeat", "scheduler.health",
                   "scheduler.metrics", "scheduler.faults", "scheduler.predictions",
+                  "scheduler.fairshare",
                   "berth.cache")),
     ("models", ("scheduler.models", "scheduler.states", "scheduler.specs",
                 "scheduler.arrayspec", "scheduler.apps", "scheduler.migrations")),

@@ -264,6 +264,7 @@ def show(job_id: int, as_json: bool) -> None:
         click.echo(f"{'waiting':>12}: {status['message']}")
         for reason, count in (status.get("node_reasons") or {}).items():
             click.echo(f"{'':>12}  {count} node(s): {reason}")
+    _show_factors(job.get("priority_factors"))
     table(job.get("tasks", []), [("TASK", lambda t: f"{t['group']}-{t['index']}"),
                                  ("STATE", lambda t: t["state"]), ("NODE", lambda t: t["node"]),
                                  ("GPUS", lambda t: ",".join(map(str, t["devices"])) or None),
@@ -275,6 +276,20 @@ def show(job_id: int, as_json: bool) -> None:
     for task in job.get("tasks", []):
         if task.get("reason"):
             click.echo(f"{task['group']}-{task['index']}: {task['reason']}: {task['message']}")
+
+
+FACTORS = ("age", "fair_share", "job_size", "queue", "job_priority")
+
+
+def _show_factors(data: Any) -> None:
+    """A waiting job's priority and what each factor adds (as `sprio` shows it)."""
+    if not isinstance(data, dict):
+        return
+    factors, weighted = data.get("factors") or {}, data.get("weighted") or {}
+    click.echo(f"{'sched prio':>12}: {data.get('priority')}")
+    for name in FACTORS:
+        if name in factors:
+            click.echo(f"{name:>12}: {weighted.get(name, 0):>10}  (factor {factors[name]})")
 
 
 def _percent(task: dict[str, Any], key: str) -> str | None:
@@ -569,9 +584,14 @@ def _labels(node: dict[str, Any]) -> str:
 @click.option("--until", default=None, help="until this day (YYYY-MM-DD)")
 @click.option("--group-by", type=click.Choice(["user", "queue", "day"]), default="user",
               show_default=True)  # fmt: skip
+@click.option("--shares", is_flag=True, help="decayed usage, shares, factor (as sshare)")
 @click.option("--json", "as_json", is_flag=True)
-def usage(since: str | None, until: str | None, group_by: str, as_json: bool) -> None:
+def usage(since: str | None, until: str | None, group_by: str, shares: bool,
+          as_json: bool) -> None:  # fmt: skip
     """Accounting: jobs, cpu-hours and GPU-hours (yours, or everyone's for staff)."""
+    if shares:
+        _usage_shares(as_json)
+        return
     data = client().get("usage/", since=since, until=until, group_by=group_by)
     rows = data.get("results", data) if isinstance(data, dict) else data
     if as_json:
@@ -581,6 +601,22 @@ def usage(since: str | None, until: str | None, group_by: str, as_json: bool) ->
                  ("CPU-HOURS", lambda r: _hours(r.get("cpu_seconds"))),
                  ("GPU-HOURS", lambda r: _hours(r.get("gpu_seconds"))),
                  ("WALL-HOURS", lambda r: _hours(r.get("wall_seconds")))], "no usage")  # fmt: skip
+
+
+def _usage_shares(as_json: bool) -> None:
+    data = client().get("usage/shares/")
+    if as_json:
+        emit_json(data)
+        return
+    if data.get("factors_off"):
+        click.echo("priority factors are off: jobs go by their own priority, then age")
+    table(data.get("results", []), [("USER", lambda r: r["user"]),
+                                    ("SHARES", lambda r: f"{r['shares']:g}"),
+                                    ("NORM-SHARES", lambda r: f"{r['norm_shares']:.4f}"),
+                                    ("USAGE", lambda r: f"{r['usage']:.0f}"),
+                                    ("NORM-USAGE", lambda r: f"{r['norm_usage']:.4f}"),
+                                    ("FAIRSHARE", lambda r: f"{r['fair_share']:.4f}")],
+          "no users")  # fmt: skip
 
 
 def _hours(seconds: Any) -> str:

@@ -75,11 +75,17 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
                                 "spec names none (default 1)")  # fmt: skip
     default_memory = QuantityField("memory", required=False, help_text="memory a task gets "
                                    "when its spec names none (default 1Gi)")  # fmt: skip
+    max_user_running_cpus = QuantityField(
+        "cpu", required=False, allow_null=True,
+        help_text="cpu one user's running jobs may hold in this queue (null: unlimited)",
+    )  # fmt: skip
 
     class Meta:
         model = Queue
         fields = ["name", "weight", "capability", "reclaimable", "priority", "max_user_priority",
-                  "open", "default_cpu", "default_memory", "created_at"]  # fmt: skip
+                  "open", "default_cpu", "default_memory", "max_user_running_gpus",
+                  "max_user_running_cpus", "max_user_running_jobs", "max_user_pending_jobs",
+                  "user_limits_exempt_staff", "created_at"]  # fmt: skip
         read_only_fields = ["created_at"]
 
     def validate_capability(self, value: Any) -> Any:
@@ -243,6 +249,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     spec = JobSpecJSON(read_only=True)
     pending_reasons = serializers.SerializerMethodField()
     queue_position = serializers.SerializerMethodField()
+    priority_factors = serializers.SerializerMethodField()
     array = serializers.SerializerMethodField()
     estimate_basis = serializers.SerializerMethodField()
 
@@ -253,7 +260,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "walltime", "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry",
             "retries", "labels", "spec", "state", "reason", "message", "status",
             "pending_reasons", "estimated_start_at", "estimate_basis", "queue_position",
-            "gpu_idle_since",
+            "priority_factors", "gpu_idle_since",
             "requested_action", "flow",
             "template", "step", "item_index", "array", "array_parent", "array_index",
             "tasks", "created_at", "started_at", "finished_at",
@@ -285,6 +292,14 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         """What `estimated_start_at` was planned by: jobs' walltimes, or runtime
         predictions (EASY++, docs/configuration.md); null without an estimate."""
         return job.estimate_basis
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_priority_factors(self, job: Job) -> dict[str, Any] | None:
+        """The waiting job's priority and its named factors as the scheduler last ordered
+        it ({"priority", "factors", "weighted"}, as `sprio`); null unless it waits."""
+        if job.state not in (JobState.PENDING, JobState.SUSPENDED) or job.hold_reason:
+            return None
+        return job.priority_factors
 
     @extend_schema_field(serializers.IntegerField(allow_null=True, min_value=1))
     def get_queue_position(self, job: Job) -> int | None:

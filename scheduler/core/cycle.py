@@ -11,6 +11,7 @@ from scheduler.core.actions import allocate, enqueue, preempt, reclaim
 from scheduler.core.backfill import backfill
 from scheduler.core.model import SchedulingPolicy, Snapshot
 from scheduler.core.plugins import default_plugins
+from scheduler.core.priority import Factors
 from scheduler.core.session import Session
 from scheduler.core.status import Code, Status
 from scheduler.core.types import Bind, Evict
@@ -33,6 +34,8 @@ class CycleResult:
     pending: dict[int, Status] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     stats: Counter[str] = field(default_factory=Counter)
+    # job -> its priority factors (jobs ordered this cycle; empty with the factors off)
+    factors: dict[int, Factors] = field(default_factory=dict)
 
 
 def run_cycle(snapshot: Snapshot, config: SchedulingPolicy | None = None) -> CycleResult:
@@ -67,4 +70,5 @@ def run_actions(session: Session, timings: dict[str, float] | None = None) -> Cy
         pending=session.pending,
         timings=timings,
         stats=session.stats,
+        factors=session.factors,
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.core.predict import CORRECTIONS
+from scheduler.core.priority import PriorityWeights
 from scheduler.core.resources import Resources
 
 ACTIONS = ("enqueue", "allocate", "preempt", "reclaim", "backfill")
@@ -36,6 +37,17 @@ class QueueInfo:
     reclaimable: bool = True
     priority: int = 0
     open: bool = True
+    # Per-user running limits in this queue (None: unlimited): GPUs, cpu in millicores, jobs
+    # (Slurm's MaxTRESPerUser, MaxJobsPerUser); owners in `limits_exempt` have none.
+    max_user_gpus: int | None = None
+    max_user_cpus: int | None = None
+    max_user_jobs: int | None = None
+    limits_exempt: frozenset[str] = frozenset()
+
+    @property
+    def user_limited(self) -> bool:
+        return not (self.max_user_gpus is None and self.max_user_cpus is None
+                    and self.max_user_jobs is None)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -81,6 +93,10 @@ class Snapshot:
     nodes: list[NodeInfo]
     queues: list[QueueInfo]
     jobs: list[JobInfo]
+    # Fair share: each owner's decayed, resource-weighted usage and their share (an owner
+    # without one has the default share, 1). Read only when the fair-share weight is set.
+    usage: dict[str, float] = field(default_factory=dict)
+    shares: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,6 +114,8 @@ class SchedulingPolicy:
     # How a runtime prediction a running job outlived is raised (jobs with `predicted` only):
     # walltime | stepwise (scheduler/core/predict.py).
     prediction_correction: str = "walltime"
+    # The job order's factors (scheduler.core.priority); all 0 by default ("factors off").
+    priority_weights: PriorityWeights = PriorityWeights()
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.actions if a not in ACTIONS]

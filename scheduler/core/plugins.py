@@ -11,21 +11,56 @@ from collections.abc import Iterator
 from typing import Any
 
 from scheduler.core.model import JobInfo, SchedulingPolicy, TaskInfo
-from scheduler.core.resources import DIMENSIONS
+from scheduler.core.priority import Factors, age_factor, combine, fair_share_factors
+from scheduler.core.resources import DIMENSIONS, Resources
 from scheduler.core.session import Plugin, Session
 from scheduler.core.status import Code, Status
-from scheduler.core.types import LabelGroup, NodeView, QueueState
+from scheduler.core.types import HOLDS_RESOURCES, LabelGroup, NodeView, QueueState
 
 __all__ = ["Plugin", "default_plugins"]
 
 
 class PriorityPlugin(Plugin):
-    """Jobs by priority (highest first), then age (oldest first)."""
+    """Jobs by their multifactor priority (`scheduler.core.priority`; highest first), then
+    their own priority, then age (oldest first). With the factors off, by their own priority
+    then age alone, as before the factors existed. Preemption still needs a higher own
+    priority: fair share orders jobs, it never evicts anyone."""
 
     name = "priority"
 
+    def open(self, session: Session) -> None:
+        self.weights = session.config.priority_weights
+        self.fair: dict[str, float] = {}
+        self.top_queue = max((q.info.priority for q in session.queues.values()), default=0)
+        if self.weights.fair_share:
+            owners = {job.owner for job in session.candidates}
+            self.fair = fair_share_factors(session.usage, session.shares, owners)
+
     def job_key(self, session: Session, job: JobInfo) -> tuple[Any, ...]:
-        return (-job.priority, job.created_at)
+        if self.weights.off:
+            return (-job.priority, job.created_at)
+        factors = self.factors(session, job)
+        session.factors[job.id] = factors
+        return (-factors.priority, -job.priority, job.created_at)
+
+    def factors(self, session: Session, job: JobInfo) -> Factors:
+        weights = self.weights
+        fair = 0.0
+        if weights.fair_share:
+            if job.owner not in self.fair:  # a standing session's newcomer
+                owners = set(self.fair) | {job.owner}
+                self.fair = fair_share_factors(session.usage, session.shares, owners)
+            fair = self.fair[job.owner]
+        queue = session.queues.get(job.queue)
+        queue_priority = queue.info.priority if queue is not None else 0
+        return combine(
+            weights,
+            age=age_factor(session.now - job.created_at, weights.max_age),
+            fair=fair,
+            size=min(1.0, session.share(session.min_request(job))) if weights.job_size else 0.0,
+            queue=max(0, queue_priority) / self.top_queue if self.top_queue > 0 else 0.0,
+            job_priority=job.priority,
+        )
 
     def preemptable(
         self, session: Session, preemptor: JobInfo, victims: list[JobInfo]
@@ -134,6 +169,77 @@ class CapabilityPlugin(Plugin):
         return None
 
 
+class UserLimitPlugin(Plugin):
+    """Per-user running limits per queue (Slurm's MaxTRESPerUser and MaxJobsPerUser): a job
+    whose start would take its owner past one waits with `UserLimit`. What each owner runs
+    is counted once per cycle from the running jobs, then kept as the cycle binds and
+    evicts."""
+
+    name = "userlimit"
+
+    def open(self, session: Session) -> None:
+        self._bound: list[Any] | None = None  # the cycle's bind list the counts are for
+        self.use: dict[tuple[str, str], list[int]] = {}  # (queue, owner) -> gpu, cpu, jobs
+        self.counted: dict[int, Resources] = {}  # job -> what it holds, as counted
+
+    def overused(self, session: Session, queue: QueueState, job: JobInfo) -> Status | None:
+        info = queue.info
+        if not info.user_limited or job.owner in info.limits_exempt:
+            return None
+        gpu, cpu, jobs = self._use_of(session, info.name, job.owner)
+        need = session.min_request(job)
+        more_jobs = 0 if job.id in self.counted else 1
+        checks = (
+            ("running GPUs", info.max_user_gpus, gpu, need.gpu, str),
+            ("running CPUs", info.max_user_cpus, cpu, need.cpu, _cores),
+            ("running jobs", info.max_user_jobs, jobs, more_jobs, str),
+        )
+        for label, limit, used, more, show in checks:
+            if limit is not None and more and used + more > limit:
+                return Status(
+                    Code.USER_LIMIT,
+                    f'per-user limit of queue "{info.name}": {label} {show(used)}/{show(limit)}'
+                    f" in use by the owner, this job needs {show(more)} more",
+                )
+        return None
+
+    def _use_of(self, session: Session, queue: str, owner: str) -> list[int]:
+        if self._bound is not session.bound:  # a new cycle: count again
+            self._bound, self._seen, self._evictions = session.bound, 0, 0
+            self.use, self.counted = {}, {}
+            for running in session.running:
+                held = [t.resources for t in running.tasks if t.state in HOLDS_RESOURCES]
+                if held and running.queue in session.user_limited:
+                    self._add(running, held, +1)
+        for job, task, _node, _devices in session.bound[self._seen :]:
+            if job.queue in session.user_limited:
+                self._add(job, [task.resources], +1)
+        self._seen = len(session.bound)
+        for evict in session.evictions[self._evictions :]:
+            victim = session.jobs.get(evict.job_id)
+            if victim is not None and evict.job_id in self.counted:
+                self._add(victim, [self.counted.pop(evict.job_id)], -1)
+        self._evictions = len(session.evictions)
+        return self.use.get((queue, owner), [0, 0, 0])
+
+    def _add(self, job: JobInfo, held: list[Resources], sign: int) -> None:
+        use = self.use.setdefault((job.queue, job.owner), [0, 0, 0])
+        total = Resources()
+        for request in held:
+            total = total + request
+        use[0] += sign * total.gpu
+        use[1] += sign * total.cpu
+        if sign > 0:
+            use[2] += 0 if job.id in self.counted else 1
+            self.counted[job.id] = self.counted.get(job.id, Resources()) + total
+        else:
+            use[2] -= 1
+
+
+def _cores(millicores: int) -> str:
+    return f"{millicores / 1000:g}"
+
+
 class GangPlugin(Plugin):
     """A job starts only when `min_available` of its tasks can be placed at once."""
 
@@ -201,6 +307,7 @@ def default_plugins(config: SchedulingPolicy) -> list[Plugin]:
         PriorityPlugin(),
         PreemptablePlugin(),
         CapabilityPlugin(),
+        UserLimitPlugin(),
         GangPlugin(),
         PredicatesPlugin(),
         BinpackPlugin() if config.node_order == "binpack" else SpreadPlugin(),

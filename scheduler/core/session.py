@@ -21,6 +21,7 @@ from typing import Any
 
 from scheduler.core import predict
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
+from scheduler.core.priority import Factors
 from scheduler.core.resources import DIMENSIONS, Resources
 from scheduler.core.status import Status
 from scheduler.core.types import (
@@ -130,6 +131,10 @@ class Session:
         for node in self.nodes:
             self.total = self.total + node.capacity()
         self.queues = {q.name: QueueState(q) for q in snapshot.queues}
+        # Queues with per-user limits: there a job's refusal depends on its owner too.
+        self.user_limited = {q.name for q in snapshot.queues if q.user_limited}
+        self.usage, self.shares = snapshot.usage, snapshot.shares
+        self.factors: dict[int, Factors] = {}  # job -> its priority factors, when weighted
         self.jobs = {j.id: j for j in snapshot.jobs}
         # A Running job with pending tasks left (a gang started with min_available) is a
         # candidate for the rest, unless it is being stopped.
@@ -154,7 +159,7 @@ class Session:
         self._shapes: dict[int, Shape | None] = {}
         self._min_requests: dict[int, Resources] = {}
         self._gang_runs: dict[int, list[tuple[TaskInfo, int]]] = {}
-        self._alike_keys: dict[int, tuple[Shape, str, int] | None] = {}
+        self._alike_keys: dict[int, tuple[Shape, str, int, str] | None] = {}
         self._job_keys: dict[int, tuple[Any, ...]] = {}
         self._eligible: dict[Shape, list[NodeView]] = {}
         self._eligible_names: dict[Shape, list[str]] = {}
@@ -375,12 +380,14 @@ class Session:
         self._shapes[job.id] = shape
         return shape
 
-    def alike_key(self, job: JobInfo) -> tuple[Shape, str, int] | None:
-        """(shape, queue, gang size) of a job whose pending tasks are alike, else None."""
+    def alike_key(self, job: JobInfo) -> tuple[Shape, str, int, str] | None:
+        """(shape, queue, gang size, owner) of a job whose pending tasks are alike, else
+        None; the owner only in a queue with per-user limits (elsewhere it is "")."""
         key = self._alike_keys.get(job.id, _UNKNOWN)
         if key is _UNKNOWN:
             shape = self.shape(job)
-            key = None if shape is None else (shape, job.queue, self.needed(job))
+            owner = job.owner if job.queue in self.user_limited else ""
+            key = None if shape is None else (shape, job.queue, self.needed(job), owner)
             self._alike_keys[job.id] = key
         return key  # type: ignore[no-any-return]
 
@@ -439,6 +446,13 @@ class Session:
                 key += plugin.job_key(self, job)
             key = self._job_keys[job.id] = key + (job.id,)
         return key
+
+    def refresh_keys(self) -> None:
+        """Work out every job's key again and reorder the queues by them (a standing
+        session whose order ages with the clock)."""
+        self._job_keys.clear()
+        for queue in self.queues.values():
+            queue.jobs.sort(key=self.job_key)
 
     def queue_key(self, queue: QueueState) -> tuple[Any, ...]:
         key: tuple[Any, ...] = ()

@@ -137,6 +137,9 @@ class StandingSession:
         session = self.session
         session.begin_cycle(now)
         session.raise_outlived()
+        weights = session.config.priority_weights
+        if weights.age and not weights.off:
+            session.refresh_keys()  # waiting raises the age factor: the order moves
         result = run_actions(session)
         self._start(now)
         return result

@@ -13,6 +13,7 @@ class Code(StrEnum):
     WAITING_FOR_RESOURCES = "WaitingForResources"  # fits some node once resources free up
     NEVER_FITS = "NeverFits"  # no node (or the whole empty cluster, for a gang) could hold it
     QUEUE_QUOTA = "QueueQuota"  # the queue's capability is in use by its running jobs
+    USER_LIMIT = "UserLimit"  # the owner's running jobs use their per-user limit of the queue
     GANG_INCOMPLETE = "GangIncomplete"  # fewer than min_available tasks placeable at once
     RESERVED = "Reserved"  # first blocked job: holds the backfill reservation
     RESERVED_FOR_OTHER = "ReservedForOther"  # would delay the reserved job if started now

@@ -47,6 +47,7 @@ def job(
     running_on: list[tuple[str, tuple[int, ...]]] | None = None,
     started_at: float = NOW - 100,
     state: str | None = None,
+    owner: str = "u",
     **extra: Any,
 ) -> JobInfo:
     """A job; `running_on` places its tasks (node, devices) and makes it Running."""
@@ -70,7 +71,7 @@ def job(
         id=id,
         name=f"job-{id}",
         queue=queue,
-        owner="u",
+        owner=owner,
         priority=priority,
         preemptible=preemptible,
         min_available=replicas if min_available is None else min_available,

@@ -11,9 +11,16 @@ from hypothesis import strategies as st
 
 from scheduler.core.cycle import CycleResult, run_cycle
 from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulingPolicy, Snapshot
+from scheduler.core.priority import PriorityWeights
 from tests.core.builders import NOW, job, node
 
 QUEUES = [QueueInfo("default", weight=1), QueueInfo("research", weight=2)]
+# The same queues with per-user running limits (one of them exempts owner "a").
+LIMITED_QUEUES = [
+    QueueInfo("default", weight=1, max_user_gpus=2, max_user_jobs=2),
+    QueueInfo("research", weight=2, max_user_cpus=4000, limits_exempt=frozenset({"a"})),
+]
+OWNERS = ["a", "b", "c"]
 
 
 @st.composite
@@ -30,12 +37,15 @@ def clusters(draw: st.DrawFn) -> Snapshot:
         for i in range(draw(st.integers(1, 6)))
     ]
     jobs = [random_job(draw, i) for i in range(1, draw(st.integers(1, 14)))]
-    first = Snapshot(NOW - 500, nodes, QUEUES, jobs)
+    queues = draw(st.sampled_from([QUEUES, QUEUES, LIMITED_QUEUES]))
+    first = Snapshot(NOW - 500, nodes, queues, jobs)
     # Run what fits for a while, then add a new wave of jobs: running work to preempt,
     # reserve around and backfill next to.
     running = _apply(first, run_cycle(first), started=NOW - 500)
     wave = [random_job(draw, i) for i in range(100, 100 + draw(st.integers(1, 14)))]
-    return Snapshot(NOW, nodes, QUEUES, running + wave)
+    usage = {o: draw(st.sampled_from([0.0, 10.0, 1e6])) for o in OWNERS}
+    shares = draw(st.sampled_from([{}, {"a": 3.0}, {"b": 0.0}]))
+    return Snapshot(NOW, nodes, queues, running + wave, usage, shares)
 
 
 def random_job(draw: st.DrawFn, id: int) -> JobInfo:
@@ -53,6 +63,7 @@ def random_job(draw: st.DrawFn, id: int) -> JobInfo:
         walltime=draw(st.sampled_from([None, 50.0, 300.0, 2000.0])),
         preemptible=draw(st.booleans()),
         created_at=float(id),
+        owner=draw(st.sampled_from(OWNERS)),
     )
 
 
@@ -74,7 +85,27 @@ def _apply(snapshot: Snapshot, result: CycleResult, started: float) -> list[JobI
     return out
 
 
-CONFIGS = st.sampled_from([SchedulingPolicy(), SchedulingPolicy.easy(), SchedulingPolicy.fcfs()])
+WEIGHTS = st.one_of(
+    st.just(PriorityWeights()),
+    st.builds(
+        PriorityWeights,
+        age=st.sampled_from([0.0, 1.0, 1000.0]),
+        fair_share=st.sampled_from([0.0, 1.0, 10_000.0]),
+        job_size=st.sampled_from([0.0, 500.0]),
+        queue=st.sampled_from([0.0, 10.0]),
+        priority=st.sampled_from([0.0, 1.0, 100.0]),
+        max_age=st.sampled_from([60.0, 7 * 86400.0]),
+        favor_small=st.booleans(),
+    ),
+)
+BASES = st.sampled_from([SchedulingPolicy(), SchedulingPolicy.easy(), SchedulingPolicy.fcfs()])
+# Every factor setting: no weight may break an invariant below.
+CONFIGS = st.builds(
+    lambda base, weights: dataclasses.replace(base, priority_weights=weights), BASES, WEIGHTS
+)
+EASY = st.builds(
+    lambda weights: dataclasses.replace(SchedulingPolicy.easy(), priority_weights=weights), WEIGHTS
+)
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -134,9 +165,9 @@ def test_it_starts_gangs_whole_and_says_why_every_job_waits(
 
 
 @FAST
-@given(clusters())
-def test_it_only_evicts_what_it_may(snap: Snapshot) -> None:
-    result = run_cycle(snap, SchedulingPolicy())
+@given(clusters(), WEIGHTS)
+def test_it_only_evicts_what_it_may(snap: Snapshot, weights: PriorityWeights) -> None:
+    result = run_cycle(snap, SchedulingPolicy(priority_weights=weights))
     jobs = {j.id: j for j in snap.jobs}
     for n, e in enumerate(result.evictions):
         victim, preemptor = jobs[e.job_id], jobs[e.preemptor_job_id]
@@ -162,7 +193,7 @@ def _decided(snap: Snapshot, result: CycleResult, n: int) -> Snapshot:
     allocated = CycleResult(binds=[b for b in result.binds if b.action != "backfill"])
     gone = {e.job_id for e in result.evictions[:n]}
     jobs = [j for j in _apply(snap, allocated, started=snap.now) if j.id not in gone]
-    return Snapshot(snap.now, snap.nodes, snap.queues, jobs)
+    return Snapshot(snap.now, snap.nodes, snap.queues, jobs, snap.usage, snap.shares)
 
 
 def queue_share(snap: Snapshot, queue: str) -> float:
@@ -200,9 +231,11 @@ def test_it_decides_the_same_for_the_same_snapshot(
 
 
 @FAST
-@given(clusters())
-def test_it_never_lets_a_backfilled_job_delay_the_reservation(snap: Snapshot) -> None:
-    result = run_cycle(snap, SchedulingPolicy.easy())
+@given(clusters(), EASY)
+def test_it_never_lets_a_backfilled_job_delay_the_reservation(
+    snap: Snapshot, config: SchedulingPolicy
+) -> None:
+    result = run_cycle(snap, config)
     reserved = [i for i, p in result.pending.items() if p.code == "Reserved"]
     backfilled = {b.job_id for b in result.binds if b.action == "backfill"}
     if not reserved or not backfilled:
@@ -217,7 +250,7 @@ def test_it_never_lets_a_backfilled_job_delay_the_reservation(snap: Snapshot) ->
         for j in after
         if j.state == "Running" or j.id == holder
     ]
-    again = run_cycle(Snapshot(snap.now, snap.nodes, snap.queues, jobs), SchedulingPolicy.easy())
+    again = run_cycle(dataclasses.replace(snap, jobs=jobs), config)
     if holder in {b.job_id for b in again.binds}:
         return  # it starts now: not delayed
     replanned = again.pending[holder].estimated_start
