@@ -4,9 +4,9 @@
 - Measuring (`observe`, from a lease renewal): a lease lists, for each running task holding
   GPUs, `gpu_utilization`: its GPUs' mean utilisation in the sample that lease carries. A
   task below IDLE_PERCENT gets `Task.gpu_idle_since` (the server's time of the first idle
-  lease), a busy one loses it. Written only when that changes, so a lease at rest costs one
-  read (task rows are watched by the scheduler loop's change marks: a write there makes the
-  next cycle a full one).
+  lease), a busy one loses it, and so does one whose GPUs could not be read (null). Written
+  only when that changes, so a lease at rest costs one read (task rows are watched by the
+  scheduler loop's change marks: a write there makes the next cycle a full one).
 - Flagging (`flag_idle_jobs`, the scheduler loop's housekeeping, at most every CHECK_SECONDS):
   a running job with a running task idle that long gets `Job.gpu_idle_since` and one event
   `JobGpuIdle` (reason `GpusIdle`). A flagged job none of whose running tasks is idle that
