@@ -193,7 +193,8 @@ class Command(BaseCommand):
             stop.set()
             if agent is None or not agent_thread.is_alive():
                 return None
-            return deferToThread(agent_thread.join, agent.grace + 10)
+            # the in-flight step (HTTP timeout), the lease thread, then the kill and its grace
+            return deferToThread(agent_thread.join, agent.grace + agent.timeout + 20)
 
         reactor.addSystemEventTrigger("before", "shutdown", stopping)  # type: ignore[attr-defined,arg-type]
         Server(
