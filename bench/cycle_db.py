@@ -90,8 +90,14 @@ def fill(nodes: int, gpus: int, jobs: int) -> None:
     owner = User.objects.create_user("bench", password="bench-pass-123")
     queue = Queue.objects.get(name="default")
     Node.objects.bulk_create(
-        Node(name=f"node-{i:04d}", cpu=64_000, memory=512 * GI, last_heartbeat=now,
-             labels={"gpu-model": "h100"}, token_hash=f"{i:064d}")  # fmt: skip
+        Node(
+            name=f"node-{i:04d}",
+            cpu=64_000,
+            memory=512 * GI,
+            last_heartbeat=now,
+            labels={"gpu-model": "h100"},
+            token_hash=f"{i:064d}",
+        )  # fmt: skip
         for i in range(nodes)
     )
     Device.objects.bulk_create(
@@ -104,8 +110,13 @@ def fill(nodes: int, gpus: int, jobs: int) -> None:
         "resources": {"cpu": "1", "memory": "1Gi", "gpu": 1}, "node_selector": {},
     }]}  # fmt: skip
     created = Job.objects.bulk_create(
-        Job(name=f"job-{i}", owner=owner, queue=queue, spec={**spec, "name": f"job-{i}"},
-            walltime=3600)  # fmt: skip
+        Job(
+            name=f"job-{i}",
+            owner=owner,
+            queue=queue,
+            spec={**spec, "name": f"job-{i}"},
+            walltime=3600,
+        )  # fmt: skip
         for i in range(jobs)
     )
     Task.objects.bulk_create(

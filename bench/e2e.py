@@ -232,12 +232,25 @@ def prepare_database(args: argparse.Namespace) -> tuple[str, dict[str, str], Pat
 
 def make_token(env: dict[str, str]) -> str:
     """A user `bench` and its DRF token, as a script's user would have."""
-    return subprocess.run(
-        [*MANAGE, "shell", "-c", "from django.contrib.auth.models import User;"
-         "from rest_framework.authtoken.models import Token;"
-         "print(Token.objects.create(user=User.objects.create_user('bench')).key)"],
-        env=env, cwd=ROOT, check=True, capture_output=True, text=True,
-    ).stdout.strip().splitlines()[-1]  # after what the shell says about its imports
+    return (
+        subprocess.run(
+            [
+                *MANAGE,
+                "shell",
+                "-c",
+                "from django.contrib.auth.models import User;"
+                "from rest_framework.authtoken.models import Token;"
+                "print(Token.objects.create(user=User.objects.create_user('bench')).key)",
+            ],
+            env=env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )  # after what the shell says about its imports
 
 
 def start_cluster(args: argparse.Namespace, procs: Processes, url: str, db: Database) -> None:
@@ -326,6 +339,7 @@ def _up(url: str) -> bool:
 def _agents_at_rest(db: Database, seconds: float) -> dict[str, Any]:
     """Agent requests per second with no work: each request renews its node's lease
     (`last_heartbeat`), so count lease renewals seen by sampling every node twice a second."""
+
     def leases() -> dict[int, Any]:
         rows = db.conn.execute("SELECT id, last_heartbeat FROM scheduler_node").fetchall()
         return {int(node): at for node, at in rows}

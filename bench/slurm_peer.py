@@ -115,8 +115,9 @@ class SlurmCluster:
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.work / "log" / f"{name}.out", "wb")  # noqa: SIM115 - lives with the proc
         self.procs.append(
-            subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)  # fmt: skip
+            subprocess.Popen(
+                cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )  # fmt: skip
         )
 
     def queued(self) -> int:
@@ -166,8 +167,9 @@ def run(jobs: int, clients: int, duration: float, slots: int, timeout: float) ->
         total_s = time.monotonic() - t0
         finished = len(list(out_dir.glob("*.out")))
         return {
-            "peer": subprocess.run(["sbatch", "--version"], env=cluster.env, capture_output=True,
-                                   text=True).stdout.strip(),  # fmt: skip
+            "peer": subprocess.run(
+                ["sbatch", "--version"], env=cluster.env, capture_output=True, text=True
+            ).stdout.strip(),  # fmt: skip
             "slots": slots,
             "jobs": jobs,
             "clients": clients,

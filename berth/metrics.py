@@ -99,8 +99,10 @@ def _access(request: HttpRequest) -> HttpResponse | None:
     scheme, _, key = header.partition(" ")
     key = key.strip()
     expected = settings.BERTH_METRICS_TOKEN
-    if expected and scheme.lower() == "bearer" and hmac.compare_digest(
-        key.encode(), expected.encode()
+    if (
+        expected
+        and scheme.lower() == "bearer"
+        and hmac.compare_digest(key.encode(), expected.encode())
     ):
         return None
     user: Any = request.user

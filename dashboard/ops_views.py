@@ -98,7 +98,6 @@ def usage_chart(rows: list[dict[str, Any]], first: date, last: date) -> dict[str
     return {
         "x": [int(datetime(d.year, d.month, d.day, tzinfo=UTC).timestamp()) for d in days],
         "series": [
-            {"label": u, "values": [hours.get((u, d.isoformat()), 0) for d in days]}
-            for u in users
+            {"label": u, "values": [hours.get((u, d.isoformat()), 0) for d in days]} for u in users
         ],
     }

@@ -158,9 +158,7 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
 @login_required
 def flows(request: HttpRequest) -> HttpResponse:
     """The newest 200 flows with their job counts (one grouped query over their jobs)."""
-    rows = list(
-        Flow.objects.visible_to(request.user).select_related("owner").order_by("-id")[:200]
-    )
+    rows = list(Flow.objects.visible_to(request.user).select_related("owner").order_by("-id")[:200])
     queries.count_flow_jobs(rows)
     return render(request, "dashboard/flows.html", {"flows": rows})
 

@@ -243,8 +243,11 @@ def usage_rows(records: QuerySet[UsageRecord], group_by: list[str]) -> list[dict
         records.values(*fields)
         .annotate(**_MEASURED_SUMS)  # first: its cpu_seconds is the field, not the sum below
         .annotate(
-            jobs=Count("job_id", distinct=True), tasks=Count("id"), cpu_seconds=Sum("cpu_seconds"),
-            gpu_seconds=Sum("gpu_seconds"), wall_seconds=Sum("wall_seconds"),
+            jobs=Count("job_id", distinct=True),
+            tasks=Count("id"),
+            cpu_seconds=Sum("cpu_seconds"),
+            gpu_seconds=Sum("gpu_seconds"),
+            wall_seconds=Sum("wall_seconds"),
         )  # fmt: skip
         .order_by(*fields)
     )

@@ -117,9 +117,11 @@ def _capacity() -> Iterator[Metric]:
 
     gpus_total: dict[bool, int] = defaultdict(int)
     gpus_held: dict[bool, int] = defaultdict(int)
-    for row in Device.objects.values("node__state", "healthy").annotate(
-        n=Count("id"), held=Count("allocation")
-    ).order_by():
+    for row in (
+        Device.objects.values("node__state", "healthy")
+        .annotate(n=Count("id"), held=Count("allocation"))
+        .order_by()
+    ):
         usable = row["node__state"] == NodeState.READY and row["healthy"]
         gpus_total[usable] += row["n"]
         gpus_held[usable] += row["held"]

@@ -274,7 +274,8 @@ def test_metrics_count_the_requests_of_every_worker(serve, staff):
             for metric in text_string_to_metric_families(text)
             if metric.name == family
             for sample in metric.samples
-            if sample.name == f"{family}_total" and sample.labels.get("status") == "200"
+            if sample.name == f"{family}_total"
+            and sample.labels.get("status") == "200"
             and sample.labels.get("method") == "GET"
         )
 

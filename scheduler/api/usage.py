@@ -63,11 +63,17 @@ class UsageView(APIView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("since", OpenApiTypes.STR, description="date or ISO time; "
-                             "default: 30 days before until"),
+            OpenApiParameter(
+                "since",
+                OpenApiTypes.STR,
+                description="date or ISO time; default: 30 days before until",
+            ),
             OpenApiParameter("until", OpenApiTypes.STR, description="default: now"),
-            OpenApiParameter("group_by", OpenApiTypes.STR,
-                             description="comma-separated: user, queue, day (default user)"),
+            OpenApiParameter(
+                "group_by",
+                OpenApiTypes.STR,
+                description="comma-separated: user, queue, day (default user)",
+            ),
             OpenApiParameter("user", OpenApiTypes.STR, description="only this user (staff)"),
             OpenApiParameter("queue", OpenApiTypes.STR, description="only this queue"),
             OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),
@@ -91,5 +97,11 @@ class UsageView(APIView):
             records = records.filter(username=params["user"])
         if params["queue"]:
             records = records.filter(queue=params["queue"])
-        return Response({"since": since.isoformat(), "until": until.isoformat(),
-                         "group_by": group_by, "results": usage_rows(records, group_by)})
+        return Response(
+            {
+                "since": since.isoformat(),
+                "until": until.isoformat(),
+                "group_by": group_by,
+                "results": usage_rows(records, group_by),
+            }
+        )

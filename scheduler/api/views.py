@@ -289,7 +289,9 @@ class JobViewSet(
         parameters=[
             OpenApiParameter("array", int, description="only the elements of this array"),
             OpenApiParameter(
-                "flat", bool, description="array elements beside the other jobs (default: an"
+                "flat",
+                bool,
+                description="array elements beside the other jobs (default: an"
                 " array is one row, its parent)",
             ),  # fmt: skip
         ]

@@ -467,8 +467,14 @@ def test_it_pushes_new_output_live_after_commit(owner, monkeypatch,
 # --- protocol version --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("headers", "got"), [({}, "1"), ({"HTTP_BERTH_AGENT_PROTOCOL": "2"}, "2"),
-                                               ({"HTTP_BERTH_AGENT_PROTOCOL": "4"}, "4")])
+@pytest.mark.parametrize(
+    ("headers", "got"),
+    [
+        ({}, "1"),
+        ({"HTTP_BERTH_AGENT_PROTOCOL": "2"}, "2"),
+        ({"HTTP_BERTH_AGENT_PROTOCOL": "4"}, "4"),
+    ],
+)
 def test_it_refuses_an_agent_of_another_protocol_at_registration(headers, got):
     client = APIClient()
     body = {**NODE, "version": "berth-agent/1"}
@@ -607,9 +613,12 @@ def test_a_node_that_renews_its_lease_stays_ready_and_a_silent_one_is_lost(owner
 
 
 def test_a_lease_still_answers_when_the_channel_layer_is_down(owner, settings):
-    settings.CHANNEL_LAYERS = {"default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": ["redis://127.0.0.1:9/0"]}}}  # fmt: skip  (nobody listens there)
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": ["redis://127.0.0.1:9/0"]},
+        }
+    }  # fmt: skip  (nobody listens there)
     token = register().json()["token"]
     response = lease(token, wait=0.3)
     assert response.status_code == 200 and response.json()["start"] == []

@@ -17,6 +17,7 @@ def users_may_ask_for_priority_10(db):
     (tests/api/test_policy.py tests the cap itself)."""
     Queue.objects.filter(name="default").update(max_user_priority=10)
 
+
 SPEC = {
     "name": "train",
     "priority": 10,

@@ -212,6 +212,7 @@ def test_a_resubmitted_copy_is_201_even_if_its_answer_cannot_be_read(
         def copy(*args: Any) -> Any:
             made["copy"] = real(*args)
             return made["copy"]
+
         return copy
 
     client = client_with(str(Token.objects.create(user=owner).key))

@@ -96,9 +96,12 @@ async def test_a_job_socket_is_for_its_owner_and_staff_only():
         owner, outsider, _, _ = _setup()
         staff = User.objects.create_user("admin", is_staff=True)
         queue = Queue.objects.get_or_create(name="default")[0]
-        return owner, outsider, staff, Job.objects.create(
-            name="j", owner=owner, queue=queue, spec={}
-        ).pk
+        return (
+            owner,
+            outsider,
+            staff,
+            Job.objects.create(name="j", owner=owner, queue=queue, spec={}).pk,
+        )
 
     owner, outsider, staff, job = await database_sync_to_async(make)()
     for user, allowed in ((owner, True), (staff, True), (outsider, False), (None, False)):

@@ -53,8 +53,9 @@ def test_healthz_turns_503_when_the_scheduler_stops(cluster: Cluster):
 def test_a_real_job_is_accounted_and_counted(cluster: Cluster, api, owner, staff):
     cluster.agent("e2e-ops")
     cluster.scheduler()
-    job_id = submit(api(owner), one_task("acct", "sleep 1", resources={"cpu": "0.5",
-                                                                      "memory": "16Mi"}))
+    job_id = submit(
+        api(owner), one_task("acct", "sleep 1", resources={"cpu": "0.5", "memory": "16Mi"})
+    )
     wait_for(lambda: Job.objects.get(pk=job_id).state == JobState.SUCCEEDED, what="job done")
     task = Task.objects.get(job_id=job_id)
     assert task.finished_at is not None and task.started_at is not None

@@ -16,8 +16,17 @@ def test_staff_list_and_revoke_tokens_and_read_usage(staff, owner):
     token, key = create_token(owner, "laptop")
     now = timezone.now()
     UsageRecord.objects.create(
-        user=owner, username="alice", queue="default", job_id=1, task_id=1, state="Succeeded",
-        started_at=now, finished_at=now, day=now.date(), wall_seconds=1, cpu_seconds=1,
+        user=owner,
+        username="alice",
+        queue="default",
+        job_id=1,
+        task_id=1,
+        state="Succeeded",
+        started_at=now,
+        finished_at=now,
+        day=now.date(),
+        wall_seconds=1,
+        cpu_seconds=1,
         gpu_seconds=0,
     )
     console = Client()

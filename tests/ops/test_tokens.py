@@ -83,10 +83,19 @@ def test_a_wrong_password_or_user_says_neither(owner):
         ({"username": "alice", "password": "alice-pass-123"}, "name"),
         ({"username": "alice", "name": "x"}, "password"),
         ({"username": "alice", "password": "alice-pass-123", "name": "x" * 101}, "name"),
-        ({"username": "alice", "password": "alice-pass-123", "name": "x",
-          "expires_at": "2001-01-01T00:00:00Z"}, "expires_at"),  # fmt: skip
-        ({"username": "alice", "password": "alice-pass-123", "name": "x",
-          "expires_at": "soon"}, "expires_at"),  # fmt: skip
+        (
+            {
+                "username": "alice",
+                "password": "alice-pass-123",
+                "name": "x",
+                "expires_at": "2001-01-01T00:00:00Z",
+            },
+            "expires_at",
+        ),  # fmt: skip
+        (
+            {"username": "alice", "password": "alice-pass-123", "name": "x", "expires_at": "soon"},
+            "expires_at",
+        ),  # fmt: skip
     ],
 )
 def test_a_bad_request_names_the_field(owner, body, field):
@@ -199,9 +208,7 @@ def test_the_page_is_in_the_nav_and_needs_sign_in(owner):
 
 
 @pytest.mark.parametrize("kind", ["self-service", "drf"])
-def test_a_key_signs_in_as_its_own_user_whole_and_never_an_inactive_one(
-    owner, teammate, kind
-):
+def test_a_key_signs_in_as_its_own_user_whole_and_never_an_inactive_one(owner, teammate, kind):
     """Sign-in reads the token and its user in one statement: the user it yields is the
     token's own, with every field (staff or not), and a deactivated user is refused."""
     from django.contrib.auth.models import User

@@ -46,9 +46,7 @@ def _run_and_end(node, job: Job, ran_seconds: float, state: str = "Succeeded") -
     tasks = list(job.tasks.all())
     _beat(node, [{"id": t.pk, "attempt": t.attempt, "state": "Running"} for t in tasks])
     # Move the start back instead of waiting.
-    Task.objects.filter(job=job).update(
-        started_at=timezone.now() - timedelta(seconds=ran_seconds)
-    )
+    Task.objects.filter(job=job).update(started_at=timezone.now() - timedelta(seconds=ran_seconds))
     code = 0 if state == "Succeeded" else 1
     _beat(node, [{"id": t.pk, "attempt": t.attempt, "state": state, "exit_code": code}
                   for t in tasks])  # fmt: skip
