@@ -11,7 +11,9 @@ from django.db.models import Count, Prefetch, Q, QuerySet
 
 from dashboard.dag import layout
 from scheduler.accounting import usage_by_attempt, usage_view
+from scheduler.core.plugins import fair_share
 from scheduler.core.quantity import format_cpu
+from scheduler.core.resources import Resources
 from scheduler.flows.explain import step_wait_reasons
 from scheduler.lifecycle import PREEMPTED
 from scheduler.models import Allocation, Device, Event, Flow, Job, Node, Queue, Task, TaskLog
@@ -150,13 +152,14 @@ def _queue_rows(
     queues the scheduler counts (itself included) as the scheduler reckons it."""
     all_queues = list(Queue.objects.order_by("name"))
     counted = _scheduled_queues(held)
-    counted_weight = sum(q.weight for q in all_queues if q.name in counted)
+    weights = {q.name: q.weight for q in all_queues}
+    cluster = Resources(**totals)
     rows = []
     for q in all_queues:
         h = held[q.name]
-        share = max(_pct(h[dim], totals[dim]) for dim in ("cpu", "memory", "gpu"))
-        weights = counted_weight + (0 if q.name in counted else q.weight)
-        fair = round(100 * q.weight / weights) if weights else 0
+        holds = Resources(cpu=h["cpu"], memory=h["memory"], gpu=h["gpu"])
+        share = round(100 * holds.dominant_share(cluster))
+        fair = round(100 * fair_share(weights, counted, q.name))
         rows.append({"queue": q, "gpu": h["gpu"], "cpu": format_cpu(h["cpu"]),
                      "share": share, "fair": fair, "share_bar": min(share, 100),
                      "fair_bar": min(fair, 100), "running": by_queue[q.name]["Running"],

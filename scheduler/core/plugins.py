@@ -7,7 +7,7 @@ their own through `SchedulingPolicy.extra_plugins`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from scheduler.core.model import JobInfo, SchedulingPolicy, TaskInfo
@@ -94,6 +94,14 @@ def _evictable(session: Session, job: JobInfo) -> bool:
     )
 
 
+def fair_share(weights: Mapping[str, float], counted: Collection[str], queue: str) -> float:
+    """A queue's weighted fair share of the cluster: its weight over the weights of the
+    queues that count (those with work waiting or held), itself included whether it counts
+    or not. DRFPlugin and the dashboard's queue bars both use this."""
+    total = sum(w for name, w in weights.items() if name in counted or name == queue)
+    return weights[queue] / total if total else 0.0
+
+
 class DRFPlugin(Plugin):
     """Queues by weighted dominant resource share, lowest first; reclaim only from queues
     above their weighted fair share, for a queue below its own."""
@@ -104,13 +112,9 @@ class DRFPlugin(Plugin):
         return (-queue.info.priority, session.share(queue.allocated) / max(queue.info.weight, 1e-9))
 
     def deserved(self, session: Session, queue_name: str) -> float:
-        active = [
-            q
-            for q in session.queues.values()
-            if q.jobs or not q.allocated.is_zero() or q.info.name == queue_name
-        ]
-        weights = sum(q.info.weight for q in active) or 1.0
-        return session.queues[queue_name].info.weight / weights
+        queues = session.queues.values()
+        counted = {q.info.name for q in queues if q.jobs or not q.allocated.is_zero()}
+        return fair_share({q.info.name: q.info.weight for q in queues}, counted, queue_name)
 
     def reclaimable(
         self, session: Session, reclaimer: JobInfo, victims: list[JobInfo]

@@ -37,6 +37,17 @@ class Resources(NamedTuple):
     def is_zero(self) -> bool:
         return self.cpu == 0 and self.memory == 0 and self.gpu == 0
 
+    def dominant_share(self, total: Resources) -> float:
+        """DRF's dominant share: the largest fraction of `total` this holds in any dimension
+        (a dimension the cluster has none of counts 0). The scheduler's queue order and the
+        dashboard's queue bars both read it here."""
+        best = 0.0
+        for dim in DIMENSIONS:
+            whole = getattr(total, dim)
+            if whole:
+                best = max(best, getattr(self, dim) / whole)
+        return best
+
     @classmethod
     def parse(cls, data: dict[str, Any] | None) -> Resources:
         """From a spec's `resources` mapping (absent dimensions are 0)."""

@@ -22,7 +22,7 @@ from typing import Any
 from scheduler.core import predict
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
 from scheduler.core.priority import Factors
-from scheduler.core.resources import DIMENSIONS, Resources
+from scheduler.core.resources import Resources
 from scheduler.core.status import Status
 from scheduler.core.types import (
     HOLDS_RESOURCES,
@@ -529,12 +529,7 @@ class Session:
 
     def share(self, allocated: Resources) -> float:
         """Dominant resource share of `allocated` over the cluster's capacity."""
-        best = 0.0
-        for dim in DIMENSIONS:
-            total = getattr(self.total, dim)
-            if total:
-                best = max(best, getattr(allocated, dim) / total)
-        return best
+        return allocated.dominant_share(self.total)
 
     # --- placement ---------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 A daphne server runs as its own process on the PostgreSQL test database; this test process
 plays the scheduler (run_scheduler_cycle, reconcile_flows) and an agent (the protocol over HTTP),
-and publishes through Redis, as the real processes do. Screenshots go to docs/screenshots/.
+and publishes through Redis, as the real processes do. Screenshots go to the folder
+`BERTH_SCREENSHOTS` names (`./run screenshots` sets it to docs/screenshots/), else to a folder
+under the system's temporary directory: the test suite never rewrites a tracked file.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import json
 import os
 import re
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +33,7 @@ from tests.e2e.conftest import database_url
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "docs" / "screenshots"
+SHOTS = Path(os.environ.get("BERTH_SCREENSHOTS") or Path(tempfile.gettempdir()) / "berth-screenshots")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 JOIN = "browser-join"
