@@ -10,16 +10,17 @@ from django.conf import settings
 from django.db.models import Count, Prefetch, Q, QuerySet
 
 from dashboard.dag import layout
+from scheduler import logs
 from scheduler.accounting import usage_by_attempt, usage_view
 from scheduler.core.plugins import fair_share
 from scheduler.core.quantity import format_cpu
 from scheduler.core.resources import Resources
 from scheduler.flows.explain import step_wait_reasons
 from scheduler.lifecycle import PREEMPTED
-from scheduler.models import Allocation, Device, Event, Flow, Job, Node, Queue, Task, TaskLog
+from scheduler.models import Allocation, Device, Event, Flow, Job, Node, Queue, Task
 from scheduler.states import TASK_ON_NODE, JobRequest, JobState, NodeState, StepState
 
-LOG_TAIL_CHARS = 20000
+LOG_TAIL_CHARS = logs.TAIL_CHARS
 LEGEND = [s.value for s in StepState]
 
 
@@ -187,27 +188,12 @@ def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
     return context
 
 
-def log_tail(task_id: int, attempt: int, chars: int = LOG_TAIL_CHARS) -> tuple[str, bool]:
-    """The last `chars` characters of an attempt's output, and whether earlier output was left
-    out (read from the end, a few chunks at a time, however long the log is)."""
-    parts: list[str] = []
-    total = 0
-    rows = TaskLog.objects.filter(task_id=task_id, attempt=attempt).order_by("-offset")
-    for data in rows.values_list("data", flat=True).iterator(chunk_size=8):
-        if total > chars:
-            break
-        parts.append(data)
-        total += len(data)
-    text = "".join(reversed(parts))
-    return text[-chars:], total > chars
-
-
 def show_log(task: Task, attempt: int) -> Task:
     """Set what the job page's output pane of `task` shows: `attempt`'s tail; the latest
     attempt's pane follows live (pushes append to it)."""
     task.shown_attempt = attempt  # type: ignore[attr-defined]
     task.log_live = attempt == task.attempt  # type: ignore[attr-defined]
-    task.log_text, task.log_cut = log_tail(task.pk, attempt)  # type: ignore[attr-defined]
+    task.log_text, task.log_cut = logs.tail(task.pk, attempt)  # type: ignore[attr-defined]
     task.attempts = range(task.attempt, -1, -1)  # type: ignore[attr-defined]
     return task
 
@@ -227,22 +213,6 @@ def count_flow_jobs(flows: list[Flow]) -> None:
         c = counts[f.pk]
         f.jobs_total, f.jobs_done = sum(c.values()), c["Succeeded"]  # type: ignore[attr-defined]
         f.jobs_running, f.jobs_failed = c["Running"], c["Failed"]  # type: ignore[attr-defined]
-
-
-def flow_log_tail(flow: Flow, chunks: int = 40) -> str:
-    """The flow's latest output across its jobs, each line prefixed by job/task (the same
-    prefix `live.publish_log` puts on lines pushed later)."""
-    rows = list(
-        TaskLog.objects.filter(task__job__flow=flow)
-        .order_by("-id")
-        .values_list("data", "task__job__name", "task__group", "task__index")[:chunks]
-    )
-    lines = []
-    for data, job_name, group, index in reversed(rows):
-        label = f"{job_name}/{group}-{index}"
-        chunk = "".join(f"{label}  {line}" for line in data.splitlines(keepends=True))
-        lines.append(chunk if chunk.endswith("\n") else chunk + "\n")
-    return "".join(lines)[-LOG_TAIL_CHARS:]
 
 
 def flow_detail(flow: Flow, with_logs: bool = False) -> dict[str, Any]:
@@ -268,5 +238,5 @@ def flow_detail(flow: Flow, with_logs: bool = False) -> dict[str, Any]:
                "legend": LEGEND,
                "events": list(Event.objects.filter(flow=flow).order_by("-id")[:30])}  # fmt: skip
     if with_logs:
-        context["log_text"] = flow_log_tail(flow)
+        context["log_text"] = logs.flow_tail(flow)
     return context

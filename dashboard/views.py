@@ -15,9 +15,9 @@ from django.views.decorators.http import require_POST
 from dashboard import queries
 from dashboard.arrays import element_page
 from scheduler import operations
-from scheduler.api.logs import parse_attempt
-from scheduler.api.parsers import BadInput, load_yaml
 from scheduler.flows.rerun import resubmit_flow, retry_flow
+from scheduler.inputs import BadInput, load_yaml
+from scheduler.logs import parse_attempt
 from scheduler.models import Flow, Job, JobTemplate, Node, Queue, Task
 from scheduler.specs import SpecError
 from scheduler.states import JobState
@@ -94,7 +94,7 @@ def job(request: HttpRequest, job_id: int) -> HttpResponse:
 
 def _attempt_of(task: Task, raw: str) -> int:
     """The attempt asked for (`raw`), or 404 when the task has no such attempt."""
-    attempt = parse_attempt(raw, task)
+    attempt = parse_attempt(raw, task.attempt)
     if attempt is None:
         raise Http404("no such attempt")
     return attempt

@@ -28,13 +28,12 @@ from django.utils import timezone
 
 from scheduler import notify
 from scheduler.arrayspec import format_indices, parse_array
-from scheduler.bulk import insert_select
 from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
 from scheduler.events import record
 from scheduler.jobstate import JobEvent, event_into, next_state, sources, target
 from scheduler.models import Event, Job, Queue, Task
-from scheduler.setbased import update_rows
 from scheduler.specs import array_max_elements
+from scheduler.sql import insert_array_elements, update_rows
 from scheduler.states import (
     JOB_ACTIVE,
     JOB_FINAL,
@@ -114,28 +113,14 @@ def create_elements(
     *, set_based: bool | None = None,
 ) -> None:  # fmt: skip
     """One job per index like `element` (the first `limit` released, the rest held), each
-    with its task rows. On PostgreSQL in a few INSERT ... SELECT statements (bulk.py);
-    elsewhere with bulk_create. Both write the same rows (tests/test_arrays.py)."""
+    with its task rows. On PostgreSQL in a few INSERT ... SELECT statements (sql.py);
+    elsewhere with bulk_create. Both write the same rows (tests/test_sql.py)."""
     held = limit_text(limit) if limit is not None else ""
     released = limit if limit is not None else len(indices)
     if set_based is None:
         set_based = connection.vendor == "postgresql"
     if set_based:
-        insert_select(
-            element,
-            {"array_index": ("t.idx", []),
-             "hold_reason": ("CASE WHEN t.ord > %s THEN %s ELSE '' END", [released, held])},
-            "unnest(%s::integer[]) WITH ORDINALITY AS t(idx, ord)", [list(indices)],
-        )  # fmt: skip
-        jobs = connection.ops.quote_name(Job._meta.db_table)
-        for name, replicas, cpu, memory, gpu in groups:
-            insert_select(
-                Task(job_id=0, group=name, index=0, cpu=cpu, memory=memory, gpu=gpu),
-                {"job_id": ("j.id", []), "index": ("r.i", [])},
-                f"{jobs} AS j CROSS JOIN generate_series(0, %s) AS r(i)"
-                " WHERE j.array_parent_id = %s ORDER BY j.id, r.i",
-                [replicas - 1, element.array_parent_id],
-            )  # fmt: skip
+        insert_array_elements(element, indices, released, held, groups)
         return
     elements = []
     for position, index in enumerate(indices):

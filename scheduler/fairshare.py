@@ -25,7 +25,7 @@ from scheduler.core.model import SchedulingPolicy, Snapshot
 from scheduler.core.priority import Factors, PriorityWeights, decayed, fair_share_factors
 from scheduler.core.types import HOLDS_RESOURCES
 from scheduler.models import Job, UsageRecord, UserShare
-from scheduler.setbased import update_rows
+from scheduler.sql import update_rows
 
 # Ten half-lives: what is older counts less than 1/1000 of itself; with no decay, 400 days.
 HORIZON_HALF_LIVES = 10

@@ -26,6 +26,8 @@ from typing import IO, Any, Protocol
 import psycopg
 from django.db import connection
 
+from scheduler import sql
+
 # Berth's advisory lock key: "berth" in ASCII, so it never collides with another app's by chance.
 LOCK_KEY = 0x6265727468
 log = logging.getLogger("berth.scheduler")
@@ -109,9 +111,7 @@ class PostgresLeaderLock:
     def try_acquire(self) -> bool:
         if self._conn is None or self._conn.closed:
             self._conn = self._connect()
-        row = self._conn.execute(
-            "SELECT pg_try_advisory_lock(%s), pg_backend_pid()", (LOCK_KEY,)
-        ).fetchone()
+        row = self._conn.execute(sql.LEADER_TRY_LOCK, (LOCK_KEY,)).fetchone()
         held = bool(row and row[0])
         if held and row is not None:
             self._pid = int(row[1])
@@ -138,33 +138,21 @@ class PostgresLeaderLock:
             if conn is None or conn.closed:
                 return
             try:
-                conn.execute("SELECT 1")
+                conn.execute(sql.PING)
             except psycopg.Error:
                 return  # the loop finds out through still_held() and steps down
 
     def fence(self) -> None:
-        from django.db import connection
-
         if self._pid is None:
             raise LostLeadership("this scheduler does not hold the leader lock")
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                " AND pid = %s AND objid = %s",
-                (self._pid, LOCK_KEY & 0xFFFFFFFF),
-            )
-            if cursor.fetchone() is None:
-                raise LostLeadership("the leader lock passed to another scheduler")
+        if not sql.leader_lock_granted(self._pid, LOCK_KEY & 0xFFFFFFFF):
+            raise LostLeadership("the leader lock passed to another scheduler")
 
     def still_held(self) -> bool:
         if self._conn is None or self._conn.closed:
             return False
         try:
-            row = self._conn.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                " AND pid = pg_backend_pid() AND objid = %s",
-                (LOCK_KEY & 0xFFFFFFFF,),
-            ).fetchone()
+            row = self._conn.execute(sql.LEADER_LOCK_HELD, (LOCK_KEY & 0xFFFFFFFF,)).fetchone()
         except psycopg.Error:
             self.release()
             return False
@@ -178,7 +166,7 @@ class PostgresLeaderLock:
             # the disconnect, and a standby asking at once would still find the lock held. (A
             # leader that dies frees it that way, a moment later.)
             try:
-                self._conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
+                self._conn.execute(sql.LEADER_UNLOCK, (LOCK_KEY,))
             except psycopg.Error:
                 pass
             self._conn.close()
@@ -228,9 +216,7 @@ def guard_transactions(timeout: float) -> None:
     milliseconds = max(1000, int(timeout * 500))
 
     def limit(sender: Any, connection: Any, **kwargs: Any) -> None:
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(f"SET idle_in_transaction_session_timeout = {milliseconds}")
+        sql.limit_idle_transactions(connection, milliseconds)
 
     connection_created.connect(limit, weak=False, dispatch_uid="berth-leader-transactions")
     if default.connection is not None:

@@ -17,7 +17,17 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from scheduler import arrays, fairshare, gpu_history, gpu_idle, lifecycle, notify, planning, store
+from scheduler import (
+    arrays,
+    fairshare,
+    gpu_history,
+    gpu_idle,
+    lifecycle,
+    notify,
+    planning,
+    sql,
+    store,
+)
 from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulingPolicy
 from scheduler.faults import dependency_down
@@ -133,10 +143,8 @@ def _phase(report: CycleReport, name: str, fn: Callable[[], Any], label: str = "
 def _load() -> store.Loaded:
     outermost = not connection.in_atomic_block
     with transaction.atomic():
-        if outermost and connection.vendor == "postgresql":
-            # One consistent view of every table for the whole snapshot.
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        if outermost:  # one consistent view of every table for the whole snapshot
+            sql.repeatable_read()
         return store.load_snapshot()
 
 
@@ -145,11 +153,7 @@ def take_changes() -> bool:
     (scheduler/migrations/0014_change_marks.py) in a statement of its own, before the cycle reads
     anything: a change committed before it is seen by this cycle, one committed after it
     leaves its mark for the next. True where the database keeps no marks (SQLite)."""
-    if connection.vendor != "postgresql":
-        return True
-    with connection.cursor() as cursor:  # autocommit: its own transaction
-        cursor.execute("DELETE FROM berth_change")
-        return cursor.rowcount != 0
+    return sql.take_change_marks()
 
 
 def run_scheduler_cycle(

@@ -20,8 +20,8 @@ from scheduler.core.cycle import CycleResult
 from scheduler.core.model import SchedulingPolicy
 from scheduler.core.plan import Plan, fingerprint, plan_positions, plan_starts
 from scheduler.models import Job
-from scheduler.setbased import chunks, update_rows
 from scheduler.snapshot import Loaded
+from scheduler.sql import chunks, update_rows
 
 # An estimate that moved less than this is not news (it drifts with every cycle's "now").
 ESTIMATE_TOLERANCE_SECONDS = 30.0

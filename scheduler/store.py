@@ -1,7 +1,7 @@
 """The store adapter: a cycle's decisions -> rows (the snapshot side is scheduler.snapshot).
 
 `apply_decisions` writes a cycle's evictions, binds and pending reasons in one transaction
-and a fixed number of set-based statements (scheduler.setbased). Each job's decision is still
+and a fixed number of set-based statements (scheduler/sql.py). Each job's decision is still
 guarded on its own: jobs are re-checked under row locks, tasks are claimed only while still
 Pending, allocations are inserted with ON CONFLICT DO NOTHING and the rows that landed are
 read back, so a job whose device was taken meanwhile (the unique device constraint) is undone
@@ -24,8 +24,8 @@ from scheduler.core.status import Code, Status
 from scheduler.jobstate import JobEvent, case_sql, sources, target
 from scheduler.lifecycle import PREEMPTED
 from scheduler.models import Allocation, Event, Job, Node, Task
-from scheduler.setbased import CHUNK, chunks, insert_new, update_rows
 from scheduler.snapshot import Loaded, load_snapshot
+from scheduler.sql import CHUNK, chunks, insert_new, update_rows
 from scheduler.states import TASK_ON_NODE, JobRequest, JobState, NodeState, TaskState
 
 __all__ = ["Applied", "Loaded", "apply_decisions", "bind_jobs", "load_snapshot"]

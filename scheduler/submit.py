@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from django.db import connection, models, transaction
+from django.db import models, transaction
 from django.db.models import Count, QuerySet
 
 from scheduler import notify
@@ -30,8 +30,6 @@ from scheduler.models import (
     Task,
     capability_problems,
 )
-from scheduler.newjob import write_job
-from scheduler.setbased import row_by
 from scheduler.specs import (
     SpecError,
     array_max_elements,
@@ -41,6 +39,7 @@ from scheduler.specs import (
     step_job_spec,
     with_queue_defaults,
 )
+from scheduler.sql import advisory_xact_lock, row_by, write_job
 from scheduler.states import JobState
 
 M = TypeVar("M", bound=models.Model)
@@ -102,11 +101,7 @@ def pending_limit(owner: Any, queue: Queue, adding: int) -> Iterator[None]:
         yield
         return
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:  # released at commit or rollback
-                # The two-key form: apart from the leader's one-key lock (scheduler/leader.py).
-                cursor.execute("SELECT pg_advisory_xact_lock(%s::int, %s::int)",
-                               [queue.pk, owner.pk])  # fmt: skip
+        advisory_xact_lock(queue.pk, owner.pk)  # released at commit or rollback
         waiting = Job.objects.filter(owner=owner, queue=queue, state=JobState.PENDING)
         count = waiting.filter(array_size__isnull=True).count()
         if count + adding > limit:
@@ -121,14 +116,14 @@ def _write_new_job(
     owner: Any, spec: dict[str, Any], queue: Queue, labels: dict[str, str], lowered: str,
     **links: Any,
 ) -> Job:  # fmt: skip
-    """Insert one job, its tasks and its submission events (scheduler/newjob.py)."""
+    """Insert one job, its tasks and its submission events (scheduler/sql.py, write_job)."""
     job = Job(**_job_fields(spec), owner=owner, queue=queue, labels=labels, **links)
     tasks = _new_tasks(job, spec)
     events = [_event(job, "JobSubmitted", "Submitted",
                      f"{len(tasks)} tasks in queue {queue.name}")]  # fmt: skip
     if lowered:
         events.append(_event(job, "PriorityLowered", "PriorityPolicy", lowered))
-    write_job(job, tasks, events)  # one statement, atomic (scheduler/newjob.py)
+    write_job(job, tasks, events)  # one statement, atomic (scheduler/sql.py, write_job)
     _created_with(job, tasks)
     return job
 

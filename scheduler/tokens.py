@@ -8,17 +8,16 @@ drf_create_token`) stay valid beside these.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from functools import cache
 from typing import Any, TypeVar
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import connection, models, transaction
+from django.db import models, transaction
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from scheduler.models import API_TOKEN_PREFIX, ApiToken, hash_token
-from scheduler.setbased import column_of, from_row, row_columns
+from scheduler.sql import token_with_user
 
 MAX_TOKENS_PER_USER = 100
 NAME_MAX = 100
@@ -73,42 +72,6 @@ def revoke_token(user: Any, token_id: int) -> bool:
 TokenRow = TypeVar("TokenRow", bound=models.Model)
 
 
-def _with_user(model: type[TokenRow], column: str, value: str) -> TokenRow | None:
-    """The token row whose unique `column` is `value`, with its user loaded: one query.
-
-    Every API request signs in, so on PostgreSQL the query is written once per model
-    (`_signin_sql`) rather than compiled by the ORM each time (~0.5 ms of the web worker's
-    CPU a request); other databases take the ORM's path, which converts their values."""
-    if connection.vendor != "postgresql":
-        return model._default_manager.select_related("user").filter(**{column: value}).first()
-    sql, width = _signin_sql(model, column)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [value])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    token = from_row(model, row[:width])
-    setattr(token, "user", from_row(get_user_model(), row[width:]))  # noqa: B010 - any token model
-    return token
-
-
-@cache
-def _signin_sql(model: type[models.Model], column: str) -> tuple[str, int]:
-    """SELECT every column of a token row found by `column`, then every column of its user;
-    and how many columns are the token's."""
-    quote = connection.ops.quote_name
-    user_model = get_user_model()
-    user_pk = user_model._meta.pk
-    assert user_pk is not None
-    sql = (
-        f"SELECT {row_columns(model, 't')}, {row_columns(user_model, 'u')}"
-        f" FROM {quote(model._meta.db_table)} t JOIN {quote(user_model._meta.db_table)} u"
-        f" ON u.{column_of(user_model, user_pk.name)} = t.{column_of(model, 'user')}"
-        f" WHERE t.{column_of(model, column)} = %s"
-    )
-    return sql, len(model._meta.concrete_fields)
-
-
 class KeyRefused(Exception):
     """A key that names a token, but one that may not be used (expired, user inactive)."""
 
@@ -119,7 +82,7 @@ def user_for_key(key: str, now: datetime | None = None) -> tuple[AbstractBaseUse
     now = now or timezone.now()
     # Self-service keys all start with API_TOKEN_PREFIX (DRF's are hex): one query either way.
     token = (
-        _with_user(ApiToken, "key_hash", hash_token(key))
+        token_with_user(ApiToken, "key_hash", hash_token(key))
         if key.startswith(API_TOKEN_PREFIX)
         else None
     )
@@ -131,7 +94,7 @@ def user_for_key(key: str, now: datetime | None = None) -> tuple[AbstractBaseUse
         user: AbstractBaseUser = token.user
         found: Any = token
     else:
-        legacy = _with_user(Token, "key", key)
+        legacy = token_with_user(Token, "key", key)
         if legacy is None:
             return None
         user, found = legacy.user, legacy

@@ -28,7 +28,7 @@ from functools import cache, reduce
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Max, Q, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -41,8 +41,8 @@ from scheduler.arrays import array_env
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.events import record
 from scheduler.models import Allocation, Device, Event, Node, Task, TaskLog, hash_token
-from scheduler.setbased import row_by, update_rows
 from scheduler.specs import NAME_RE, NAME_RULE, UNSTORABLE, label_problems
+from scheduler.sql import lease_rows, row_by, update_rows
 from scheduler.states import OUT_OF_MEMORY, TASK_ON_NODE, TaskState
 
 log = logging.getLogger("berth.agent")
@@ -786,11 +786,10 @@ def _confirm_started(token_hash: str, reports: list[Report], now: Any) -> list[T
 START_FIELDS = ("attempt", "group", "index", "cpu", "memory", "job", "job__name", "job__spec",
                 "job__walltime", "job__array_parent", "job__array_index", "job__owner",
                 "job__owner__username")  # fmt: skip
-ROW_COLUMNS = ("id", "node_id", "attempt", "state", "kill_requested")  # a _Row's, in order
 
 
 class _Row(NamedTuple):
-    """What deciding a lease's orders reads of a task (no model, no job)."""
+    """What deciding a lease's orders reads of a task (no model, no job): sql.LEASE_COLUMNS."""
 
     pk: int
     node_id: int | None
@@ -804,7 +803,7 @@ def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
     not know yet, and tasks it runs that must stop. The tasks are read as plain rows; only
     those to start are loaded as models, with what a start order says of their jobs."""
     known = {(r.id, r.attempt) for r in reports}
-    rows = {row[0]: _Row(*row) for row in _task_rows(node, [r.id for r in reports])}
+    rows = {row[0]: _Row(*row) for row in lease_rows(node.pk, [r.id for r in reports])}
     kill = []
     for report in reports:
         task = rows.get(report.id)
@@ -833,22 +832,6 @@ def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
         "kill": kill,
         "lease_seconds": settings.BERTH_HEARTBEAT_INTERVAL,
     }
-
-
-def _task_rows(node: Node, reported: list[int]) -> list[tuple[Any, ...]]:
-    """`_Row`s of the tasks on `node` and of those `reported`: every lease reads them, so the
-    statement is written here rather than built by the ORM each time."""
-    quote = connection.ops.quote_name
-    on_node = ", ".join(["%s"] * len(TASK_ON_NODE))
-    sql = (
-        f"SELECT {', '.join(quote(c) for c in ROW_COLUMNS)} FROM {quote(Task._meta.db_table)}"
-        f" WHERE ({quote('node_id')} = %s AND {quote('state')} IN ({on_node}))"
-    )
-    if reported:
-        sql += f" OR {quote('id')} IN ({', '.join(['%s'] * len(reported))})"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [node.pk, *TASK_ON_NODE, *reported])
-        return cursor.fetchall()
 
 
 def _to_start(ids: list[int], node: Node) -> list[Task]:

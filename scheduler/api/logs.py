@@ -2,18 +2,16 @@
 download link).
 
 `GET /api/v1/jobs/{job}/tasks/{task}/log/?attempt=N` (default: the task's latest attempt).
-The body is read from the database a few chunks at a time (keyset by offset), so a log costs
-the server a bounded amount of memory however long it is; it can be no longer than what the
+The body is read by scheduler/logs.py a few chunks at a time (keyset by offset), so a log
+costs the server a bounded amount of memory however long it is; it can be no longer than what the
 server stored for the attempt (BERTH_LOG_MAX_BYTES and the truncation note). A job that is
 not the caller's own answers 404, as if it did not exist (staff see all).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
@@ -24,9 +22,9 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from scheduler.models import Job, Task, TaskLog
+from scheduler.logs import LogStream, parse_attempt
+from scheduler.models import Job, Task
 
-CHUNKS_PER_READ = 16  # agents' chunks are at most BERTH_LOG_CHUNK_BYTES (64 KiB) each
 QUERY_PARAMETERS = {"attempt", "format"}  # format: DRF picks the error renderer
 
 
@@ -49,62 +47,18 @@ class PlainTextRenderer(BaseRenderer):
         return "".join(f"{line}\n" for line in lines).encode()
 
 
-def read_chunks(task_id: int, attempt: int, after: int) -> list[tuple[int, str]]:
-    """The next chunks (offset, text) of an attempt's output, with offsets above `after`."""
-    rows = TaskLog.objects.filter(task_id=task_id, attempt=attempt, offset__gt=after)
-    return list(rows.order_by("offset").values_list("offset", "data")[:CHUNKS_PER_READ])
-
-
-class LogStream:
-    """An attempt's bytes in offset order; a chunk that overlaps what was sent (an agent
-    re-sent output from an earlier offset) contributes only its new tail."""
-
-    def __init__(self, task_id: int, attempt: int) -> None:
-        self.task_id, self.attempt = task_id, attempt
-        self.after = -1  # offsets read so far
-        self.end = 0  # bytes sent so far
-
-    def pieces(self, chunks: list[tuple[int, str]]) -> list[bytes]:
-        out = []
-        for offset, text in chunks:
-            self.after = offset
-            data = text.encode()
-            stop = offset + len(data)
-            if stop > self.end:
-                out.append(data[max(0, self.end - offset) :])
-                self.end = stop
-        return out
-
-    def __iter__(self) -> Iterator[bytes]:
-        while chunks := read_chunks(self.task_id, self.attempt, self.after):
-            yield from self.pieces(chunks)
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        read = sync_to_async(read_chunks)
-        while chunks := await read(self.task_id, self.attempt, self.after):
-            for piece in self.pieces(chunks):
-                yield piece
-
-
 def chosen_attempt(request: Request, task: Task) -> int:
     """The `attempt` parameter (default: the task's latest); 400 naming a bad one."""
     unknown = sorted(set(request.query_params) - QUERY_PARAMETERS)
     if unknown:
         raise ValidationError({name: ["unknown parameter; expected attempt"] for name in unknown})
     raw = request.query_params.get("attempt", "")
-    attempt = parse_attempt(raw, task) if raw else task.attempt
+    attempt = parse_attempt(raw, task.attempt) if raw else task.attempt
     if attempt is None:
         raise ValidationError(
             {"attempt": [f"must be a whole number from 0 to {task.attempt} (this task's latest)"]}
         )
     return attempt
-
-
-def parse_attempt(raw: str, task: Task) -> int | None:
-    """`raw` as one of the task's attempts (0 to its latest), or None."""
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or int(raw) > task.attempt:
-        return None
-    return int(raw)
 
 
 class TaskAttemptLogView(APIView):

@@ -8,9 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from django import forms
-from django.conf import settings
 from django.db import DatabaseError
-from django.db.models import F, Prefetch, ProtectedError, QuerySet
+from django.db.models import Prefetch, ProtectedError, QuerySet
 from django.http import Http404
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
@@ -22,7 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from scheduler import operations
+from scheduler import logs, operations
 from scheduler.api.filters import choice_filter, query_flag
 from scheduler.api.schema import (
     FLOW_EXAMPLES,
@@ -52,7 +51,6 @@ from scheduler.models import (
     Node,
     Queue,
     Task,
-    TaskLog,
 )
 from scheduler.states import FLOW_FINAL, FlowState, JobState, NodeState
 from scheduler.submit import create_flow, create_template, submit_job, update_template
@@ -363,20 +361,10 @@ class JobViewSet(
             if not tasks:
                 raise ValidationError({"task": [f"job {job.pk} has no task {params['task']}"]})
         after = params.get("after", 0)
-        # One query for every task's chunks of the attempt asked for (default: its latest).
-        chunks = TaskLog.objects.filter(task__in=tasks).order_by("task_id", "offset")
-        if "attempt" in params:
-            chunks = chunks.filter(attempt=params["attempt"])
-        else:
-            chunks = chunks.filter(attempt=F("task__attempt"))
-        by_task: dict[int, list[TaskLog]] = {}
-        # Agents send chunks of at most BERTH_LOG_CHUNK_BYTES, so one that straddles `after`
-        # starts no earlier than this.
-        for chunk in chunks.filter(offset__gte=after - settings.BERTH_LOG_CHUNK_BYTES):
-            by_task.setdefault(chunk.task_id, []).append(chunk)
+        texts = logs.text_after(tasks, after, params.get("attempt"))
         out = []
         for task in tasks:
-            text, end = _read_after(by_task.get(task.pk, []), after)
+            text, end = texts[task.pk]
             out.append(
                 {
                     "id": task.pk,
@@ -388,21 +376,6 @@ class JobViewSet(
                 }
             )
         return Response({"job": job.pk, "tasks": out})
-
-
-def _read_after(chunks: list[TaskLog], after: int) -> tuple[str, int]:
-    """The text of `chunks` (in offset order) from byte `after` on, and the offset to ask for
-    next time; a chunk that straddles `after` contributes only its tail."""
-    parts: list[bytes] = []
-    end = after
-    for chunk in chunks:
-        data = chunk.data.encode()
-        stop = chunk.offset + len(data)
-        if stop <= after:
-            continue
-        parts.append(data[max(0, after - chunk.offset) :])
-        end = max(end, stop)
-    return b"".join(parts).decode(errors="replace"), end
 
 
 class FlowFilter(filters.FilterSet):

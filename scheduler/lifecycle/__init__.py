@@ -9,8 +9,8 @@
 
 Each public function is one unit of work that returns how much it did, so the loop and the
 tests call them directly. Resources are released only when an agent confirms a task stopped
-(its heartbeat deletes the task's allocations) or when its node is lost; until then a task that
-was asked to stop still holds its node's cpu, memory and devices.
+(its report of the task's end deletes the task's allocations) or when its node is lost; until
+then a task that was asked to stop still holds its node's cpu, memory and devices.
 """
 
 from scheduler.lifecycle.deadlines import LATEST, after, enforce_deadlines

@@ -1,6 +1,8 @@
-"""Moving one job: every change of a job's state made row by row goes through `_set_state`,
-which asks the state machine (scheduler/jobstate.py) where the event leads and refuses the
-moves it does not allow; `terminate_job` stops a job's tasks and ends or restarts it."""
+"""Moving one job row by row: `set_state` asks the state machine (scheduler/jobstate.py)
+where an event leads, refuses the moves it does not allow and records the event;
+`terminate_job` stops a job's tasks and ends or restarts it. The set-based movers of the
+cycle (lifecycle/sync.py, store.py, arrays.py) ask the same state machine for many rows at
+once."""
 
 from __future__ import annotations
 

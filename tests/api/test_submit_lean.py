@@ -27,7 +27,7 @@ SPEC = {
 
 # Sign-in 1, queue 1, registered nodes' capacities for the never-fits check 1 (none here: a
 # cluster without nodes is read every time), and job + tasks + event in one INSERT, without a
-# transaction block (scheduler/newjob.py). The live push runs after it and is not counted.
+# transaction block (scheduler/sql.py, write_job). The live push runs after it and is not counted.
 MAX_SUBMIT_STATEMENTS = 4
 
 

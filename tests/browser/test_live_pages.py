@@ -33,7 +33,9 @@ from tests.e2e.conftest import database_url
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 ROOT = Path(__file__).resolve().parents[2]
-SHOTS = Path(os.environ.get("BERTH_SCREENSHOTS") or Path(tempfile.gettempdir()) / "berth-screenshots")
+SHOTS = Path(
+    os.environ.get("BERTH_SCREENSHOTS") or Path(tempfile.gettempdir()) / "berth-screenshots"
+)
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 JOIN = "browser-join"
