@@ -476,12 +476,22 @@ def _evict_one(session: Session, job: JobInfo, reason: str, select: Select) -> N
     # Keep only the victims the placement really needs, cheapest set first.
     for victim in list(reversed(chosen[:-1])):
         _free_into(room, victim, -1, fits)
-        trial = simulate(session, job, room) if fits is None or fits.enough() else None
+        if fits is not None:
+            # The sums say whether it still fits; the placement is made once, at the end.
+            if fits.enough():
+                chosen.remove(victim)
+            else:
+                _free_into(room, victim, +1, fits)
+            continue
+        trial = simulate(session, job, room)
         if trial is None:
-            _free_into(room, victim, +1, fits)
+            _free_into(room, victim, +1)
         else:
             chosen.remove(victim)
             placement = trial
+    if fits is not None:
+        placement = simulate(session, job, room)  # the room of the last victim let go
+        assert placement is not None  # the sums said it fits
     statement = Statement(session)
     for victim in chosen:
         statement.evict(victim, reason, job)

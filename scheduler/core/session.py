@@ -575,8 +575,8 @@ class Session:
         shape = task_shape(task)
         nodes = self._eligible.get(shape)
         if nodes is None:
-            nodes = [n for n in self.nodes if self.node_reason(job, task, n) is None]
-            self._eligible[shape] = nodes
+            positions = self._static_reasons(job, task)[1]
+            nodes = self._eligible[shape] = [self.nodes[p] for p in positions]
         return nodes
 
     def eligible_names(self, job: JobInfo, task: TaskInfo) -> list[str]:
