@@ -647,7 +647,8 @@ class Session:
                 reason = "insufficient gpu"
             else:
                 reason = "held for the reservation"
-            if reason not in counts:
+            known = first.get(reason)
+            if known is None or position < known:  # (a static reason may come later)
                 first[reason] = position
             counts[reason] += 1
         counts = Counter({r: counts[r] for r in sorted(counts, key=first.__getitem__)})
