@@ -386,7 +386,7 @@ class Session:
         shape: Shape | None = None
         if tasks:
             first = tasks[0]
-            if all(
+            if len(tasks) == 1 or all(
                 t.resources == first.resources and t.node_selector == first.node_selector
                 for t in tasks
             ):
@@ -523,14 +523,14 @@ class Session:
         order that depends on free devices alone, which only such a move changes)."""
         request = task.resources
         roomy = request.cpu >= self.floor[0] and request.memory >= self.floor[1]
-        key = (tuple(sorted(task.node_selector.items())), request.gpu, roomy)
+        key = (selector_key(task.node_selector), request.gpu, roomy)
         nodes = self._orders.get(key)
         if nodes is None:
             nodes = self._orders[key] = list(self.candidate_nodes(task))
         return nodes
 
     def _matching_groups(self, selector: dict[str, str]) -> list[LabelGroup]:
-        key = tuple(sorted(selector.items()))
+        key = selector_key(selector)
         groups = self._selector_groups.get(key)
         if groups is None:
             groups = [
@@ -722,7 +722,12 @@ class NodeScan:
 
 
 def task_shape(task: TaskInfo) -> Shape:
-    return (task.resources, tuple(sorted(task.node_selector.items())))
+    return (task.resources, selector_key(task.node_selector))
+
+
+def selector_key(selector: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The selector as a sorted tuple (most have none: no sort then)."""
+    return tuple(sorted(selector.items())) if selector else ()
 
 
 def grows(job: JobInfo) -> bool:
