@@ -83,7 +83,18 @@ def in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[JobI
 
 
 def _across_queues(session: Session, cursors: dict[str, Iterator[JobInfo]]) -> Iterator[JobInfo]:
-    heap = [(session.queue_key(session.queues[name]), name) for name in cursors]
+    """A queue's key depends on its own state, of which only what it holds changes while
+    its jobs are served: it is worked out again only when that changed."""
+    keys: dict[str, tuple[Resources, tuple[object, ...]]] = {}
+
+    def key(name: str) -> tuple[object, ...]:
+        queue = session.queues[name]
+        known = keys.get(name)
+        if known is None or known[0] != queue.allocated:
+            known = keys[name] = (queue.allocated, session.queue_key(queue))
+        return known[1]
+
+    heap = [(key(name), name) for name in cursors]
     heapq.heapify(heap)
     while heap:
         _, name = heapq.heappop(heap)
@@ -91,7 +102,7 @@ def _across_queues(session: Session, cursors: dict[str, Iterator[JobInfo]]) -> I
         if job is None:
             continue
         yield job
-        heapq.heappush(heap, (session.queue_key(session.queues[name]), name))
+        heapq.heappush(heap, (key(name), name))
 
 
 # --- placing one job ---------------------------------------------------------------------
@@ -452,24 +463,35 @@ def _evict_one(session: Session, job: JobInfo, reason: str, select: Select) -> N
     if not victims:
         return
     victims.sort(key=lambda v: (v.priority, _size(v), -(_start(v))))
+    fits = _GangRoom.of(session, job, room)
     chosen: list[JobInfo] = []
     for victim in victims:
         chosen.append(victim)
-        _free_into(room, victim, +1)
-        placement = simulate(session, job, room)
+        _free_into(room, victim, +1, fits)
+        placement = simulate(session, job, room) if fits is None or fits.enough() else None
         if placement is not None:
             break
     if placement is None:
         return
     # Keep only the victims the placement really needs, cheapest set first.
     for victim in list(reversed(chosen[:-1])):
-        _free_into(room, victim, -1)
+        _free_into(room, victim, -1, fits)
+        if fits is not None:
+            # The sums say whether it still fits; the placement is made once, at the end.
+            if fits.enough():
+                chosen.remove(victim)
+            else:
+                _free_into(room, victim, +1, fits)
+            continue
         trial = simulate(session, job, room)
         if trial is None:
             _free_into(room, victim, +1)
         else:
             chosen.remove(victim)
             placement = trial
+    if fits is not None:
+        placement = simulate(session, job, room)  # the room of the last victim let go
+        assert placement is not None  # the sums said it fits
     statement = Statement(session)
     for victim in chosen:
         statement.evict(victim, reason, job)
@@ -489,11 +511,61 @@ def _pipeline(
     session.set_pending(job, Status(Code.PREEMPTING, message))
 
 
-def _free_into(room: dict[str, Resources], victim: JobInfo, sign: int) -> None:
+def _free_into(
+    room: dict[str, Resources], victim: JobInfo, sign: int, fits: _GangRoom | None = None
+) -> None:
     for task in victim.tasks:
         if task.node in room and task.state in ("Assigned", "Running"):
             delta = Resources(task.resources.cpu, task.resources.memory, len(task.devices))
             room[task.node] = room[task.node] + delta if sign > 0 else room[task.node] - delta
+            if fits is not None:
+                fits.changed(task.node, room[task.node])
+
+
+class _GangRoom:
+    """How many tasks of a gang that is one run of alike tasks fit in a room, node by node
+    and in all, kept as the room changes on a few nodes. First fit (`simulate`) fills each
+    node it reaches as far as it can, so it places the gang exactly when the sum reaches
+    the gang's size: `simulate` is only asked then, for the placement."""
+
+    def __init__(
+        self, request: Resources, count: int, names: list[str], room: dict[str, Resources]
+    ) -> None:
+        self.request, self.count = request, count
+        self.eligible = set(names)
+        self.each = {name: self._taken(room[name]) for name in names if name in room}
+        self.total = sum(self.each.values())
+
+    @classmethod
+    def of(cls, session: Session, job: JobInfo, room: dict[str, Resources]) -> _GangRoom | None:
+        runs = session.gang_runs(job)
+        if len(runs) != 1:
+            return None  # runs after the first see what it took: simulate them
+        task, count = runs[0]
+        return cls(task.resources, count, session.eligible_names(job, task), room)
+
+    def _taken(self, free: Resources) -> int:
+        """How many of the tasks `simulate` puts on a node with `free` (at most all)."""
+        cpu, memory, gpu = self.request
+        if cpu > free.cpu or memory > free.memory or gpu > free.gpu:
+            return 0
+        taken = self.count
+        if cpu and free.cpu // cpu < taken:
+            taken = free.cpu // cpu
+        if memory and free.memory // memory < taken:
+            taken = free.memory // memory
+        if gpu and free.gpu // gpu < taken:
+            taken = free.gpu // gpu
+        return taken
+
+    def changed(self, name: str, free: Resources) -> None:
+        if name in self.eligible:
+            taken = self._taken(free)
+            self.total += taken - self.each.get(name, 0)
+            self.each[name] = taken
+
+    def enough(self) -> bool:
+        return self.total >= self.count
 
 
 def _size(job: JobInfo) -> tuple[int, int, int]:

@@ -280,11 +280,18 @@ class BinpackPlugin(Plugin):
     def node_order(
         self, session: Session, task: TaskInfo, groups: list[LabelGroup]
     ) -> Iterator[NodeView]:
+        # Nodes with too little cpu or memory free for any pending task are left out.
+        scans = [group.scan_buckets(task.resources) for group in groups]
+        # A scan for a task with devices is never resumed after a placement (`NodeScan`
+        # starts over for each such task), so nothing moves while it walks a bucket: it
+        # need not copy the bucket first, which costs as much as the bucket is large when
+        # the first node takes the task. Other scans walk a copy.
+        lazy = task.resources.gpu > 0
         for free in range(task.resources.gpu, session.max_devices + 1):
-            for group in groups:
-                bucket = group.buckets.get(free)
+            for buckets in scans:
+                bucket = buckets.get(free)
                 if bucket:
-                    yield from list(bucket.values())
+                    yield from bucket.values() if lazy else list(bucket.values())
 
 
 class SpreadPlugin(Plugin):

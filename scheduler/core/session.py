@@ -155,6 +155,8 @@ class Session:
 
     def _open_caches(self) -> None:
         """What is worked out once per job or task shape and kept."""
+        # Nodes with less than this free can take none of the pending tasks (`LabelGroup`).
+        self.floor = request_floor(self.candidates)
         self._pending_tasks: dict[int, list[TaskInfo]] = {}
         self._shapes: dict[int, Shape | None] = {}
         self._min_requests: dict[int, Resources] = {}
@@ -163,6 +165,7 @@ class Session:
         self._job_keys: dict[int, tuple[Any, ...]] = {}
         self._eligible: dict[Shape, list[NodeView]] = {}
         self._eligible_names: dict[Shape, list[str]] = {}
+        self._static: dict[Shape, tuple[tuple[Counter[str], dict[str, int]], list[int]]] = {}
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
         # The backfill's quick refusals, with the state they were made in (what is free and
@@ -255,7 +258,8 @@ class Session:
             if node.ready:
                 group = self._groups.get(node.label_key)
                 if group is None:
-                    group = self._groups[node.label_key] = LabelGroup(node.labels)
+                    group = LabelGroup(node.labels, self.floor)
+                    self._groups[node.label_key] = group
                 group.add(node)
         self.index_dirty = False
         self._orders: dict[tuple[object, ...], list[NodeView]] = {}
@@ -335,12 +339,22 @@ class Session:
             self.ready_free_memory += memory
             self.ready_free_gpu += gpu
             self._stale_free.add(node)
+            self._resized(node)
 
     def took(self, nodes: list[NodeView], cpu: int, memory: int) -> None:
         """`freed` for ready nodes that together gave `cpu` and `memory` (no devices)."""
         self.ready_free_cpu -= cpu
         self.ready_free_memory -= memory
         self._stale_free.update(nodes)
+        for node in nodes:
+            self._resized(node)
+
+    def _resized(self, node: NodeView) -> None:
+        """The node's free cpu or memory changed: keep its group's `roomy` true; a node back
+        in it may be in an order kept by `ordered_nodes`, which is then made again."""
+        group = self._groups.get(node.label_key)
+        if group is not None and group.resized(node):
+            self._orders = {}
 
     def free_on_ready_nodes(self) -> dict[str, Resources]:
         """What is free on each ready node now."""
@@ -372,7 +386,7 @@ class Session:
         shape: Shape | None = None
         if tasks:
             first = tasks[0]
-            if all(
+            if len(tasks) == 1 or all(
                 t.resources == first.resources and t.node_selector == first.node_selector
                 for t in tasks
             ):
@@ -507,14 +521,16 @@ class Session:
     def ordered_nodes(self, task: TaskInfo) -> list[NodeView]:
         """`candidate_nodes` as a list, kept until a node moves in the index (only for an
         order that depends on free devices alone, which only such a move changes)."""
-        key = (tuple(sorted(task.node_selector.items())), task.resources.gpu)
+        request = task.resources
+        roomy = request.cpu >= self.floor[0] and request.memory >= self.floor[1]
+        key = (selector_key(task.node_selector), request.gpu, roomy)
         nodes = self._orders.get(key)
         if nodes is None:
             nodes = self._orders[key] = list(self.candidate_nodes(task))
         return nodes
 
     def _matching_groups(self, selector: dict[str, str]) -> list[LabelGroup]:
-        key = tuple(sorted(selector.items()))
+        key = selector_key(selector)
         groups = self._selector_groups.get(key)
         if groups is None:
             groups = [
@@ -554,8 +570,8 @@ class Session:
         shape = task_shape(task)
         nodes = self._eligible.get(shape)
         if nodes is None:
-            nodes = [n for n in self.nodes if self.node_reason(job, task, n) is None]
-            self._eligible[shape] = nodes
+            positions = self._static_reasons(job, task)[1]
+            nodes = self._eligible[shape] = [self.nodes[p] for p in positions]
         return nodes
 
     def eligible_names(self, job: JobInfo, task: TaskInfo) -> list[str]:
@@ -565,6 +581,27 @@ class Session:
         if names is None:
             names = self._eligible_names[shape] = [n.name for n in self.eligible_nodes(job, task)]
         return names
+
+    def _static_reasons(
+        self, job: JobInfo, task: TaskInfo
+    ) -> tuple[tuple[Counter[str], dict[str, int]], list[int]]:
+        """For the task's shape: how many nodes can never take it, per reason, with the
+        position of the first node giving each; and the positions of `eligible_nodes`."""
+        shape = task_shape(task)
+        known = self._static.get(shape)
+        if known is None:
+            counts: Counter[str] = Counter()
+            first: dict[str, int] = {}
+            positions = []
+            for position, node in enumerate(self.nodes):
+                reason = self.node_reason(job, task, node)
+                if reason is None:
+                    positions.append(position)
+                    continue
+                first.setdefault(reason, position)
+                counts[reason] += 1
+            known = self._static[shape] = ((counts, first), positions)
+        return known
 
     def node_reason(self, job: JobInfo, task: TaskInfo, node: NodeView) -> str | None:
         """Why the node can never take this task as it stands (None: only resources)."""
@@ -584,19 +621,33 @@ class Session:
         """`0/12 nodes fit: 8 insufficient gpu, 4 node selector mismatch`, whether the task
         could fit on some node once resources are freed, and the count per node reason. A
         session that does not explain gives only the second."""
+        eligible = self.eligible_nodes(job, task)
         if not self.explain_failures:
-            return "", bool(self.eligible_nodes(job, task)), {}
-        counts: Counter[str] = Counter()
-        could_fit = False
-        for node in self.nodes:
-            reason = self.node_reason(job, task, node)
-            if reason is None:
-                reason = "reserved for a preempting job" if node.name in self.nominated else ""
-                if not reason:
-                    short = task.resources.short_of(node.free())
-                    reason = f"insufficient {short[0]}" if short else "held for the reservation"
-                could_fit = True
+            return "", bool(eligible), {}
+        # The reasons that never change are counted once per shape; only the nodes that
+        # could take the task are looked at, each reason where it first occurs.
+        static, positions = self._static_reasons(job, task)
+        first = dict(static[1])
+        counts: Counter[str] = Counter(static[0])
+        request, nominated = task.resources, self.nominated
+        cpu, memory, gpu = request
+        for node, position in zip(eligible, positions, strict=True):
+            if node.name in nominated:
+                reason = "reserved for a preempting job"
+            elif cpu > node.free_cpu:
+                reason = "insufficient cpu"
+            elif memory > node.free_memory:
+                reason = "insufficient memory"
+            elif gpu > len(node.free_devices):
+                reason = "insufficient gpu"
+            else:
+                reason = "held for the reservation"
+            known = first.get(reason)
+            if known is None or position < known:  # (a static reason may come later)
+                first[reason] = position
             counts[reason] += 1
+        counts = Counter({r: counts[r] for r in sorted(counts, key=first.__getitem__)})
+        could_fit = bool(eligible)
         parts = ", ".join(
             f"{n} {r}" for r, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))
         )
@@ -666,7 +717,12 @@ class NodeScan:
 
 
 def task_shape(task: TaskInfo) -> Shape:
-    return (task.resources, tuple(sorted(task.node_selector.items())))
+    return (task.resources, selector_key(task.node_selector))
+
+
+def selector_key(selector: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The selector as a sorted tuple (most have none: no sort then)."""
+    return tuple(sorted(selector.items())) if selector else ()
 
 
 def grows(job: JobInfo) -> bool:
@@ -677,6 +733,21 @@ def grows(job: JobInfo) -> bool:
         and any(t.state == "Pending" for t in job.tasks)
         and not any(t.state == "Releasing" for t in job.tasks)
     )
+
+
+def request_floor(jobs: list[JobInfo]) -> tuple[int, int]:
+    """The least cpu and the least memory (each on its own) any pending task of `jobs`
+    asks; (0, 0) with none."""
+    cpu = memory = -1
+    for job in jobs:
+        for task in job.tasks:
+            if task.state == "Pending":
+                request = task.resources
+                if cpu < 0 or request.cpu < cpu:
+                    cpu = request.cpu
+                if memory < 0 or request.memory < memory:
+                    memory = request.memory
+    return (max(cpu, 0), max(memory, 0))
 
 
 def need_of(job: JobInfo) -> int:

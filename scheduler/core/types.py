@@ -57,18 +57,62 @@ class NodeView:
 
 class LabelGroup:
     """Ready nodes with one label set, bucketed by how many devices they have free. A node
-    whose free device count changes moves to the end of its new bucket."""
+    whose free device count changes moves to the end of its new bucket.
 
-    def __init__(self, labels: dict[str, str]) -> None:
+    `roomy` holds, per bucket and in the bucket's order, only the nodes with at least
+    `floor` (cpu, memory) free: a node left out can take no task asking at least that much,
+    so a scan for such a task may pass it by without looking (`scan_buckets`). Once the
+    nodes that fill up first are full, a first-fit scan no longer walks over all of them
+    for every job. With a floor of zero it is `buckets` itself."""
+
+    def __init__(self, labels: dict[str, str], floor: tuple[int, int] = (0, 0)) -> None:
         self.labels = labels
         self.buckets: dict[int, dict[str, NodeView]] = {}
+        self.floor_cpu, self.floor_memory = floor
+        self.filtered = floor != (0, 0)
+        self.roomy = self.buckets if not self.filtered else {}
 
     def add(self, node: NodeView) -> None:
-        self.buckets.setdefault(len(node.free_devices), {})[node.name] = node
+        free = len(node.free_devices)
+        self.buckets.setdefault(free, {})[node.name] = node
+        if self.filtered and (
+            node.free_cpu >= self.floor_cpu and node.free_memory >= self.floor_memory
+        ):
+            self.roomy.setdefault(free, {})[node.name] = node
 
     def move(self, node: NodeView, old_free: int) -> None:
         del self.buckets[old_free][node.name]
+        if self.filtered:
+            self.roomy.get(old_free, {}).pop(node.name, None)
         self.add(node)
+
+    def scan_buckets(self, request: Resources) -> dict[int, dict[str, NodeView]]:
+        """The buckets a scan for a task asking `request` must look at: `roomy` if the
+        request is at least the floor, else all of them."""
+        if request.cpu >= self.floor_cpu and request.memory >= self.floor_memory:
+            return self.roomy
+        return self.buckets
+
+    def resized(self, node: NodeView) -> bool:
+        """The node's free cpu or memory changed, its devices did not: keep `roomy` true.
+        True if the node came back into it (its bucket is then filtered again, in order)."""
+        if not self.filtered:
+            return False
+        free = len(node.free_devices)
+        bucket = self.buckets.get(free)
+        if bucket is None or node.name not in bucket:
+            return False  # the index is stale (devices changed outside it): rebuilt anyway
+        roomy = self.roomy.setdefault(free, {})
+        if node.free_cpu < self.floor_cpu or node.free_memory < self.floor_memory:
+            roomy.pop(node.name, None)
+            return False
+        if node.name in roomy:
+            return False
+        cpu, memory = self.floor_cpu, self.floor_memory
+        self.roomy[free] = {
+            name: n for name, n in bucket.items() if n.free_cpu >= cpu and n.free_memory >= memory
+        }
+        return True
 
 
 @dataclass(frozen=True)
