@@ -119,6 +119,20 @@ JOB_OPTIONS = [
     click.option("--time", "-t", default=None, help="walltime: 90 (seconds), 1h30m, 01:30:00"),
     click.option("--array", "-a", default=None, help="job array: 0-99, 0-99%10 (10 at once)"),
     click.option("--priority", type=int, default=None, help="priority (capped by the queue)"),
+    click.option(
+        "--notify",
+        default=None,
+        metavar="EVENTS",
+        help="notify me (email, webhook) on these events, comma-separated: begin, end,"
+        " fail, time_limit_90, time_limit_80, time_limit_50; none: no"
+        " notifications (default: my account's defaults)",
+    ),
+    click.option(
+        "--notify-webhook",
+        default=None,
+        metavar="URL",
+        help="this job's webhook (a host staff allow; signed with my secret)",
+    ),
 ]
 
 
@@ -141,6 +155,7 @@ def submit(args: tuple[str, ...], wait: bool, as_json: bool, **options: Any) -> 
       berth submit job.yaml
       berth submit train.sh            # #BERTH --gpus 1 --time 2h lines at the top
       berth submit --gpus 1 --time 1h30m -- python train.py --lr 0.1
+      berth submit --notify end,time_limit_80 -t 2h -- python train.py
     """
     if not args:
         raise click.UsageError("give a spec FILE, a script, or `-- COMMAND...`")
