@@ -31,16 +31,19 @@ import httpx
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import close_old_connections, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from scheduler.models import NotifyPreference, Outbox
 from scheduler.outbox import enqueue_time_limits
 from scheduler.specs import webhook_url_problem
+from scheduler.states import JOB_FINAL
 
 log = logging.getLogger("berth.notifier")
 BATCH = 50
 THROTTLE_WINDOW = timedelta(seconds=60)
+KEEP = timedelta(days=7)  # delivered and given-up rows are kept this long (admin, debugging)
+PRUNE_EVERY = 3600.0  # seconds between prunes in one notifier
 
 
 class Undeliverable(Exception):
@@ -151,11 +154,23 @@ def run_once(now: datetime | None = None) -> int:
     return len(rows)
 
 
+def prune(now: datetime) -> int:
+    """Delete rows settled more than KEEP ago, except the time-limit warnings of jobs still
+    active (their rows are what makes each warning fire once)."""
+    settled = Outbox.objects.filter(Q(delivered_at__lt=now - KEEP) | Q(gave_up_at__lt=now - KEEP))
+    ended = Q(job__isnull=True) | Q(job__state__in=JOB_FINAL) | ~Q(kind__startswith="time_limit_")
+    return int(settled.filter(ended).delete()[0])
+
+
 def run_loop(stop: threading.Event, interval: float | None = None) -> None:
     """Passes until `stop` is set; idle passes wait `interval` (BERTH_NOTIFY_INTERVAL)."""
     interval = settings.BERTH_NOTIFY_INTERVAL if interval is None else interval
+    pruned = 0.0
     while not stop.is_set():
         try:
+            if time.monotonic() - pruned > PRUNE_EVERY:
+                prune(timezone.now())
+                pruned = time.monotonic()
             busy = run_once()
         finally:
             close_old_connections()

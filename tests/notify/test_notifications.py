@@ -19,6 +19,7 @@ from scheduler.jobstate import JobEvent
 from scheduler.lifecycle.transitions import set_state
 from scheduler.models import Event, Job, NotifyPreference, Outbox
 from scheduler.outbox import enqueue_time_limits
+from scheduler.states import JobState
 from scheduler.submit import submit_job
 from tests.factories import make_job
 
@@ -269,3 +270,19 @@ def test_the_account_endpoint_keeps_the_defaults(api, owner, receiver):
     assert changed.json()["webhook_secret"] != first["webhook_secret"]
     bad = client.patch("/api/v1/me/notifications/", {"events": ["soon"]}, format="json")
     assert bad.status_code == 400 and "events" in bad.json()
+
+
+def test_settled_rows_are_pruned_after_a_week_but_a_running_jobs_warnings_stay(owner):
+    owner.email = "alice@example.org"
+    owner.save()
+    job = submit_job(owner, job_spec(events=["begin", "time_limit_50"]))
+    start(job)
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=60))
+    enqueue_time_limits()
+    old = timezone.now() - timedelta(days=8)
+    Outbox.objects.update(delivered_at=old)
+    assert delivery.prune(timezone.now()) == 1  # the begin; the warning of a running job stays
+    assert list(Outbox.objects.values_list("kind", flat=True)) == ["time_limit_50"]
+    assert enqueue_time_limits() == 0  # and so it does not fire again
+    Job.objects.filter(pk=job.pk).update(state=JobState.SUCCEEDED)
+    assert delivery.prune(timezone.now()) == 1
