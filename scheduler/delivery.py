@@ -44,6 +44,7 @@ BATCH = 50
 THROTTLE_WINDOW = timedelta(seconds=60)
 KEEP = timedelta(days=7)  # delivered and given-up rows are kept this long (admin, debugging)
 PRUNE_EVERY = 3600.0  # seconds between prunes in one notifier
+TIME_LIMIT_EVERY = 5.0  # seconds between scans for time-limit warnings in one notifier
 
 
 class Undeliverable(Exception):
@@ -79,13 +80,29 @@ def claim(now: datetime, limit: int = BATCH) -> list[Outbox]:
         wait = THROTTLE_WINDOW / settings.BERTH_NOTIFY_USER_PER_MINUTE
         Outbox.objects.filter(pk__in=later).update(next_attempt_at=now + wait)
         Outbox.objects.filter(pk__in=[r.pk for r in claimed]).update(next_attempt_at=lease)
+    for row in claimed:
+        row.next_attempt_at = lease  # the lease this notifier holds: see `renew`
     return claimed
+
+
+def renew(row: Outbox, now: datetime) -> bool:
+    """Just before sending: move the row's lease to start now, if this notifier still holds
+    it (its lease unchanged). A batch of slow sends can outlast the lease it was claimed
+    with; a row whose lease passed and that another notifier took is not sent twice."""
+    lease = now + timedelta(seconds=settings.BERTH_NOTIFY_LEASE)
+    held = Outbox.objects.filter(pk=row.pk, next_attempt_at=row.next_attempt_at,
+                                 delivered_at__isnull=True, gave_up_at__isnull=True)  # fmt: skip
+    if not held.update(next_attempt_at=lease):
+        return False
+    row.next_attempt_at = lease
+    return True
 
 
 def send(row: Outbox) -> None:
     """Deliver one row; Undeliverable when it did not go."""
     if row.channel == "email":
-        subject = row.text.removeprefix("Berth: ")[:150]
+        # One line: a job's message may hold newlines, which a header may not.
+        subject = " ".join(row.text.removeprefix("Berth: ").split())[:150]
         try:
             send_mail(f"[Berth] {subject}", row.text, None, [row.target])
         except Exception as exc:  # SMTP, socket and header errors alike: try again later
@@ -140,11 +157,14 @@ def backoff(attempts: int) -> float:
     return float(min(cap, base * 2 ** min(attempts - 1, 40)))
 
 
-def run_once(now: datetime | None = None) -> int:
-    """One pass; returns how many rows it tried to send. `now` (tests) fixes the clock."""
-    enqueue_time_limits(now)
+def run_once(now: datetime | None = None, *, time_limits: bool = True) -> int:
+    """One pass; returns how many rows it claimed. `now` (tests) fixes the clock."""
+    if time_limits:
+        enqueue_time_limits(now)
     rows = claim(now or timezone.now())
     for row in rows:
+        if not renew(row, now or timezone.now()):
+            continue
         try:
             send(row)
             error = None
@@ -165,13 +185,16 @@ def prune(now: datetime) -> int:
 def run_loop(stop: threading.Event, interval: float | None = None) -> None:
     """Passes until `stop` is set; idle passes wait `interval` (BERTH_NOTIFY_INTERVAL)."""
     interval = settings.BERTH_NOTIFY_INTERVAL if interval is None else interval
-    pruned = 0.0
+    pruned = scanned = 0.0
     while not stop.is_set():
         try:
             if time.monotonic() - pruned > PRUNE_EVERY:
                 prune(timezone.now())
                 pruned = time.monotonic()
-            busy = run_once()
+            # Running jobs are read for their walltime at most every TIME_LIMIT_EVERY seconds.
+            scan = time.monotonic() - scanned > TIME_LIMIT_EVERY
+            scanned = time.monotonic() if scan else scanned
+            busy = run_once(time_limits=scan)
         finally:
             close_old_connections()
         if not busy:

@@ -286,3 +286,29 @@ def test_settled_rows_are_pruned_after_a_week_but_a_running_jobs_warnings_stay(o
     assert enqueue_time_limits() == 0  # and so it does not fire again
     Job.objects.filter(pk=job.pk).update(state=JobState.SUCCEEDED)
     assert delivery.prune(timezone.now()) == 1
+
+
+def test_a_row_another_notifier_took_after_the_lease_passed_is_not_sent_again(owner, receiver):
+    job = submit_job(owner, job_spec(events=["begin"], webhook=receiver.url))
+    start(job)
+    now = timezone.now()
+    [mine] = delivery.claim(now)
+    later = now + timedelta(hours=1)  # this notifier stalled past its lease...
+    [theirs] = delivery.claim(later)  # ...and another one claimed the row
+    assert not delivery.renew(mine, later)
+    assert delivery.renew(theirs, later)
+
+
+def test_an_email_subject_is_one_line(owner, smtp):
+    owner.email = "alice@example.org"
+    owner.save()
+    job = submit_job(owner, job_spec(events=["fail"]))
+    start(job)
+    with transaction.atomic():
+        set_state(job, JobEvent.FAIL, "TaskFailed", "task main-0 said:\nboom\r\nagain",
+                  timezone.now())  # fmt: skip
+        job.save()
+    assert delivery.run_once() == 1
+    [(_, message)] = smtp.messages
+    assert "\n" not in message["Subject"] and "boom again" in message["Subject"]
+    assert Outbox.objects.get().delivered_at is not None
