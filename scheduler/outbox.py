@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Q
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
@@ -72,7 +73,11 @@ def enqueue_time_limits(now: datetime | None = None) -> int:
     now = now or timezone.now()
     running = Job.objects.filter(state=JobState.RUNNING, array_parent__isnull=True,
                                  walltime__isnull=False, started_at__isnull=False)  # fmt: skip
-    jobs = _jobs(running)
+    # Only jobs whose notify (or, without one, whose owner's defaults) names a time limit.
+    asked = Q(spec__notify__icontains="time_limit_") | (
+        ~Q(spec__has_key="notify") & Q(owner__notify_preference__events__contains="time_limit_")
+    )
+    jobs = _jobs(running.filter(asked))
     wanted = _wanted(jobs)
     rows = []
     for job in jobs:

@@ -168,6 +168,19 @@ def test_time_limit_warnings_fire_once_each(owner):
     assert "80 % of its walltime" in Outbox.objects.get(kind="time_limit_80").text
 
 
+def test_time_limit_warnings_follow_the_users_defaults_unless_the_job_says(owner):
+    owner.email = "alice@example.org"
+    owner.save()
+    NotifyPreference.objects.create(user=owner, events="time_limit_50")
+    plain = make_job(owner, walltime=100)
+    other = submit_job(owner, job_spec(events=["end"]))
+    now = timezone.now()
+    Job.objects.update(state=JobState.RUNNING, started_at=now - timedelta(seconds=60))
+    assert enqueue_time_limits(now) == 1
+    assert list(Outbox.objects.values_list("job_id", "kind")) == [(plain.pk, "time_limit_50")]
+    assert other.pk != plain.pk
+
+
 # --- delivery --------------------------------------------------------------------------
 
 
