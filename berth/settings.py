@@ -351,6 +351,25 @@ BERTH_LOG_CHUNK_BYTES = env_int("BERTH_LOG_CHUNK_BYTES", 64 * 1024, minimum=1024
 BERTH_LOG_MAX_BYTES = env_int("BERTH_LOG_MAX_BYTES", 8 * 1024 * 1024, minimum=1024)
 BERTH_ARRAY_MAX_ELEMENTS = env_int("BERTH_ARRAY_MAX_ELEMENTS", 100_000, minimum=1)
 BERTH_ARRAY_MAX_TASKS = env_int("BERTH_ARRAY_MAX_TASKS", 200_000, minimum=1)
+
+# Notifications (docs/notifications.md): email through Django's mail backend, webhooks only
+# to hosts staff allow here (`hooks.slack.com`, `.example.org` for a domain and its
+# subdomains); none by default.
+BERTH_WEBHOOK_ALLOWED_HOSTS = env_list("BERTH_WEBHOOK_ALLOWED_HOSTS", [])
+BERTH_WEBHOOK_TIMEOUT = env_float("BERTH_WEBHOOK_TIMEOUT", 10.0, minimum=0.1)
+BERTH_NOTIFY_INTERVAL = env_float("BERTH_NOTIFY_INTERVAL", 2.0, minimum=0.01)
+BERTH_NOTIFY_MAX_ATTEMPTS = env_int("BERTH_NOTIFY_MAX_ATTEMPTS", 10, minimum=1)
+BERTH_NOTIFY_RETRY_BASE = env_float("BERTH_NOTIFY_RETRY_BASE", 10.0, minimum=0.01)
+BERTH_NOTIFY_RETRY_CAP = env_float("BERTH_NOTIFY_RETRY_CAP", 3600.0, minimum=0.01)
+BERTH_NOTIFY_LEASE = env_float("BERTH_NOTIFY_LEASE", 120.0, minimum=1.0)
+BERTH_NOTIFY_USER_PER_MINUTE = env_int("BERTH_NOTIFY_USER_PER_MINUTE", 20, minimum=1)
+EMAIL_HOST = os.environ.get("BERTH_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("BERTH_EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = os.environ.get("BERTH_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("BERTH_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("BERTH_EMAIL_TLS", False)
+EMAIL_TIMEOUT = env_int("BERTH_EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = os.environ.get("BERTH_EMAIL_FROM", "berth@localhost")
 # Start estimates are planned for at most this many waiting jobs per cycle (docs/limits.md).
 BERTH_PLAN_DEPTH = env_int("BERTH_PLAN_DEPTH", 500, minimum=0)
 BERTH_PLAN_INTERVAL = env_int("BERTH_PLAN_INTERVAL", 10, minimum=0)

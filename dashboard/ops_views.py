@@ -1,4 +1,4 @@
-"""Operator and self-service pages: API tokens and usage."""
+"""Operator and self-service pages: API tokens, notification defaults and usage."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from django.views.decorators.http import require_POST
 
 from scheduler.accounting import UsageQueryError, parse_usage_query, usage_rows
 from scheduler.fairshare import share_rows, weights
-from scheduler.models import ApiToken, UsageRecord
+from scheduler.models import ApiToken, NotifyPreference, UsageRecord
+from scheduler.specs import NOTIFY_EVENTS, notify_events, webhook_url_problem
 from scheduler.tokens import TokenError, create_token, revoke_token
 
 
@@ -56,6 +57,36 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     if _htmx(request):
         return render(request, _page(request), _tokens_context(request))
     return redirect("dashboard:tokens")
+
+
+@login_required
+def notifications(request: HttpRequest) -> HttpResponse:
+    """Your notification defaults (docs/notifications.md): events for jobs whose spec has no
+    `notify`, email on or off, a webhook URL (a host staff allow) and its signing secret."""
+    pref = NotifyPreference.objects.get_or_create(user=request.user)[0]
+    errors: dict[str, list[str]] = {}
+    saved = False
+    if request.method == "POST":
+        events, problem = notify_events(request.POST.getlist("events"))
+        url = request.POST.get("webhook_url", "").strip()
+        if problem:
+            errors["events"] = [problem]
+        if url and (problem := webhook_url_problem(url)):
+            errors["webhook_url"] = [problem]
+        if not errors:
+            pref.events, pref.webhook_url = ",".join(events), url
+            pref.email = request.POST.get("email") == "on"
+            pref.save()
+            saved = True
+    context = {
+        "pref": pref,
+        "chosen": notify_events(pref.events)[0],
+        "events": NOTIFY_EVENTS,
+        "errors": errors,
+        "saved": saved,
+        "email": getattr(request.user, "email", ""),
+    }
+    return render(request, "dashboard/notifications.html", context, status=400 if errors else 200)
 
 
 @login_required

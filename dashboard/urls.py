@@ -24,5 +24,6 @@ urlpatterns = [
     path("submit/", views.submit, name="submit"),
     path("usage/", ops_views.usage, name="usage"),
     path("tokens/", ops_views.tokens, name="tokens"),
+    path("notifications/", ops_views.notifications, name="notifications"),
     path("tokens/<int:token_id>/revoke/", ops_views.token_revoke, name="token-revoke"),
 ]

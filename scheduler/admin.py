@@ -21,6 +21,7 @@ from scheduler.models import (
     Job,
     JobTemplate,
     Node,
+    Outbox,
     Queue,
     Task,
     TaskLog,
@@ -232,6 +233,24 @@ class EventAdmin(admin.ModelAdmin[Event]):
     search_fields = ["message", "=job__id", "=flow__id", "node__name"]
     list_select_related = ["job", "flow", "node"]
     readonly_fields = ["time", "kind", "reason", "message", "job", "flow", "node"]
+
+
+@admin.register(Outbox)
+class OutboxAdmin(admin.ModelAdmin[Outbox]):
+    """Notifications to deliver, delivered and given up (docs/notifications.md): read-only;
+    a given-up row says why in `last_error`."""
+
+    list_display = ["id", "kind", "channel", "job_ref", "user", "created_at", "attempts",
+                    "next_attempt_at", "delivered_at", "gave_up_at"]  # fmt: skip
+    list_filter = ["channel", "kind"]
+    search_fields = ["=job_ref", "user__username", "target"]
+    list_select_related = ["user"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(ApiToken)

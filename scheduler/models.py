@@ -701,6 +701,17 @@ class TaskLog(models.Model):
         ]
 
 
+class EventQuerySet(QuerySet[Any]):
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        """Every writer of job state changes writes its events here or through `save`: the
+        one place where notifications enter the outbox, in the writer's transaction."""
+        created = super().bulk_create(objs, *args, **kwargs)
+        from scheduler.outbox import enqueue_for_events
+
+        enqueue_for_events(created)
+        return created
+
+
 class Event(models.Model):
     time = models.DateTimeField(auto_now_add=True, db_index=True)
     kind = models.CharField(max_length=32)  # e.g. JobStateChanged, TaskStarted, NodeNotReady
@@ -716,6 +727,8 @@ class Event(models.Model):
         Node, on_delete=models.SET_NULL, null=True, blank=True, related_name="events"
     )
 
+    objects = EventQuerySet.as_manager()
+
     class Meta:
         ordering = ["-id"]
         indexes = [
@@ -725,6 +738,14 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.reason}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        new = self._state.adding
+        super().save(*args, **kwargs)
+        if new:
+            from scheduler.outbox import enqueue_for_events
+
+            enqueue_for_events([self])
 
     @classmethod
     def visible_to(cls, user: Any) -> QuerySet[Event]:
@@ -736,6 +757,77 @@ class Event(models.Model):
         return cls.objects.filter(
             Q(job__owner=user) | Q(flow__owner=user) | (Q(job__isnull=True) & Q(flow__isnull=True))
         )
+
+
+# --- notifications (docs/notifications.md) -------------------------------------------------
+
+
+def _webhook_secret() -> str:
+    return secrets.token_hex(32)
+
+
+class NotifyPreference(models.Model):
+    """A user's notification defaults: which job events (for jobs that do not say) and where
+    to (email to the account's address, a webhook signed with `webhook_secret`)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notify_preference"
+    )
+    events = models.CharField(
+        max_length=120, blank=True, default="", help_text="comma-separated: begin,end,fail,..."
+    )
+    email = models.BooleanField(default=True, help_text="send to the account's email address")
+    webhook_url = models.URLField(max_length=500, blank=True, default="")
+    webhook_secret = models.CharField(max_length=64, default=_webhook_secret)
+
+    def __str__(self) -> str:
+        return f"{self.user_id}: {self.events or '-'}"
+
+
+class Outbox(models.Model):
+    """One notification to deliver on one channel, written in the transaction of the state
+    change it tells of; `run_notifier` delivers it at least once (scheduler/delivery.py).
+    `next_attempt_at` is both the retry time and the claim's lease: a worker that dies while
+    sending leaves the row to be claimed again once the lease passes."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    job = models.ForeignKey(Job, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    job_ref = models.CharField(max_length=40, help_text="the job's id as users write it")
+    kind = models.CharField(max_length=20)  # begin, end, fail, time_limit_N
+    channel = models.CharField(max_length=10)  # email, webhook
+    target = models.CharField(max_length=500, help_text="email address or webhook URL")
+    text = models.TextField()
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+    next_attempt_at = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    gave_up_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            # run_notifier claims the due rows still to deliver, oldest first.
+            models.Index(
+                fields=["next_attempt_at", "id"],
+                condition=Q(delivered_at__isnull=True, gave_up_at__isnull=True),
+                name="outbox_due",
+            ),
+            # The per-user throttle counts a user's recent deliveries.
+            models.Index(fields=["user", "delivered_at"], name="outbox_user_recent"),
+        ]
+        constraints = [
+            # A time-limit warning fires once per job and channel (the scan repeats).
+            models.UniqueConstraint(
+                fields=["job", "kind", "channel"],
+                condition=Q(kind__startswith="time_limit_"),
+                name="outbox_time_limit_once",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} of job {self.job_ref} by {self.channel}"
 
 
 # --- operations: API tokens, the scheduler's heartbeat, usage accounting -------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 
@@ -25,7 +26,7 @@ ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 JOB_FIELDS = {
     "name", "queue", "priority", "preemptible", "min_available", "walltime",
     "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry", "labels", "tasks",
-    "array",
+    "array", "notify",
 }  # fmt: skip
 TASK_FIELDS = {"name", "replicas", "command", "env", "resources", "node_selector"}
 RESOURCE_FIELDS = {"cpu", "memory", "gpu", "pids"}
@@ -47,6 +48,10 @@ RESOURCE_MAX = {"cpu": 10**9, "memory": 2**60, "gpu": 1024}  # millicores, bytes
 # a request is refused at submit rather than killed at once. `sleep` runs in 32Mi.
 MIN_TASK_MEMORY = 4 * 2**20
 MAX_PIDS = 2**22  # the kernel's largest pid_max: a task's pids limit (processes and threads)
+# Job events a user may be told of (Slurm's --mail-type BEGIN, END, FAIL, TIME_LIMIT_N).
+NOTIFY_EVENTS = ("begin", "end", "fail", "time_limit_90", "time_limit_80", "time_limit_50")
+NOTIFY_FIELDS = {"events", "email", "webhook"}
+MAX_WEBHOOK_URL = 500
 
 
 class SpecError(Exception):
@@ -269,6 +274,8 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
     elements = 0
     if data.get("array") is not None:  # only array jobs carry the key: other specs are unchanged
         spec["array"], elements = _array(errors, data["array"])
+    if data.get("notify") is not None:  # as `array`: other specs are unchanged
+        spec["notify"] = _notify(errors, data["notify"], "notify")
     spec["tasks"], total = _task_groups(errors, data.get("tasks"))
     min_available = _int(errors, data, "min_available", "min_available", default=None, minimum=1,
                          maximum=MAX_INT)  # fmt: skip
@@ -304,6 +311,63 @@ def _job_level_fields(errors: _Errors, data: dict[str, Any], name_required: bool
         if key.startswith(RESERVED_LABEL_PREFIX):
             errors.add(_path("labels", key), f"the prefix {RESERVED_LABEL_PREFIX!r} is Berth's own")
     return spec
+
+
+def notify_events(value: object) -> tuple[list[str], str | None]:
+    """`begin,end` or ["begin", "end"] (or "none", []) -> the events in canonical order, and
+    what is wrong with `value` (None when nothing is)."""
+    if isinstance(value, str):
+        value = [] if value.strip() in ("", "none") else value.split(",")
+    if not isinstance(value, list) or len(value) > 2 * len(NOTIFY_EVENTS):
+        return [], f"must be a list of {', '.join(NOTIFY_EVENTS)} (or a comma-separated string)"
+    names = [item.strip().lower() if isinstance(item, str) else item for item in value]
+    unknown = [_show(n) for n in names if n not in NOTIFY_EVENTS]
+    if unknown:
+        return [], f"unknown event {unknown[0]}: the events are {', '.join(NOTIFY_EVENTS)}"
+    return [e for e in NOTIFY_EVENTS if e in names], None
+
+
+def webhook_url_problem(url: object) -> str | None:
+    """Why `url` may not receive webhooks (None: it may): http(s), no credentials, and a host
+    staff allow in BERTH_WEBHOOK_ALLOWED_HOSTS (`example.com`, or `.example.com` for it and
+    its subdomains). Checked where a URL is given and again before each delivery."""
+    if not isinstance(url, str) or not url:
+        return "must be a URL"
+    if len(url) > MAX_WEBHOOK_URL:
+        return f"must be at most {MAX_WEBHOOK_URL} characters"
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        return "is not a valid URL"
+    if parts.scheme not in ("http", "https") or not host:
+        return "must be an http:// or https:// URL"
+    if parts.username is not None or parts.password is not None:
+        return "must not hold credentials"
+    allowed = [h.lower() for h in settings.BERTH_WEBHOOK_ALLOWED_HOSTS]
+    if not any(host == h or (h.startswith(".") and (host.endswith(h) or host == h[1:]))
+               for h in allowed):  # fmt: skip
+        return f"host {host!r} is not allowed for webhooks (BERTH_WEBHOOK_ALLOWED_HOSTS)"
+    return None
+
+
+def _notify(errors: _Errors, value: object, path: str) -> dict[str, Any]:
+    """`notify`: a list or string of events, or {events, email, webhook}."""
+    data = value if isinstance(value, dict) else {"events": value}
+    _unknown(errors, data, NOTIFY_FIELDS, path)
+    events, problem = notify_events(data.get("events", []))
+    if problem:
+        errors.add(_path(path, "events"), problem)
+    out: dict[str, Any] = {"events": events}
+    if "email" in data:
+        out["email"] = _bool(errors, data, "email", _path(path, "email"), True)
+    if data.get("webhook") not in (None, ""):
+        problem = webhook_url_problem(data["webhook"])
+        if problem:
+            errors.add(_path(path, "webhook"), problem)
+        out["webhook"] = data["webhook"]
+    return out
 
 
 def _task_groups(errors: _Errors, tasks: object) -> tuple[list[dict[str, Any]], int]:

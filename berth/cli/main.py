@@ -28,7 +28,8 @@ from berth.cli.client import (
     load_settings,
     save_settings,
 )
-from berth.cli.output import emit_json, job_position, job_reason, job_start, table
+from berth.cli.ids import FLOW_ID, JOB_ID, JobRef, resolve
+from berth.cli.output import emit_json, job_position, job_reason, job_start, memory_text, table
 from berth.cli.specs import (
     apply_job_options,
     directives,
@@ -118,6 +119,20 @@ JOB_OPTIONS = [
     click.option("--time", "-t", default=None, help="walltime: 90 (seconds), 1h30m, 01:30:00"),
     click.option("--array", "-a", default=None, help="job array: 0-99, 0-99%10 (10 at once)"),
     click.option("--priority", type=int, default=None, help="priority (capped by the queue)"),
+    click.option(
+        "--notify",
+        default=None,
+        metavar="EVENTS",
+        help="notify me (email, webhook) on these events, comma-separated: begin, end,"
+        " fail, time_limit_90, time_limit_80, time_limit_50; none: no"
+        " notifications (default: my account's defaults)",
+    ),
+    click.option(
+        "--notify-webhook",
+        default=None,
+        metavar="URL",
+        help="this job's webhook (a host staff allow; signed with my secret)",
+    ),
 ]
 
 
@@ -140,6 +155,7 @@ def submit(args: tuple[str, ...], wait: bool, as_json: bool, **options: Any) -> 
       berth submit job.yaml
       berth submit train.sh            # #BERTH --gpus 1 --time 2h lines at the top
       berth submit --gpus 1 --time 1h30m -- python train.py --lr 0.1
+      berth submit --notify end,time_limit_80 -t 2h -- python train.py
     """
     if not args:
         raise click.UsageError("give a spec FILE, a script, or `-- COMMAND...`")
@@ -240,11 +256,13 @@ def _me(api: Client) -> str:
 
 
 @cli.command()
-@click.argument("job_id", type=int)
+@click.argument("job_ref", metavar="JOB_ID", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True)
-def show(job_id: int, as_json: bool) -> None:
-    """One job: its state, reason, tasks and where they run."""
-    job = client().get(f"jobs/{job_id}/")
+def show(job_ref: JobRef, as_json: bool) -> None:
+    """One job (ID, or ARRAY_INDEX for an array element: 4_0): its state, reason, tasks and
+    where they run."""
+    api = client()
+    job = api.get(f"jobs/{resolve(api, job_ref)}/")
     if as_json:
         emit_json(job)
         return
@@ -302,11 +320,11 @@ def _peak(task: dict[str, Any]) -> str | None:
     usage = task.get("usage") or {}
     if usage.get("peak_memory") is None:
         return None
-    return f"{usage['peak_memory'] / 2**20:.0f}Mi/{usage.get('memory', 0) / 2**20:.0f}Mi"
+    return f"{memory_text(usage['peak_memory'])}/{memory_text(usage.get('memory', 0))}"
 
 
 @cli.command()
-@click.argument("job_id", type=int)
+@click.argument("job_ref", metavar="JOB_ID", type=JOB_ID)
 @click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
 @click.option(
     "--task",
@@ -316,9 +334,11 @@ def _peak(task: dict[str, Any]) -> str | None:
     help="only this task: GROUP-INDEX as `berth show` lists it (or INDEX)",
 )
 @click.option("--attempt", type=int, default=None, help="an earlier attempt's output")
-def logs(job_id: int, follow: bool, task_name: str | None, attempt: int | None) -> None:
-    """A job's whole output, task by task (with -f: live, until the job ends)."""
+def logs(job_ref: JobRef, follow: bool, task_name: str | None, attempt: int | None) -> None:
+    """A job's whole output, task by task (with -f: live, until the job ends). JOB_ID is an
+    id or an array element (4_0)."""
     api = client()
+    job_id = resolve(api, job_ref)
     tasks = _chosen_tasks(api.get(f"jobs/{job_id}/").get("tasks", []), task_name)
     if follow:
         _follow(api, job_id, [t["id"] for t in tasks] if task_name else None, attempt)
@@ -391,51 +411,57 @@ def _print_new(api: Client, job_id: int, task: dict[str, Any], offsets: dict[int
     sys.stdout.flush()
 
 
-def _job_action(action: str, job_ids: tuple[int, ...]) -> None:
+def _job_action(action: str, refs: tuple[JobRef, ...]) -> None:
+    """Ask for `action` on each job in turn; one that fails (not found, refused) is reported
+    and the others still asked; exit 1 if any failed."""
     api = client()
     failed = False
-    for job_id in job_ids:
+    for ref in refs:
         try:
-            job = api.post(f"jobs/{job_id}/{action}/")
-            click.echo(f"job {job_id}: {action} requested ({job['state']})")
+            job = api.post(f"jobs/{resolve(api, ref)}/{action}/")
+            click.echo(f"job {ref}: {action} requested ({job['state']})")
         except ApiError as exc:
             failed = True
-            click.echo(f"berth: job {job_id}: {'; '.join(exc.messages)}", err=True)
+            click.echo(f"berth: job {ref}: {'; '.join(exc.messages)}", err=True)
+        except CliError as exc:
+            failed = True
+            click.echo(f"berth: {exc}", err=True)
     if failed:
         sys.exit(1)
 
 
 @cli.command()
-@click.argument("job_ids", type=int, nargs=-1, required=True)
-def cancel(job_ids: tuple[int, ...]) -> None:
+@click.argument("job_refs", metavar="JOB_ID...", type=JOB_ID, nargs=-1, required=True)
+def cancel(job_refs: tuple[JobRef, ...]) -> None:
     """Cancel jobs: running tasks are stopped (SIGTERM, then SIGKILL)."""
-    _job_action("cancel", job_ids)
+    _job_action("cancel", job_refs)
 
 
 @cli.command()
-@click.argument("job_ids", type=int, nargs=-1, required=True)
-def suspend(job_ids: tuple[int, ...]) -> None:
+@click.argument("job_refs", metavar="JOB_ID...", type=JOB_ID, nargs=-1, required=True)
+def suspend(job_refs: tuple[JobRef, ...]) -> None:
     """Suspend jobs: tasks stop and resources are freed until you resume them."""
-    _job_action("suspend", job_ids)
+    _job_action("suspend", job_refs)
 
 
 @cli.command()
-@click.argument("job_ids", type=int, nargs=-1, required=True)
-def resume(job_ids: tuple[int, ...]) -> None:
+@click.argument("job_refs", metavar="JOB_ID...", type=JOB_ID, nargs=-1, required=True)
+def resume(job_refs: tuple[JobRef, ...]) -> None:
     """Resume suspended jobs."""
-    _job_action("resume", job_ids)
+    _job_action("resume", job_refs)
 
 
 @cli.command()
-@click.argument("job_id", type=int)
+@click.argument("job_ref", metavar="JOB_ID", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True)
-def resubmit(job_id: int, as_json: bool) -> None:
+def resubmit(job_ref: JobRef, as_json: bool) -> None:
     """Submit a fresh copy of a job (its spec as accepted); prints the new job's id."""
-    created = client().post(f"jobs/{job_id}/resubmit/")
+    api = client()
+    created = api.post(f"jobs/{resolve(api, job_ref)}/resubmit/")
     if as_json:
         emit_json(created)
     else:
-        click.echo(f"Submitted job {created['id']} (a copy of job {job_id})")
+        click.echo(f"Submitted job {created['id']} (a copy of job {job_ref})")
 
 
 # --- flows ------------------------------------------------------------------------------
@@ -481,7 +507,7 @@ def flow_submit(file: Path, as_json: bool) -> None:
 
 
 @flow.command("show")
-@click.argument("flow_id", type=int)
+@click.argument("flow_id", type=FLOW_ID)
 @click.option("--json", "as_json", is_flag=True)
 def flow_show(flow_id: int, as_json: bool) -> None:
     """A flow's steps and the jobs each created."""
@@ -505,7 +531,7 @@ def _step_message(step: dict[str, Any]) -> str | None:
 
 
 @flow.command("cancel")
-@click.argument("flow_id", type=int)
+@click.argument("flow_id", type=FLOW_ID)
 def flow_cancel(flow_id: int) -> None:
     """Cancel a flow and every job it runs."""
     data = client().post(f"flows/{flow_id}/cancel/")
@@ -513,7 +539,7 @@ def flow_cancel(flow_id: int) -> None:
 
 
 @flow.command("retry")
-@click.argument("flow_id", type=int)
+@click.argument("flow_id", type=FLOW_ID)
 def flow_retry(flow_id: int) -> None:
     """Run a Failed flow's failed and skipped steps again; succeeded steps keep their jobs."""
     data = client().post(f"flows/{flow_id}/retry/")
@@ -522,7 +548,7 @@ def flow_retry(flow_id: int) -> None:
 
 
 @flow.command("resubmit")
-@click.argument("flow_id", type=int)
+@click.argument("flow_id", type=FLOW_ID)
 @click.option("--json", "as_json", is_flag=True)
 def flow_resubmit(flow_id: int, as_json: bool) -> None:
     """Submit a fresh copy of a flow from its spec; every step runs again."""
@@ -546,9 +572,9 @@ def nodes(as_json: bool) -> None:
         emit_json(rows)
         return
     table(rows, [("NAME", lambda n: n["name"]), ("STATE", _node_state),
-                 ("CPU", lambda n: n.get("cpu")), ("MEMORY", lambda n: n.get("memory")),
-                 ("GPUS", _gpus), ("ENFORCES", _enforces), ("LABELS", _labels)],
-          "no nodes")  # fmt: skip
+                 ("CPU", lambda n: n.get("cpu")),
+                 ("MEMORY", lambda n: memory_text(n.get("memory"))), ("GPUS", _gpus),
+                 ("ENFORCES", _enforces), ("LABELS", _labels)], "no nodes")  # fmt: skip
     for node in rows:
         problem = (node.get("enforcement") or {}).get("problem")
         if problem:

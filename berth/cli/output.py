@@ -4,6 +4,7 @@ scripts."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -43,7 +44,36 @@ def job_reason(job: dict[str, Any]) -> str:
     if status:
         code = str(status.get("code") or "")
         return f"{code}!" if code == "NeverFits" else code
+    if job.get("state") in WAITING:
+        # Waiting, but no scheduler cycle has looked at it yet (just submitted, requeued after
+        # a node loss, resumed): say so rather than leave the cell blank or show how an
+        # earlier attempt ended.
+        return NOT_YET_CONSIDERED
     return job.get("message") or job.get("reason") or ""
+
+
+WAITING = ("Pending", "Suspended")
+NOT_YET_CONSIDERED = "AwaitingCycle"
+
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?", re.ASCII)
+_FACTORS = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+            "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}  # fmt: skip
+
+
+def memory_text(value: Any) -> str | None:
+    """A memory size for people: bytes (an int) or a quantity as the API writes it
+    (`"24684096Ki"`) -> `"23.5Gi"`: the largest binary unit it holds at least once, one
+    decimal unless whole. Anything unreadable is shown as it came; None stays None."""
+    if value is None or isinstance(value, bool):
+        return None
+    match = _QUANTITY.fullmatch(str(value).strip())
+    if match is None:
+        return str(value)
+    size = float(match[1]) * _FACTORS[match[2]]
+    for unit in ("Pi", "Ti", "Gi", "Mi", "Ki"):
+        if size >= _FACTORS[unit]:
+            return f"{size / _FACTORS[unit]:.1f}".removesuffix(".0") + unit
+    return f"{size:.0f}"
 
 
 def job_position(job: dict[str, Any]) -> Any:

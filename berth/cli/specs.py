@@ -96,7 +96,22 @@ def apply_job_options(spec: dict[str, Any], options: dict[str, Any]) -> dict[str
         out["array"] = options["array"]
     if options.get("priority") is not None:
         out["priority"] = options["priority"]
-    return out
+    return _apply_notify(out, options)
+
+
+def _apply_notify(spec: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """--notify EVENTS and --notify-webhook URL over the spec's `notify` (the server checks
+    both: a bad event or a host it does not allow is a 400 naming the field)."""
+    events, webhook = options.get("notify"), options.get("notify_webhook")
+    if events is None and webhook is None:
+        return spec
+    given = spec.get("notify")
+    notify = dict(given) if isinstance(given, dict) else {"events": given or []}
+    if events is not None:
+        notify["events"] = events
+    if webhook is not None:
+        notify["webhook"] = webhook
+    return {**spec, "notify": notify}
 
 
 def safe_name(text: str) -> str:

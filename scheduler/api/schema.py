@@ -132,6 +132,12 @@ class JobSpec(serializers.Serializer):  # type: ignore[type-arg]
         max_length=1000,
         help_text='an array of jobs: "0-999", "1,3,5-9:2", "0-99%10" (at most 10 at once)',
     )
+    notify = serializers.JSONField(
+        required=False,
+        help_text="events to be told of by email and webhook: a list or comma-separated string"
+        " of begin, end, fail, time_limit_90, time_limit_80, time_limit_50, or {events, email,"
+        " webhook}; the webhook's host must be one staff allow (docs/notifications.md)",
+    )
     tasks = TaskSpec(many=True, help_text="task groups (at least one)")
 
 

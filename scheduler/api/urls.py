@@ -15,6 +15,7 @@ router.register("events", views.EventViewSet, basename="event")
 
 urlpatterns = [
     path("me/", account.MeView.as_view(), name="me"),
+    path("me/notifications/", account.NotifyPreferenceView.as_view(), name="me-notifications"),
     path("nodes/<str:name>/gpu-history/", gpu_history.NodeGpuHistoryView.as_view(),
          name="node-gpu-history"),
     path("jobs/<int:job_id>/gpu-history/", gpu_history.JobGpuHistoryView.as_view(),

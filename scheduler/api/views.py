@@ -205,10 +205,12 @@ class JobFilter(filters.FilterSet):
     owner = filters.CharFilter(field_name="owner__username")
     flow = IdFilter(field_name="flow_id")
     array = IdFilter(field_name="array_parent_id", label="the elements of this array")
+    # `berth show 4_0`: with `array`, the one element of that index (an indexed lookup).
+    index = IdFilter(field_name="array_index", label="the array element of this index")
 
     class Meta:
         model = Job
-        fields = ["state", "queue", "owner", "flow", "array"]
+        fields = ["state", "queue", "owner", "flow", "array", "index"]
 
 
 _NEW_JOB = JobSerializer()  # its fields, built once: DRF builds them again for each instance

@@ -1,6 +1,7 @@
 """manage.py up: the whole cluster in one process, on embedded defaults.
 
-The web server (daphne), the scheduler loop and a local agent run together. The scheduler loop
+The web server (daphne), the scheduler loop, the notifier (`run_notifier`'s loop) and a local
+agent run together. The scheduler loop
 runs on a worker thread started from daphne's own event loop (sync_to_async), and when it
 publishes a change scheduler/notify.py sends it on daphne's loop (`run_on_layer_loop`): the
 in-memory channel layer, which only works inside one event loop, still carries every push to
@@ -178,6 +179,8 @@ class Command(BaseCommand):
         stop = threading.Event()
         agent_thread = threading.Thread(target=self._agent, args=(agent, stop),
                                         name="berth-local-agent", daemon=True)  # fmt: skip
+        notifier_thread = threading.Thread(target=self._notifier, args=(stop,),
+                                           name="berth-notifier", daemon=True)  # fmt: skip
 
         def ready() -> None:
             loop = asyncio.get_event_loop()
@@ -185,6 +188,7 @@ class Command(BaseCommand):
                 loop.create_task(self._scheduler(stop))
             if agent is not None:
                 agent_thread.start()
+            notifier_thread.start()
 
         def stopping() -> Any:
             """Stop the loops; the server waits, still serving, while the local agent stops
@@ -263,3 +267,9 @@ class Command(BaseCommand):
 
     def _agent(self, agent: Agent, stop: threading.Event) -> None:
         supervise("the local agent", agent.run, stop)
+
+    def _notifier(self, stop: threading.Event) -> None:
+        """Job notifications (scheduler/delivery.py), as `run_notifier` delivers them."""
+        from scheduler.delivery import run_loop
+
+        supervise("the notifier", run_loop, stop)

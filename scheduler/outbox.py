@@ -1,0 +1,166 @@
+"""Notifications enter the outbox here, in the transaction of what they tell of.
+
+Every job state change is written with a `JobStateChanged` event whose message starts with
+`OLD -> NEW` (scheduler/lifecycle/transitions.py, scheduler/store.py, scheduler/arrays.py,
+scheduler/lifecycle/sync.py); `Event.save` and `Event.objects.bulk_create` hand every new
+event to `enqueue_for_events`, so the outbox is fed from one place whichever writer moved the
+job, and a transaction that rolls back leaves no notification behind. Time-limit warnings
+are not state changes: `enqueue_time_limits` finds running jobs past N % of their walltime
+(run by the notifier, scheduler/delivery.py); a partial unique index makes each fire once.
+
+What a job's owner is told of: the job's own `notify` (its spec) or else the user's defaults
+(NotifyPreference). Array elements are not notified one by one: the array's parent is (it
+starts with its first element and ends with its last)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Q
+from django.db.models.fields.json import KeyTransform
+from django.utils import timezone
+
+from scheduler.models import Event, Job, Outbox
+from scheduler.specs import NOTIFY_EVENTS, notify_events
+from scheduler.states import JobState
+
+STATE_CHANGE = re.compile(r"(\w+) -> (\w+)")
+# The new state -> the notification kinds it may send, the first one wanted wins (a failed
+# job sends `fail` to whoever asked for it, else `end`: one message, not two).
+KINDS_INTO: dict[str, tuple[str, ...]] = {
+    JobState.RUNNING: ("begin",),
+    JobState.SUCCEEDED: ("end",),
+    JobState.CANCELLED: ("end",),
+    JobState.FAILED: ("fail", "end"),
+}
+TIME_LIMITS = tuple(int(e.rsplit("_", 1)[1]) for e in NOTIFY_EVENTS if e.startswith("time_l"))
+VERBS = {"begin": "started", "end": "ended", "fail": "failed"}
+
+
+def enqueue_for_events(events: Iterable[Event]) -> int:
+    """Outbox rows for the job state changes among `events` that their owners asked to be
+    told of; returns how many were written."""
+    into: dict[int, tuple[str, str]] = {}  # job -> (its new state, why)
+    for event in events:
+        if event.kind != "JobStateChanged" or event.job_id is None:
+            continue
+        match = STATE_CHANGE.match(event.message)
+        if match and match[1] != match[2] and match[2] in KINDS_INTO:
+            into[event.job_id] = (match[2], event.message[match.end() :].lstrip(": "))
+    if not into:
+        return 0
+    # The row may not hold the new state yet (set_state writes the event before its caller
+    # saves the job): the state and message come from the event.
+    jobs = _jobs(Job.objects.filter(pk__in=sorted(into), array_parent__isnull=True))
+    wanted = _wanted(jobs)
+    rows = []
+    for job in jobs:
+        state, job["message"] = into[job["id"]]
+        kind = next((k for k in KINDS_INTO[state] if k in wanted[job["id"]]), None)
+        if kind is not None:
+            rows += _rows(job, kind, state)
+    if rows:
+        Outbox.objects.bulk_create(rows)
+    return len(rows)
+
+
+def enqueue_time_limits(now: datetime | None = None) -> int:
+    """Warnings for running jobs past N % of their walltime whose owners asked for
+    `time_limit_N` (each once per job and channel); returns how many rows were new."""
+    now = now or timezone.now()
+    running = Job.objects.filter(state=JobState.RUNNING, array_parent__isnull=True,
+                                 walltime__isnull=False, started_at__isnull=False)  # fmt: skip
+    # Only jobs whose notify (or, without one, whose owner's defaults) names a time limit.
+    asked = Q(spec__notify__icontains="time_limit_") | (
+        ~Q(spec__has_key="notify") & Q(owner__notify_preference__events__contains="time_limit_")
+    )
+    jobs = _jobs(running.filter(asked))
+    wanted = _wanted(jobs)
+    rows = []
+    for job in jobs:
+        used = (now - job["started_at"]).total_seconds() / max(1, job["walltime"])
+        for percent in TIME_LIMITS:
+            kind = f"time_limit_{percent}"
+            if used * 100 >= percent and kind in wanted[job["id"]]:
+                rows += _rows(job, kind, f"{percent}")
+    if not rows:
+        return 0
+    done = set(
+        Outbox.objects.filter(
+            job_id__in={r.job_id for r in rows}, kind__startswith="time_limit_"
+        ).values_list("job_id", "kind", "channel")
+    )
+    rows = [r for r in rows if (r.job_id, r.kind, r.channel) not in done]
+    # A notifier beside this one may write the same row first: the unique index keeps one.
+    Outbox.objects.bulk_create(rows, ignore_conflicts=True)
+    return len(rows)
+
+
+def _jobs(queryset: Any) -> list[dict[str, Any]]:
+    """The jobs with their `notify` and their owners' settings, in one query (this runs in
+    every batch of state changes the scheduler writes)."""
+    return list(
+        queryset.annotate(notify=KeyTransform("notify", "spec")).values(
+            "id", "name", "owner_id", "state", "message", "walltime", "started_at", "notify",
+            "owner__email", "owner__notify_preference__events",
+            "owner__notify_preference__email", "owner__notify_preference__webhook_url",
+        )
+    )  # fmt: skip
+
+
+def _wanted(jobs: list[dict[str, Any]]) -> dict[int, set[str]]:
+    """The events each job's owner wants told of, and where (set as `job["channels"]`): the
+    job's own `notify` if it has one, else the owner's defaults (none without any)."""
+    wanted: dict[int, set[str]] = {}
+    for job in jobs:
+        own = job["notify"] if isinstance(job["notify"], dict) else None
+        email_on = job["owner__notify_preference__email"]  # None: no NotifyPreference
+        defaults = notify_events(job["owner__notify_preference__events"] or "")[0]
+        wanted[job["id"]] = set(own["events"] if own else defaults)
+        settings = {"email": job["owner__email"] if email_on in (None, True) else "",
+                    "webhook": job["owner__notify_preference__webhook_url"] or ""}  # fmt: skip
+        job["channels"] = _channels(own, settings)
+    return wanted
+
+
+def _channels(own: dict[str, Any] | None, settings: dict[str, Any]) -> dict[str, str]:
+    """Where to send: {"email": address, "webhook": URL}, each only when set."""
+    email = settings["email"] if own is None or own.get("email", True) else ""
+    webhook = (own or {}).get("webhook") or settings["webhook"]
+    return {k: v for k, v in (("email", email), ("webhook", webhook)) if v}
+
+
+def _rows(job: dict[str, Any], kind: str, state: str) -> list[Outbox]:
+    """One row per channel of the job's owner. `state` is the state the job moved into (for
+    a time-limit warning: the percentage)."""
+    text = _text(job, kind, state)
+    payload = {"text": text, "job": job["id"], "name": job["name"], "event": kind,
+               "state": job["state"] if kind.startswith("time_limit_") else state,
+               "message": job["message"]}  # fmt: skip
+    now = timezone.now()
+    return [
+        Outbox(
+            user_id=job["owner_id"],
+            job_id=job["id"],
+            job_ref=str(job["id"]),
+            kind=kind,
+            channel=channel,
+            target=target,
+            text=text,
+            payload=payload,
+            next_attempt_at=now,
+        )  # fmt: skip
+        for channel, target in job["channels"].items()
+    ]
+
+
+def _text(job: dict[str, Any], kind: str, state: str) -> str:
+    """One line for people (and Slack's `text`)."""
+    name = f"job {job['id']} ({job['name']})"
+    if kind.startswith("time_limit_"):
+        return f"Berth: {name} has used {state} % of its walltime ({job['walltime']} s)"
+    why = f": {job['message']}" if job["message"] and kind != "begin" else ""
+    return f"Berth: {name} {VERBS[kind]} ({state}){why}"[:1000]
