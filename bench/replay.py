@@ -25,7 +25,7 @@ the walltime when outlived; `--correction stepwise` raises them stepwise).
 priority the scheduler's cycle uses (`scheduler.core.priority`), each user's usage being what
 their jobs finished so far in simulated time used (processor-seconds, decayed with
 `--half-life`); the weights and the half-life default to the product's settings
-(BERTH_PRIORITY_WEIGHT_*, BERTH_FAIRSHARE_*). A result with it on is named `<policy>+fs`.
+(BERTH_PRIORITY_WEIGHT_*, BERTH_FAIRSHARE_*). A result with it on is named `<policy> fs`.
 
 Prints one JSON object: per policy the mean wait, mean bounded slowdown (bsld, tau = 10 s),
 per user (each user's mean bsld: the worst-off user's and Jain's fairness index over
@@ -167,7 +167,7 @@ def run(
     if never:
         raise RuntimeError(f"{len(never)} jobs never started under {policy}")
     out: dict[str, Any] = {
-        "policy": policy + ("+fs" if fair else ""),
+        "policy": policy + (" fs" if fair else ""),
         "path": "full cycles (run_cycle on a snapshot)" if args.full_cycles else "standing session",
     }
     if predictions:
@@ -400,8 +400,8 @@ def compare(by_policy: dict[str, dict[str, Any]]) -> dict[str, Any]:
         }
     if easy and plus:
         out["easy_vs_easy++"] = {"[easy, easy++]": side_by_side(easy, plus)}
-    fair = {p: side_by_side(by_policy[p], by_policy[p + "+fs"])
-            for p in by_policy if p + "+fs" in by_policy}  # fmt: skip
+    fair = {p: side_by_side(by_policy[p], by_policy[p + " fs"])
+            for p in by_policy if p + " fs" in by_policy}  # fmt: skip
     if fair:
         out["fair_share_off_vs_on"] = {"[off, on]": fair}
     return out
