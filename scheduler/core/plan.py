@@ -116,7 +116,8 @@ def fingerprint(snapshot: Snapshot, result: CycleResult, config: SchedulingPolic
             config,
             tuple((n.name, n.state, n.allocatable, tuple(n.labels.items()), len(n.devices))
                   for n in snapshot.nodes),
-            tuple((q.name, q.weight, q.priority, q.capability, q.open) for q in snapshot.queues),
+            tuple((q.name, q.weight, q.priority, q.capability, q.open, q.max_user_gpus,
+                   q.max_user_cpus, q.max_user_jobs, q.limits_exempt) for q in snapshot.queues),
             tuple(
                 (j.id, j.state, j.priority, j.walltime, j.predicted, j.suspend_requested, j.queue,
                  tuple((t.id, t.state, t.node, t.started_at) for t in j.tasks))

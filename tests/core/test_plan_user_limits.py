@@ -9,7 +9,7 @@ import pytest
 
 from scheduler.core.cycle import run_cycle
 from scheduler.core.model import JobInfo, QueueInfo, SchedulingPolicy
-from scheduler.core.plan import plan_starts
+from scheduler.core.plan import fingerprint, plan_starts
 from scheduler.core.status import Code
 from tests.core.builders import NOW, job, node, snapshot
 from tests.core.test_plan import _apply, _end, _ended
@@ -98,6 +98,19 @@ def test_an_exempt_owner_is_planned_on_the_nodes_alone():
     ]
     snap = snapshot(NODES, jobs, [queue])
     assert plan_starts(snap, run_cycle(snap)).starts[10] == NOW + 900
+
+
+def test_a_changed_limit_makes_the_plan_again():
+    """The loop reuses a plan while its fingerprint stands (scheduler/planning.py)."""
+    jobs = CASES["CPUs"][1]
+    plans = set()
+    exempt = frozenset({"a"})
+    queues = [jobs_limit(), QueueInfo("default", max_user_jobs=2)]
+    queues.append(QueueInfo("default", max_user_jobs=2, limits_exempt=exempt))
+    for queue in queues:
+        snap = snapshot(NODES, jobs, [queue])
+        plans.add(fingerprint(snap, run_cycle(snap), None))
+    assert len(plans) == 3
 
 
 @pytest.mark.parametrize("config", [None, SchedulingPolicy.fcfs()])
