@@ -50,12 +50,12 @@ def job(id: int, owner: str, submit: float, runtime: float, cpus: int = 1, gpus:
             FairShare(half_life=DAY),
             {"b": 100.0 * 2**-0.5},
         ),
-        # far apart (past the epoch's rebase): still exact
+        # 99 half-lives of jobs every 9 (the epoch moves up on the way): still exact
         (
-            [("a", 1, 0, 100.0, 0.0), ("a", 1, 0, 100.0, 100 * DAY)],
-            100.0 + 100 * DAY,
-            FairShare(half_life=30 * DAY),
-            {"a": 100.0 + 100.0 * 2 ** (-100 / 30)},
+            [("a", 1, 0, 100.0, 9 * k * DAY) for k in range(12)],
+            100.0 + 99 * DAY,
+            FairShare(half_life=DAY),
+            {"a": sum(100.0 * 2.0 ** (-9 * (11 - k)) for k in range(12))},
         ),
     ],
 )
