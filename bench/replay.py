@@ -15,14 +15,21 @@ session told what arrived and finished; with `--full-cycles` on a full snapshot 
     python bench/replay.py --trace ../shared/bench/traces/SDSC-BLUE-2000-4.2-cln.swf.gz \
         --jobs 20000 --policies easy,easy++
     python bench/replay.py --policies easy --accasim-python /tmp/accasim/bin/python
+    python bench/replay.py --policies easy,easy++ --fair-share both  # fair share off and on
 
 Policies: fcfs, easy, default (Berth's default actions), easy++ (EASY planned by runtime
 predictions, issue #21: each user's last two run times, capped by the walltime, raised to
 the walltime when outlived; `--correction stepwise` raises them stepwise).
 
+`--fair-share on` (or `both`: off, then on) orders the pending jobs by the multifactor
+priority the scheduler's cycle uses (`scheduler.core.priority`), each user's usage being what
+their jobs finished so far in simulated time used (processor-seconds, decayed with
+`--half-life`); the weights and the half-life default to the product's settings
+(BERTH_PRIORITY_WEIGHT_*, BERTH_FAIRSHARE_*). A result with it on is named `<policy> fs`.
+
 Prints one JSON object: per policy the mean wait, mean bounded slowdown (bsld, tau = 10 s),
-per user (each user's mean bsld: the worst-off user's and Jain's fairness index over
-users), utilisation, makespan, the wall and CPU time the replay took, reservation
+per user (each user's mean bsld: the worst-off and the median user's, and Jain's fairness
+index over users), utilisation, makespan, the wall and CPU time the replay took, reservation
 protection (jobs that held the reservation and started later than its first estimated
 start; the worst wait of jobs needing at least 50 processors), the accuracy of the runtime
 each job was planned by (min/max of it and the run time) and of start estimates made at
@@ -49,7 +56,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench import swf  # noqa: E402
 from scheduler.core.model import NodeInfo, QueueInfo, SchedulingPolicy  # noqa: E402
-from scheduler.core.replay import ReplayResult, TraceJob, replay  # noqa: E402
+from scheduler.core.priority import PriorityWeights  # noqa: E402
+from scheduler.core.replay import FairShare, ReplayResult, TraceJob, replay  # noqa: E402
 from scheduler.core.resources import Resources  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "bench" / "traces"  # ../shared/... from the checkout
@@ -120,29 +128,56 @@ def load(log: swf.SwfLog) -> tuple[list[TraceJob], list[swf.Replayed], dict[str,
     return jobs, kept, dict(left_out), nodes
 
 
+def fair_share(args: argparse.Namespace) -> tuple[PriorityWeights, FairShare]:
+    """The factor weights and the fair-share usage of `--fair-share on`."""
+    weights = PriorityWeights(
+        age=args.weight_age, fair_share=args.weight_fairshare, priority=args.weight_priority,
+        max_age=args.max_age,
+    )  # fmt: skip
+    usage = FairShare(
+        half_life=args.half_life, cpu_weight=args.cpu_weight, gpu_weight=args.gpu_weight,
+        refresh=args.refresh,
+    )  # fmt: skip
+    return weights, usage
+
+
 def run(
-    jobs: list[TraceJob], nodes: int, per_node: Resources, policy: str, args: argparse.Namespace
+    jobs: list[TraceJob],
+    nodes: int,
+    per_node: Resources,
+    policy: str,
+    args: argparse.Namespace,
+    fair: bool = False,
 ) -> dict[str, Any]:
     make, predictions = POLICIES[policy]
     config = make()
-    if predictions:
-        config = SchedulingPolicy(actions=config.actions, prediction_correction=args.correction)
+    weights, usage = fair_share(args) if fair else (PriorityWeights(), None)
+    correction = args.correction if predictions else config.prediction_correction
+    config = SchedulingPolicy(
+        actions=config.actions, prediction_correction=correction, priority_weights=weights
+    )
     cluster = [NodeInfo(name=f"n{i:03d}", allocatable=per_node) for i in range(nodes)]
     started, cpu_started = time.perf_counter(), time.process_time()
     result = replay(
         jobs, cluster, [QueueInfo(name="default")], config, not args.full_cycles,
-        predictions=predictions, estimates=not args.no_estimates,
+        predictions=predictions, estimates=not args.no_estimates, fair_share=usage,
     )  # fmt: skip
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     never = [j.id for j in jobs if j.id not in result.starts]
     if never:
         raise RuntimeError(f"{len(never)} jobs never started under {policy}")
     out: dict[str, Any] = {
-        "policy": policy,
+        "policy": policy + (" fs" if fair else ""),
         "path": "full cycles (run_cycle on a snapshot)" if args.full_cycles else "standing session",
     }
     if predictions:
         out["prediction_correction"] = args.correction
+    if usage is not None:
+        out["fair_share"] = {
+            "weights": vars(weights),
+            "half_life_s": usage.half_life,
+            "refresh_s": usage.refresh,
+        }
     out |= outcome(jobs, result, nodes * per_node.cpu // CPU_MILLI)
     out |= {"wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2)}
     return out
@@ -181,9 +216,9 @@ def bsld(job: TraceJob, start: float) -> float:
 
 
 def slowdowns(jobs: list[TraceJob], starts: dict[int, float]) -> dict[str, Any]:
-    """Mean bounded slowdown overall and per user: the worst-off user's mean (users with at
-    least 10 jobs, so one job is not a user's whole story) and Jain's index over every
-    user's mean, (sum x)^2 / (n sum x^2): 1 when all users fare alike."""
+    """Mean bounded slowdown overall and per user: the worst-off and the median user's mean
+    (users with at least 10 jobs, so one job is not a user's whole story) and Jain's index
+    over every user's mean, (sum x)^2 / (n sum x^2): 1 when all users fare alike."""
     per_user: dict[str, list[float]] = defaultdict(list)
     waits: dict[str, list[float]] = defaultdict(list)
     for j in jobs:
@@ -194,6 +229,7 @@ def slowdowns(jobs: list[TraceJob], starts: dict[int, float]) -> dict[str, Any]:
     jain = sum(means.values()) ** 2 / (len(means) * sum(m * m for m in means.values()))
     steady = {u: m for u, m in means.items() if len(per_user[u]) >= 10} or means
     worst = max(steady, key=lambda u: steady[u])
+    middle = sorted(steady.values())[len(steady) // 2]
     return {
         "mean_bounded_slowdown": round(total / len(jobs), 2),
         "users": len(means),
@@ -204,6 +240,7 @@ def slowdowns(jobs: list[TraceJob], starts: dict[int, float]) -> dict[str, Any]:
             "mean_wait_s": round(sum(waits[worst]) / len(waits[worst]), 1),
         },
         "jain_index_users_mean_bsld": round(jain, 4),
+        "median_user_mean_bsld": round(middle, 2),
     }
 
 
@@ -273,6 +310,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--policies", default="fcfs,easy,default")
     parser.add_argument("--correction", choices=("walltime", "stepwise"), default="walltime")
     parser.add_argument("--no-estimates", action="store_true", help="skip start estimates")
+    fair_share_arguments(parser)
     parser.add_argument(
         "--full-cycles",
         action="store_true",
@@ -297,12 +335,35 @@ def arguments() -> argparse.Namespace:
     return args
 
 
+def fair_share_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--fair-share` and its weights, defaulting to the product's settings."""
+    add = parser.add_argument
+    add(
+        "--fair-share",
+        choices=("off", "on", "both"),
+        default="off",
+        help="order by the multifactor priority with per-user fair share (both: off, then on)",
+    )
+    add("--half-life", type=float, default=7 * 86400.0, help="BERTH_FAIRSHARE_HALF_LIFE (s)")
+    add("--weight-age", type=float, default=1000.0, help="BERTH_PRIORITY_WEIGHT_AGE")
+    add("--weight-fairshare", type=float, default=10000.0, help="BERTH_PRIORITY_WEIGHT_FAIRSHARE")
+    add("--weight-priority", type=float, default=100.0, help="BERTH_PRIORITY_WEIGHT_PRIORITY")
+    add("--max-age", type=float, default=7 * 86400.0, help="BERTH_PRIORITY_MAX_AGE (s)")
+    add("--cpu-weight", type=float, default=1.0, help="BERTH_FAIRSHARE_CPU_WEIGHT")
+    add("--gpu-weight", type=float, default=10.0, help="BERTH_FAIRSHARE_GPU_WEIGHT")
+    add("--refresh", type=float, default=60.0,
+        help="BERTH_FAIRSHARE_REFRESH_SECONDS: read usage at most this often (s)")  # fmt: skip
+
+
 def main() -> None:
     args = arguments()
     log = read_log(args.trace, args.jobs)
     jobs, kept, left_out, nodes = load(log)
     per_node = Resources(cpu=CPU_MILLI * log.procs_per_node, memory=MEMORY)
-    results = [run(jobs, nodes, per_node, policy, args) for policy in args.policy_list]
+    fair = {"off": [False], "on": [True], "both": [False, True]}[args.fair_share]
+    results = [
+        run(jobs, nodes, per_node, policy, args, on) for policy in args.policy_list for on in fair
+    ]
     summary: dict[str, Any] = {
         "trace": args.trace.name,
         "jobs_read": len(log.jobs),
@@ -340,23 +401,33 @@ def compare(by_policy: dict[str, dict[str, Any]]) -> dict[str, Any]:
             ),
         }
     if easy and plus:
-        keys = ("mean_bounded_slowdown", "mean_wait_s", "jain_index_users_mean_bsld")
-        side = {k: [easy[k], plus[k]] for k in keys}
-        side["worst_user_mean_bsld"] = [
-            easy["worst_user"]["mean_bounded_slowdown"],
-            plus["worst_user"]["mean_bounded_slowdown"],
-        ]
-        side["mean_runtime_accuracy"] = [
-            easy["mean_runtime_accuracy"],
-            plus["mean_runtime_accuracy"],
-        ]
-        if "start_estimates" in easy and "start_estimates" in plus:
-            side["start_estimate_mean_abs_error_s"] = [
-                easy["start_estimates"]["mean_abs_error_s"],
-                plus["start_estimates"]["mean_abs_error_s"],
-            ]
-        out["easy_vs_easy++"] = {"[easy, easy++]": side}
+        out["easy_vs_easy++"] = {"[easy, easy++]": side_by_side(easy, plus)}
+    fair = {p: side_by_side(by_policy[p], by_policy[p + " fs"])
+            for p in by_policy if p + " fs" in by_policy}  # fmt: skip
+    if fair:
+        out["fair_share_off_vs_on"] = {"[off, on]": fair}
     return out
+
+
+def side_by_side(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[Any]]:
+    """Two results' headline figures, each as [a, b]."""
+    keys = (
+        "mean_bounded_slowdown", "mean_wait_s", "jain_index_users_mean_bsld",
+        "median_user_mean_bsld",
+    )  # fmt: skip
+    side = {k: [a[k], b[k]] for k in keys}
+    side["worst_user_mean_bsld"] = [
+        a["worst_user"]["mean_bounded_slowdown"],
+        b["worst_user"]["mean_bounded_slowdown"],
+    ]
+    side["mean_runtime_accuracy"] = [a["mean_runtime_accuracy"], b["mean_runtime_accuracy"]]
+    if "start_estimates" in a and "start_estimates" in b:
+        side["start_estimate_mean_abs_error_s"] = [
+            a["start_estimates"]["mean_abs_error_s"],
+            b["start_estimates"]["mean_abs_error_s"],
+        ]
+    side["wall_seconds"] = [a["wall_seconds"], b["wall_seconds"]]
+    return side
 
 
 if __name__ == "__main__":

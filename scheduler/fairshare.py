@@ -22,13 +22,20 @@ from django.db.models import Sum
 
 from scheduler.core.cycle import CycleResult
 from scheduler.core.model import SchedulingPolicy, Snapshot
-from scheduler.core.priority import Factors, PriorityWeights, decayed, fair_share_factors
+from scheduler.core.priority import (
+    HORIZON_HALF_LIVES,
+    Factors,
+    PriorityWeights,
+    decayed,
+    fair_share_factors,
+    weighted_usage,
+)
 from scheduler.core.types import HOLDS_RESOURCES
 from scheduler.models import Job, UsageRecord, UserShare
 from scheduler.sql import update_rows
 
-# Ten half-lives: what is older counts less than 1/1000 of itself; with no decay, 400 days.
-HORIZON_HALF_LIVES = 10
+# HORIZON_HALF_LIVES (ten): what is older counts less than 1/1000 of itself; with no decay,
+# 400 days.
 NO_DECAY_HORIZON_DAYS = 400
 _cache: tuple[float, float, dict[str, float]] | None = None  # (read at, half-life, usage)
 _written: dict[int, dict[str, Any]] = {}  # job -> the factors this process last wrote
@@ -85,7 +92,7 @@ def recorded_usage(now: datetime, fresh: bool = False) -> dict[str, float]:
     usage: dict[str, float] = {}
     for user_id, day, gpu, cpu in rows:
         midday = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
-        weighted = gpu_w * (gpu or 0.0) + cpu_w * (cpu or 0.0)
+        weighted = weighted_usage(cpu or 0.0, gpu or 0.0, cpu_w, gpu_w)
         elapsed = (now - midday).total_seconds()
         usage[str(user_id)] = usage.get(str(user_id), 0.0) + decayed(weighted, elapsed, half_life)
     _cache = (clock, half_life, usage)
@@ -101,8 +108,10 @@ def running_usage(snapshot: Snapshot) -> dict[str, float]:
         for task in job.tasks:
             if task.state in HOLDS_RESOURCES and task.started_at is not None:
                 seconds = max(0.0, snapshot.now - task.started_at)
-                rate = gpu_w * task.resources.gpu + cpu_w * task.resources.cpu / 1000
-                usage[job.owner] = usage.get(job.owner, 0.0) + rate * seconds
+                used = weighted_usage(
+                    seconds * task.resources.cpu / 1000, seconds * task.resources.gpu, cpu_w, gpu_w
+                )
+                usage[job.owner] = usage.get(job.owner, 0.0) + used
     return usage
 
 

@@ -17,6 +17,10 @@ resources from now for their walltime, evicted ones give theirs back now). Like
 - The job holding the core's backfill reservation starts exactly when the core says; with an
   unknown start it keeps, from now on, the nodes it would take once everything ends, as the
   core keeps them for it.
+- Per-user running limits (`UserLimit`): in a queue with limits, each owner's room under
+  them (GPUs, CPUs, jobs) is a profile too, given back as the owner's running jobs end and
+  taken by the owner's jobs planned before; a job starts no earlier than the room for it
+  stays there over its whole run, as the core starts it only then.
 """
 
 from __future__ import annotations
@@ -36,12 +40,17 @@ from scheduler.core.resources import Resources
 from scheduler.core.session import Session
 from scheduler.core.status import Code, Status
 from scheduler.core.timeline import INF, Free, Timeline, as_free
-from scheduler.core.types import NodeView
+from scheduler.core.types import HOLDS_RESOURCES, NodeView
 
 DEFAULT_DEPTH = 500
 # A gang not placed after this many tries at moments where enough is free at that instant
 # (but not for its whole walltime) is left unknown: the work per job stays bounded.
 MAX_GANG_CHECKS = 64
+# A job not placed after this many moves past a moment its owner's limit had no room at is
+# left unknown.
+MAX_LIMIT_MOVES = 64
+# "No limit" in a dimension of an owner's room.
+UNLIMITED = 1 << 62
 # The core's verdicts that no passing of time resolves by itself: no estimate.
 NO_ESTIMATE = frozenset(
     {
@@ -107,7 +116,8 @@ def fingerprint(snapshot: Snapshot, result: CycleResult, config: SchedulingPolic
             config,
             tuple((n.name, n.state, n.allocatable, tuple(n.labels.items()), len(n.devices))
                   for n in snapshot.nodes),
-            tuple((q.name, q.weight, q.priority, q.capability, q.open) for q in snapshot.queues),
+            tuple((q.name, q.weight, q.priority, q.capability, q.open, q.max_user_gpus,
+                   q.max_user_cpus, q.max_user_jobs, q.limits_exempt) for q in snapshot.queues),
             tuple(
                 (j.id, j.state, j.priority, j.walltime, j.predicted, j.suspend_requested, j.queue,
                  tuple((t.id, t.state, t.node, t.started_at) for t in j.tasks))
@@ -190,6 +200,7 @@ class _Planner:
         self.binpack = config.node_order == "binpack"
         self.floor = session.now
         self._eligible: dict[tuple[object, ...], list[NodeView]] = {}
+        self.limits = _OwnerRoom(session)
 
     def place(self, job: JobInfo) -> float | None:
         """Plan the job at its earliest start and return it (None: unknown)."""
@@ -206,16 +217,61 @@ class _Planner:
             after = max(after, status.estimated_start)
         ran = predict.runtime(job)
         duration = (job.walltime or INF) if job.predicted is None or ran is None else ran
-        found = self._earliest(job, gang, duration, after) if after < INF else None
+        room = self.limits.line(job)
+        need = self.limits.need(job) if room is not None else (0, 0, 0)
+        # A limit is asked only where the job needs more (an owner already over a lowered
+        # limit still starts a job that needs none of that): no room is needed there.
+        ask = (need[0] or -UNLIMITED, need[1] or -UNLIMITED, need[2] or -UNLIMITED)
+        found = self._within_limit(job, gang, duration, after, room, ask)
         if found is None:
             self._unknown()
             return None
         start, placement = found
+        # Strict order: the jobs after it wait for it, unless the owner's limit put it off
+        # (a job held by its owner's limit holds up no one).
+        holds_up = self.in_order and (
+            room is None or start == self._on_resources(job, gang, duration, after)
+        )
         for name, amount in placement:
             self.lines[name].hold(start, start + duration, amount)
-        if self.in_order:
+        if room is not None:
+            room.hold(start, start + duration, need)
+        if holds_up:
             self.floor = start
         return start
+
+    def _within_limit(
+        self,
+        job: JobInfo,
+        gang: list[TaskInfo],
+        duration: float,
+        after: float,
+        room: Timeline | None,
+        ask: Free,
+    ) -> tuple[float, list[tuple[str, Free]]] | None:
+        """The earliest start where the gang fits on the nodes and, with a limited owner,
+        the owner's room holds `ask` over the job's whole run too."""
+        for _ in range(MAX_LIMIT_MOVES):
+            if room is not None:
+                moved = room.earliest(ask, duration, after, INF)
+                if moved is None:
+                    return None
+                after = max(after, moved)
+            found = self._earliest(job, gang, duration, after) if after < INF else None
+            if found is None or room is None:
+                return found
+            left = room.window(found[0], found[0] + duration)
+            if all(f >= n for f, n in zip(left, ask, strict=True)):
+                return found
+            after = found[0]
+        return None
+
+    def _on_resources(
+        self, job: JobInfo, gang: list[TaskInfo], duration: float, after: float
+    ) -> float | None:
+        """When the gang could start on the nodes alone (its owner's limit aside)."""
+        found = self._earliest(job, gang, duration, after) if after < INF else None
+        return None if found is None else found[0]
 
     def _unknown(self) -> None:
         if self.in_order:
@@ -367,6 +423,60 @@ class _Planner:
         return nodes
 
 
+class _OwnerRoom:
+    """Each limited owner's room under their queue's per-user limits over time, as a
+    timeline of (CPUs, jobs, GPUs) left (the core's `UserLimitPlugin` counts the same):
+    their running jobs give theirs back as they end (as the nodes get them back)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.lines: dict[tuple[str, str], Timeline] = {}
+
+    def limited(self, job: JobInfo) -> bool:
+        queue = self.session.queues.get(job.queue)
+        return (
+            queue is not None
+            and queue.info.user_limited
+            and job.owner not in queue.info.limits_exempt
+        )
+
+    def need(self, job: JobInfo) -> Free:
+        need = self.session.min_request(job)
+        return (need.cpu, 0 if job.state == "Running" else 1, need.gpu)
+
+    def line(self, job: JobInfo) -> Timeline | None:
+        """The owner's room in the job's queue (None: no limit applies)."""
+        if not self.limited(job):
+            return None
+        key = (job.queue, job.owner)
+        line = self.lines.get(key)
+        if line is None:
+            line = self.lines[key] = self._open(job.queue, job.owner)
+        return line
+
+    def _open(self, queue_name: str, owner: str) -> Timeline:
+        session = self.session
+        info = session.queues[queue_name].info
+        cpu, jobs, gpu = (
+            UNLIMITED if limit is None else limit
+            for limit in (info.max_user_cpus, info.max_user_jobs, info.max_user_gpus)
+        )
+        releases = []
+        for running in session.running:
+            if running.queue != queue_name or running.owner != owner:
+                continue
+            held = [t for t in running.tasks if t.state in HOLDS_RESOURCES]
+            if not held:
+                continue
+            ends = [_release_at(session, running, t) for t in held]
+            for task, end in zip(held, ends, strict=True):
+                cpu, gpu = cpu - task.resources.cpu, gpu - task.resources.gpu
+                releases.append((end, (task.resources.cpu, 0, task.resources.gpu)))
+            jobs -= 1
+            releases.append((max(ends), (0, 1, 0)))
+        return Timeline(session.now, (cpu, jobs, gpu), releases)
+
+
 def _how_many(free: Free, shape: Free) -> int:
     """How many tasks of `shape` fit in `free`."""
     cpu, memory, gpu = shape
@@ -383,18 +493,22 @@ def _how_many(free: Free, shape: Free) -> int:
 def _releases(session: Session, node: NodeView) -> list[tuple[float, Free]]:
     """When each task on the node gives back what it holds: now if it is stopping, at its
     walltime if it has one, never (INF) otherwise."""
-    out = []
-    for running, task in node.tasks:
-        amount = (task.resources.cpu, task.resources.memory, len(task.devices))
-        if task.state == "Releasing" or running.suspend_requested:
-            out.append((session.now, amount))
-        elif running.walltime is not None and task.started_at is not None:
-            correction = session.config.prediction_correction
-            ends = predict.end(running, task.started_at, session.now, correction) or 0.0
-            out.append((max(session.now, ends), amount))
-        else:
-            out.append((INF, amount))
-    return out
+    return [
+        (_release_at(session, running, task),
+         (task.resources.cpu, task.resources.memory, len(task.devices)))
+        for running, task in node.tasks
+    ]  # fmt: skip
+
+
+def _release_at(session: Session, running: JobInfo, task: TaskInfo) -> float:
+    """When a task holding resources gives them back (as `_releases` plans it)."""
+    if task.state == "Releasing" or running.suspend_requested:
+        return session.now
+    if running.walltime is not None and task.started_at is not None:
+        correction = session.config.prediction_correction
+        ends = predict.end(running, task.started_at, session.now, correction) or 0.0
+        return max(session.now, ends)
+    return INF
 
 
 def _total(tasks: list[TaskInfo]) -> Resources:

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DAY = 86400.0
+# Usage older than this many half-lives is no longer read: it counts under 1/1000 of itself.
+HORIZON_HALF_LIVES = 10
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,14 @@ def decayed(usage: float, elapsed: float, half_life: float) -> float:
     if half_life <= 0 or elapsed <= 0:
         return usage
     return usage * 2.0 ** (-elapsed / half_life)
+
+
+def weighted_usage(
+    cpu_seconds: float, gpu_seconds: float, cpu_weight: float, gpu_weight: float
+) -> float:
+    """Usage as fair share counts it: core-seconds and GPU-seconds, each by its weight
+    (BERTH_FAIRSHARE_CPU_WEIGHT, BERTH_FAIRSHARE_GPU_WEIGHT: a GPU-second counts more)."""
+    return gpu_weight * gpu_seconds + cpu_weight * cpu_seconds
 
 
 def fair_share_factor(usage: float, total_usage: float, share: float, total_shares: float) -> float:

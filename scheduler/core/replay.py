@@ -10,6 +10,12 @@ With `predictions=True` each job is planned by its EASY++ runtime prediction
 instead of its walltime; it still runs its own run time (a trace's run time is already capped
 by the walltime it was killed at). With `estimates=True` every job gets a start estimate at
 submission (`ReplayResult.estimates`, see `submission_estimate`).
+
+With `fair_share` (a `FairShare`) each owner's usage is what their jobs that finished so far
+in simulated time used, resource-weighted and decayed as the product counts it
+(`scheduler/core/priority.py`, as `scheduler/fairshare.py` uses it), put on the session
+before a cycle as the product's loop puts it on its snapshot; the policy's
+`priority_weights` order the pending jobs by the same plugin as the scheduler's cycle.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass, field
 from scheduler.core import predict
 from scheduler.core.cycle import CycleResult, run_cycle
 from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulingPolicy, Snapshot, TaskInfo
+from scheduler.core.priority import DAY, HORIZON_HALF_LIVES, decayed, weighted_usage
 from scheduler.core.resources import Resources
 from scheduler.core.standing import StandingSession
 from scheduler.core.status import Code
@@ -43,6 +50,62 @@ class TraceJob:
     priority: int = 0
     node_selector: dict[str, str] = field(default_factory=dict)
     owner: str = ""
+
+
+@dataclass(frozen=True)
+class FairShare:
+    """Per-user fair share in a replay, with the product's defaults: usage halved every
+    `half_life` seconds (BERTH_FAIRSHARE_HALF_LIFE; 0: never), core-seconds and GPU-seconds
+    weighted by `cpu_weight` and `gpu_weight` (BERTH_FAIRSHARE_CPU_WEIGHT, _GPU_WEIGHT), every
+    user's share equal (or `shares`, scaled so a user without one has 1), usage read again
+    at most every `refresh` simulated seconds (BERTH_FAIRSHARE_REFRESH_SECONDS) and only
+    after a job finished. The factor weights are the policy's `priority_weights`."""
+
+    half_life: float = 7 * DAY
+    cpu_weight: float = 1.0
+    gpu_weight: float = 10.0
+    refresh: float = 60.0
+    shares: tuple[tuple[str, float], ...] = ()
+
+
+class Usage:
+    """Each owner's decayed usage of the jobs finished so far, kept as worth at `epoch`: a
+    job's usage over 2^-((end - epoch) / half_life), so an end touches one owner and reading
+    at `now` scales every owner alike (the decay of usage at its end, to `now`). Owners whose
+    last job ended more than ten half-lives ago drop out, as the product's records do."""
+
+    REBASE = 64  # half-lives: past this the epoch moves up, before the floats overflow
+
+    def __init__(self, fair: FairShare) -> None:
+        self.fair = fair
+        self.epoch = 0.0
+        self.held: dict[str, float] = {}
+        self.last_end: dict[str, float] = {}
+
+    def finished(self, job: TraceJob, end: float) -> None:
+        half_life = self.fair.half_life
+        if not self.held:
+            self.epoch = end
+        elif half_life > 0 and end - self.epoch > self.REBASE * half_life:
+            self.held = self.at(end)
+            self.epoch = end
+        cpu_seconds = job.tasks * job.resources.cpu / 1000 * job.runtime
+        gpu_seconds = job.tasks * job.resources.gpu * job.runtime
+        used = weighted_usage(cpu_seconds, gpu_seconds, self.fair.cpu_weight, self.fair.gpu_weight)
+        worth = used / decayed(1.0, end - self.epoch, half_life)
+        self.held[job.owner] = self.held.get(job.owner, 0.0) + worth
+        self.last_end[job.owner] = end
+
+    def at(self, now: float) -> dict[str, float]:
+        """owner -> usage as it counts at `now`."""
+        half_life = self.fair.half_life
+        scale = decayed(1.0, now - self.epoch, half_life)
+        if half_life <= 0:
+            return dict(self.held)
+        horizon = now - HORIZON_HALF_LIVES * half_life
+        for owner in [o for o, end in self.last_end.items() if end < horizon]:
+            del self.held[owner], self.last_end[owner]
+        return {owner: worth * scale for owner, worth in self.held.items()}
 
 
 @dataclass
@@ -67,11 +130,13 @@ def replay(
     incremental: bool = True,
     predictions: bool = False,
     estimates: bool = False,
+    fair_share: FairShare | None = None,
 ) -> ReplayResult:
     """Replay until every job has started or nothing more can happen; a job that never fits
     is left out of `starts`."""
     path: _Path = _Standing(nodes, queues, config) if incremental else _Full(nodes, queues, config)
     run = _Run(jobs, path, config, predictions, estimates, nodes)
+    run.usage = Usage(fair_share) if fair_share is not None else None
     arrivals = sorted(jobs, key=lambda j: (j.submit, j.id))
     next_arrival = 0
     while next_arrival < len(arrivals) or run.ends:
@@ -79,7 +144,7 @@ def replay(
         if run.ends and run.ends[0][0] < now:
             now = run.ends[0][0]
         while run.ends and run.ends[0][0] <= now:
-            run.finish(heapq.heappop(run.ends)[1])
+            run.finish(*heapq.heappop(run.ends))
         arrived = []
         while next_arrival < len(arrivals) and arrivals[next_arrival].submit <= now:
             arrived.append(arrivals[next_arrival])
@@ -112,6 +177,9 @@ class _Run:
         self.pending: dict[int, TraceJob] = {}  # in arrival order
         self.running: dict[int, float] = {}  # job -> its start
         self.capacity = sum(n.allocatable.cpu for n in nodes if n.state == "Ready")
+        self.usage: Usage | None = None  # with fair share
+        self.usage_read = -INF  # when the usage was last put on the session
+        self.usage_changed = False  # a job finished since
 
     def submit(self, job: TraceJob) -> None:
         predicted = self.history.predict(job.owner, job.walltime) if self.predictions else None
@@ -120,15 +188,29 @@ class _Run:
         self.pending[job.id] = job
         self.path.submit(job, predicted)
 
-    def finish(self, job_id: int) -> None:
+    def finish(self, at: float, job_id: int) -> None:
         job = self.by_id[job_id]
         self.running.pop(job_id)
         self.history.finished(job.owner, job.runtime)
+        if self.usage is not None:
+            self.usage.finished(job, at)
+            self.usage_changed = True
         self.path.finish(job_id)
+
+    def read_usage(self, now: float) -> None:
+        """Put the owners' usage on the session, when a job finished since it was last put
+        there at least `refresh` seconds ago (decay alone moves no factor: it scales every
+        owner's usage alike, and the factor reads usage over everyone's)."""
+        usage = self.usage
+        if usage is None or not self.usage_changed or now - self.usage_read < usage.fair.refresh:
+            return
+        self.path.set_usage(usage.at(now), dict(usage.fair.shares))
+        self.usage_read, self.usage_changed = now, False
 
     def cycle(self, now: float) -> None:
         result = self.result
         tick = time.perf_counter()
+        self.read_usage(now)
         started = self.path.cycle(now, result)
         result.cycle_seconds += time.perf_counter() - tick
         result.cycles += 1
@@ -151,7 +233,8 @@ class _Run:
             info = _Planned(job.walltime, self.result.predicted.get(job_id))
             end = predict.end(info, started, now, correction)
             releases.append((INF if end is None else max(now, end), job.tasks * job.resources.cpu))
-        ahead = [(j, self.result.predicted.get(j.id)) for j in self.pending.values()]
+        waiting = self.pending.values() if self.usage is None else self.path.order(self.pending)
+        ahead = [(j, self.result.predicted.get(j.id)) for j in waiting]
         found = submission_estimate(now, self.capacity, releases, ahead, {j.id for j in arrived})
         for job in arrived:
             if job.id in self.result.starts:
@@ -232,6 +315,13 @@ class _Path:
     def submit(self, job: TraceJob, predicted: float | None) -> None:
         raise NotImplementedError
 
+    def set_usage(self, usage: dict[str, float], shares: dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def order(self, pending: dict[int, TraceJob]) -> list[TraceJob]:
+        """The pending jobs in the order the last cycle left them in (arrival order here)."""
+        return list(pending.values())
+
     def finish(self, job_id: int) -> None:
         raise NotImplementedError
 
@@ -253,6 +343,16 @@ class _Standing(_Path):
     def finish(self, job_id: int) -> None:
         self.standing.finish(job_id)
 
+    def set_usage(self, usage: dict[str, float], shares: dict[str, float]) -> None:
+        self.standing.set_usage(usage, shares)
+
+    def order(self, pending: dict[int, TraceJob]) -> list[TraceJob]:
+        """The queues' jobs in their order (by priority, with factors), then any others."""
+        queued = [j.id for q in self.standing.session.queues.values() for j in q.jobs]
+        ordered = [pending[i] for i in queued if i in pending]
+        seen = set(queued)
+        return ordered + [j for i, j in pending.items() if i not in seen]
+
     def cycle(
         self, now: float, result: ReplayResult
     ) -> dict[int, list[tuple[str, tuple[int, ...]]]]:
@@ -269,10 +369,15 @@ class _Full(_Path):
         self.pending: dict[int, TraceJob] = {}
         self.running: dict[int, tuple[TraceJob, float, list[tuple[str, tuple[int, ...]]]]] = {}
         self.predicted: dict[int, float | None] = {}
+        self.usage: dict[str, float] = {}
+        self.shares: dict[str, float] = {}
 
     def submit(self, job: TraceJob, predicted: float | None) -> None:
         self.pending[job.id] = job
         self.predicted[job.id] = predicted
+
+    def set_usage(self, usage: dict[str, float], shares: dict[str, float]) -> None:
+        self.usage, self.shares = usage, shares
 
     def finish(self, job_id: int) -> None:
         self.running.pop(job_id)
@@ -290,7 +395,8 @@ class _Full(_Path):
                     "Running", node, devices, started_at,
                 )  # fmt: skip
             infos.append(info)
-        cycle = run_cycle(Snapshot(now, self.nodes, self.queues, infos), self.config)
+        snapshot = Snapshot(now, self.nodes, self.queues, infos, self.usage, self.shares)
+        cycle = run_cycle(snapshot, self.config)
         for job_id, status in cycle.pending.items():
             if status.code == Code.RESERVED and status.estimated_start is not None:
                 result.first_reservation.setdefault(job_id, status.estimated_start)

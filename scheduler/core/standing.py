@@ -58,6 +58,18 @@ class StandingSession:
         session.need[job.id] = need_of(job)
         self._admit(job)
 
+    def set_usage(self, usage: dict[str, float], shares: dict[str, float]) -> None:
+        """New fair-share usage and shares (a replay's finished jobs): the order plugins
+        open again on them, as a fresh session on a snapshot carrying them would, and the
+        queues are ordered again (here, unless the next cycle does it for the age factor)."""
+        session = self.session
+        session.usage, session.shares = usage, shares
+        for plugin in session.hooks["job_key"]:
+            plugin.open(session)
+        weights = session.config.priority_weights
+        if not weights.age and not weights.off:
+            session.refresh_keys()
+
     def _admit(self, job: JobInfo) -> None:
         """Into its queue in order, or refused with the reason (as `enqueue` decides)."""
         session = self.session
