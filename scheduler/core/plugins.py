@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
+from scheduler.core import predict
 from scheduler.core.model import JobInfo, SchedulingPolicy, TaskInfo
 from scheduler.core.priority import Factors, age_factor, combine, fair_share_factors
 from scheduler.core.resources import DIMENSIONS, Resources
@@ -193,6 +194,9 @@ class UserLimitPlugin(Plugin):
         gpu, cpu, jobs = self._use_of(session, info.name, job.owner)
         need = session.min_request(job)
         more_jobs = 0 if job.id in self.counted else 1
+        kept = _kept_for_reservation(session, job)
+        if kept is not None:  # the owner's reserved job will need its room back
+            gpu, cpu, jobs = gpu + kept.gpu, cpu + kept.cpu, jobs + 1
         checks = (
             ("running GPUs", info.max_user_gpus, gpu, need.gpu, str),
             ("running CPUs", info.max_user_cpus, cpu, need.cpu, _cores),
@@ -203,7 +207,7 @@ class UserLimitPlugin(Plugin):
                 return Status(
                     Code.USER_LIMIT,
                     f'per-user limit of queue "{info.name}": {label} {show(used)}/{show(limit)}'
-                    f" in use by the owner, this job needs {show(more)} more",
+                    f" in use by the owner{_and_kept(kept)}, this job needs {show(more)} more",
                 )
         return None
 
@@ -238,6 +242,28 @@ class UserLimitPlugin(Plugin):
             self.counted[job.id] = self.counted.get(job.id, Resources()) + total
         else:
             use[2] -= 1
+
+
+def _kept_for_reservation(session: Session, job: JobInfo) -> Resources | None:
+    """What the owner's job holding EASY's reservation in the same queue will need, if
+    backfilling `job` could take its room under the owner's limits: `job` runs past the
+    reservation's start (or for as long as nobody knows). Backfill never delays the holder,
+    whether by nodes or by its owner's limits."""
+    reservation = session.reservation
+    if reservation is None or not reservation.placed:
+        return None
+    holder = reservation.job
+    if holder.id == job.id or holder.queue != job.queue or holder.owner != job.owner:
+        return None
+    start = reservation.start
+    ran = predict.runtime(job)
+    if start is not None and ran is not None and session.now + ran <= start:
+        return None  # it ends before the holder starts
+    return session.min_request(holder)
+
+
+def _and_kept(kept: Resources | None) -> str:
+    return "" if kept is None else " with what its reserved job will need"
 
 
 def _cores(millicores: int) -> str:

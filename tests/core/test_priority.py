@@ -292,3 +292,35 @@ def test_a_user_limited_job_does_not_hold_up_other_users_in_backfill():
     result = run_cycle(snap, SchedulingPolicy.easy())
     assert 9 in placed_jobs(result)
     assert {result.pending[i].code for i in (2, 3, 4)} == {"UserLimit"}
+
+
+@pytest.mark.parametrize(
+    ("owner", "walltime", "backfilled"),
+    [
+        ("c", None, False),  # the holder's owner, running for as long as nobody knows
+        ("c", 3000.0, False),  # past the reservation's start
+        ("c", 30.0, True),  # ends before the holder starts: its room comes back in time
+        ("d", None, True),  # another user: not counted against c's limit
+    ],
+)
+def test_backfill_never_takes_the_room_the_reserved_job_needs_under_its_owners_limit(
+    owner, walltime, backfilled
+):
+    """c's 4-CPU job holds the reservation (a node of 4 CPUs frees in 60 s) and c may run 4
+    CPUs in the queue: a 1-CPU job of c's backfilled on the free node now would still hold
+    1 of those 4 when the reservation starts, and the holder would wait on c's limit
+    (Hypothesis found this in test_it_never_lets_a_backfilled_job_delay_the_reservation)."""
+    queue = QueueInfo("default", max_user_cpus=4000)
+    running = owned(
+        job(1, cpu=4, walltime=160.0, running_on=[("big", ())], started_at=NOW - 100), "a"
+    )
+    holder = owned(job(2, cpu=4, walltime=None), "c")
+    small = owned(job(3, cpu=1, walltime=walltime), owner)
+    snap = snapshot([node("big", cpu=4), node("free", cpu=1)], [running, holder, small], [queue])
+    result = run_cycle(snap, SchedulingPolicy.easy())
+    assert result.pending[2].code == "Reserved"
+    assert result.pending[2].estimated_start == NOW + 60
+    assert (3 in placed_jobs(result)) == backfilled
+    if not backfilled:
+        assert result.pending[3].code == "UserLimit"
+        assert "with what its reserved job will need" in result.pending[3].message
