@@ -8,8 +8,8 @@ the lease passes: a notification may come twice (receivers dedupe on `X-Berth-De
 never not at all. A failed send is tried again after a capped exponential backoff
 (BERTH_NOTIFY_RETRY_BASE doubling up to BERTH_NOTIFY_RETRY_CAP) until
 BERTH_NOTIFY_MAX_ATTEMPTS, then given up (kept, with its last error). A user whose
-notifications were sent BERTH_NOTIFY_USER_PER_MINUTE times in the last minute waits: their
-due rows are put off, not dropped.
+notifications were tried BERTH_NOTIFY_USER_PER_MINUTE times in the last minute (failures
+count) waits, and only they do: their due rows stay due, and others' rows are claimed first.
 
 Webhooks: a JSON body with a Slack-compatible `text`, signed with the user's secret
 (`X-Berth-Signature: sha256=HMAC-SHA256(secret, "<X-Berth-Timestamp>.<body>")`), only to
@@ -31,9 +31,10 @@ import httpx
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import close_old_connections, transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from scheduler.faults import Outage, dependency_down
 from scheduler.models import NotifyPreference, Outbox
 from scheduler.outbox import enqueue_time_limits
 from scheduler.specs import webhook_url_problem
@@ -56,30 +57,35 @@ class Undeliverable(Exception):
 
 
 def claim(now: datetime, limit: int = BATCH) -> list[Outbox]:
-    """Lock and lease the due rows this pass sends; a user past the throttle has their due
-    rows put off instead."""
+    """Lock and lease the due rows this pass sends, oldest first. A user who was sent
+    BERTH_NOTIFY_USER_PER_MINUTE attempts (failed ones too) in the last minute is left out
+    of the query itself, so their backlog never stands in front of anyone else's rows."""
     lease = now + timedelta(seconds=settings.BERTH_NOTIFY_LEASE)
+    per_minute = settings.BERTH_NOTIFY_USER_PER_MINUTE
     with transaction.atomic():
+        tried = Counter(
+            dict(
+                Outbox.objects.filter(last_attempt_at__gte=now - THROTTLE_WINDOW)
+                .values_list("user_id")
+                .annotate(n=Count("id"))
+                .order_by()
+            )
+        )
+        throttled = [user for user, n in tried.items() if n >= per_minute]
         due = list(
             Outbox.objects.select_for_update(skip_locked=True)
             .filter(delivered_at__isnull=True, gave_up_at__isnull=True, next_attempt_at__lte=now)
+            .exclude(user_id__in=throttled)
             .order_by("next_attempt_at", "id")[:limit]
         )
-        sent = Counter(
-            Outbox.objects.filter(
-                user_id__in={r.user_id for r in due}, delivered_at__gte=now - THROTTLE_WINDOW
-            ).values_list("user_id", flat=True)
+        claimed = []
+        for row in due:  # rows past a user's room stay due, for a later pass
+            if tried[row.user_id] < per_minute:
+                tried[row.user_id] += 1
+                claimed.append(row)
+        Outbox.objects.filter(pk__in=[r.pk for r in claimed]).update(
+            next_attempt_at=lease, last_attempt_at=now
         )
-        claimed, later = [], []
-        for row in due:
-            if sent[row.user_id] >= settings.BERTH_NOTIFY_USER_PER_MINUTE:
-                later.append(row.pk)
-                continue
-            sent[row.user_id] += 1
-            claimed.append(row)
-        wait = THROTTLE_WINDOW / settings.BERTH_NOTIFY_USER_PER_MINUTE
-        Outbox.objects.filter(pk__in=later).update(next_attempt_at=now + wait)
-        Outbox.objects.filter(pk__in=[r.pk for r in claimed]).update(next_attempt_at=lease)
     for row in claimed:
         row.next_attempt_at = lease  # the lease this notifier holds: see `renew`
     return claimed
@@ -129,25 +135,30 @@ def _post_webhook(row: Outbox) -> None:
     try:
         response = httpx.post(row.target, content=body, headers=headers, follow_redirects=False,
                               timeout=settings.BERTH_WEBHOOK_TIMEOUT)  # fmt: skip
-    except httpx.HTTPError as exc:
+    except httpx.InvalidURL as exc:  # (not an HTTPError) no later try can send it
+        raise Undeliverable(f"webhook URL refused by the client: {exc}", final=True) from None
+    except (httpx.HTTPError, ValueError) as exc:  # ValueError: httpx's IDNA errors, too
         raise Undeliverable(f"webhook: {type(exc).__name__}: {exc}") from None
     if not 200 <= response.status_code < 300:  # a redirect too: never followed
         raise Undeliverable(f"webhook: HTTP {response.status_code}")
 
 
 def settle(row: Outbox, error: Undeliverable | None, now: datetime) -> None:
-    """Mark a sent row delivered, or schedule its next try (or give up)."""
-    rows = Outbox.objects.filter(pk=row.pk, delivered_at__isnull=True)
+    """Mark a sent row delivered, or schedule its next try (or give up), while this notifier
+    still holds its lease: a send that outlasted the lease leaves the row to whoever took it."""
+    rows = Outbox.objects.filter(
+        pk=row.pk, next_attempt_at=row.next_attempt_at, delivered_at__isnull=True
+    )
     if error is None:
         rows.update(delivered_at=now, attempts=F("attempts") + 1, last_error="")
         return
     attempts = row.attempts + 1
     if error.final or attempts >= settings.BERTH_NOTIFY_MAX_ATTEMPTS:
-        rows.update(gave_up_at=now, attempts=attempts, last_error=str(error)[:2000])
+        rows.update(gave_up_at=now, attempts=F("attempts") + 1, last_error=str(error)[:2000])
         log.warning("notification %s given up after %d attempts: %s", row.pk, attempts, error)
         return
     wait = backoff(attempts)
-    rows.update(next_attempt_at=now + timedelta(seconds=wait), attempts=attempts,
+    rows.update(next_attempt_at=now + timedelta(seconds=wait), attempts=F("attempts") + 1,
                 last_error=str(error)[:2000])  # fmt: skip
 
 
@@ -170,6 +181,9 @@ def run_once(now: datetime | None = None, *, time_limits: bool = True) -> int:
             error = None
         except Undeliverable as exc:
             error = exc
+        except Exception as exc:  # noqa: BLE001 - one row never stops the others
+            log.exception("notification %s: unexpected error while sending", row.pk)
+            error = Undeliverable(f"{type(exc).__name__}: {exc}")
         settle(row, error, now or timezone.now())
     return len(rows)
 
@@ -183,9 +197,12 @@ def prune(now: datetime) -> int:
 
 
 def run_loop(stop: threading.Event, interval: float | None = None) -> None:
-    """Passes until `stop` is set; idle passes wait `interval` (BERTH_NOTIFY_INTERVAL)."""
+    """Passes until `stop` is set; idle passes wait `interval` (BERTH_NOTIFY_INTERVAL). The
+    database down (a restart, a lost network) is waited out with backoff and logged once per
+    outage (scheduler/faults.py); anything else is logged and the next pass tried."""
     interval = settings.BERTH_NOTIFY_INTERVAL if interval is None else interval
     pruned = scanned = 0.0
+    outage = Outage("database", log)
     while not stop.is_set():
         try:
             if time.monotonic() - pruned > PRUNE_EVERY:
@@ -195,6 +212,14 @@ def run_loop(stop: threading.Event, interval: float | None = None) -> None:
             scan = time.monotonic() - scanned > TIME_LIMIT_EVERY
             scanned = time.monotonic() if scan else scanned
             busy = run_once(time_limits=scan)
+            outage.recovered()
+        except Exception as exc:  # noqa: BLE001 - the notifier outlives any one pass
+            if dependency_down(exc):
+                stop.wait(outage.failed(exc))
+            else:
+                log.exception("notifier pass failed; trying again")
+                stop.wait(interval)
+            continue
         finally:
             close_old_connections()
         if not busy:

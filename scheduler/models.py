@@ -801,6 +801,7 @@ class Outbox(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     next_attempt_at = models.DateTimeField()
     attempts = models.PositiveIntegerField(default=0)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)  # the last claim to send it
     delivered_at = models.DateTimeField(null=True, blank=True)
     gave_up_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
@@ -814,8 +815,8 @@ class Outbox(models.Model):
                 condition=Q(delivered_at__isnull=True, gave_up_at__isnull=True),
                 name="outbox_due",
             ),
-            # The per-user throttle counts a user's recent deliveries.
-            models.Index(fields=["user", "delivered_at"], name="outbox_user_recent"),
+            # The per-user throttle counts a user's recent attempts, failed ones too.
+            models.Index(fields=["last_attempt_at", "user"], name="outbox_user_recent"),
         ]
         constraints = [
             # A time-limit warning fires once per job and channel (the scan repeats).

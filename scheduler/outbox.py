@@ -120,15 +120,17 @@ def _wanted(jobs: list[dict[str, Any]]) -> dict[int, set[str]]:
         email_on = job["owner__notify_preference__email"]  # None: no NotifyPreference
         defaults = notify_events(job["owner__notify_preference__events"] or "")[0]
         wanted[job["id"]] = set(own["events"] if own else defaults)
-        settings = {"email": job["owner__email"] if email_on in (None, True) else "",
+        settings = {"email": job["owner__email"] or "", "email_on": email_on in (None, True),
                     "webhook": job["owner__notify_preference__webhook_url"] or ""}  # fmt: skip
         job["channels"] = _channels(own, settings)
     return wanted
 
 
 def _channels(own: dict[str, Any] | None, settings: dict[str, Any]) -> dict[str, str]:
-    """Where to send: {"email": address, "webhook": URL}, each only when set."""
-    email = settings["email"] if own is None or own.get("email", True) else ""
+    """Where to send: {"email": address, "webhook": URL}, each only when set. The job's own
+    `email` (true or false) wins over the account's setting."""
+    wanted = (own or {}).get("email")
+    email = settings["email"] if (settings["email_on"] if wanted is None else wanted) else ""
     webhook = (own or {}).get("webhook") or settings["webhook"]
     return {k: v for k, v in (("email", email), ("webhook", webhook)) if v}
 

@@ -13,6 +13,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 from django.conf import settings
 
 from scheduler.arrayspec import ArraySpecError, parse_array
@@ -328,28 +329,41 @@ def notify_events(value: object) -> tuple[list[str], str | None]:
 
 
 def webhook_url_problem(url: object) -> str | None:
-    """Why `url` may not receive webhooks (None: it may): http(s), no credentials, and a host
-    staff allow in BERTH_WEBHOOK_ALLOWED_HOSTS (`example.com`, or `.example.com` for it and
-    its subdomains). Checked where a URL is given and again before each delivery."""
+    """Why `url` may not receive webhooks (None: it may): printable ASCII, http(s), no
+    credentials, and a host staff allow in BERTH_WEBHOOK_ALLOWED_HOSTS (`example.com`, or
+    `.example.com` for it and its subdomains), on the scheme's own port unless the entry
+    names one (`example.com:8443`, or `example.com:*` for any). The host checked is the one
+    the HTTP client connects to (parsed by httpx, not only by urlsplit, which drops tabs and
+    newlines). Checked where a URL is given and again before each delivery."""
     if not isinstance(url, str) or not url:
         return "must be a URL"
     if len(url) > MAX_WEBHOOK_URL:
         return f"must be at most {MAX_WEBHOOK_URL} characters"
+    if not (url.isascii() and url.isprintable()) or " " in url:
+        return "must be printable ASCII without spaces (percent-encode the rest)"
     try:
         parts = urlsplit(url)
-        host = (parts.hostname or "").lower()
-        parts.port  # noqa: B018 - raises ValueError for a bad port
-    except ValueError:
+        parsed = httpx.URL(url)
+        host = parsed.host.lower()
+        port = parsed.port
+    except (ValueError, httpx.InvalidURL):
         return "is not a valid URL"
-    if parts.scheme not in ("http", "https") or not host:
+    if parts.scheme not in ("http", "https") or not host or parsed.scheme != parts.scheme:
         return "must be an http:// or https:// URL"
-    if parts.username is not None or parts.password is not None:
+    if parts.username is not None or parts.password is not None or parsed.userinfo:
         return "must not hold credentials"
-    allowed = [h.lower() for h in settings.BERTH_WEBHOOK_ALLOWED_HOSTS]
-    if not any(host == h or (h.startswith(".") and (host.endswith(h) or host == h[1:]))
-               for h in allowed):  # fmt: skip
-        return f"host {host!r} is not allowed for webhooks (BERTH_WEBHOOK_ALLOWED_HOSTS)"
-    return None
+    if host != (parts.hostname or "").lower():
+        return "is not a valid URL"
+    for entry in (h.lower() for h in settings.BERTH_WEBHOOK_ALLOWED_HOSTS):
+        name, _, entry_port = entry.partition(":")
+        if not (
+            host == name or (name.startswith(".") and (host.endswith(name) or host == name[1:]))
+        ):
+            continue
+        if port is None or entry_port in ("*", str(port)):
+            return None
+    shown = host if port is None else f"{host}:{port}"
+    return f"host {shown!r} is not allowed for webhooks (BERTH_WEBHOOK_ALLOWED_HOSTS)"
 
 
 def _notify(errors: _Errors, value: object, path: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('next_attempt_at', models.DateTimeField()),
                 ('attempts', models.PositiveIntegerField(default=0)),
+                ('last_attempt_at', models.DateTimeField(blank=True, null=True)),
                 ('delivered_at', models.DateTimeField(blank=True, null=True)),
                 ('gave_up_at', models.DateTimeField(blank=True, null=True)),
                 ('last_error', models.TextField(blank=True, default='')),
@@ -46,7 +47,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'ordering': ['id'],
-                'indexes': [models.Index(condition=models.Q(('delivered_at__isnull', True), ('gave_up_at__isnull', True)), fields=['next_attempt_at', 'id'], name='outbox_due'), models.Index(fields=['user', 'delivered_at'], name='outbox_user_recent')],
+                'indexes': [models.Index(condition=models.Q(('delivered_at__isnull', True), ('gave_up_at__isnull', True)), fields=['next_attempt_at', 'id'], name='outbox_due'), models.Index(fields=['last_attempt_at', 'user'], name='outbox_user_recent')],
                 'constraints': [models.UniqueConstraint(condition=models.Q(('kind__startswith', 'time_limit_')), fields=('job', 'kind', 'channel'), name='outbox_time_limit_once')],
             },
         ),

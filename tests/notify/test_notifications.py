@@ -28,7 +28,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def allowed(settings: Any) -> None:
-    settings.BERTH_WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1"]
+    settings.BERTH_WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1:*"]  # the receiver's port is random
     settings.BERTH_NOTIFY_RETRY_BASE = 10.0
     settings.BERTH_NOTIFY_RETRY_CAP = 40.0
 
@@ -325,3 +325,140 @@ def test_an_email_subject_is_one_line(owner, smtp):
     [(_, message)] = smtp.messages
     assert "\n" not in message["Subject"] and "boom again" in message["Subject"]
     assert Outbox.objects.get().delivered_at is not None
+
+
+# --- hostile input and fairness between users (review of the notifier) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed_hosts", "problem"),
+    [
+        ("https://hooks.example.org/\u0001", ["hooks.example.org"], "printable ASCII"),
+        ("https://hooks.example.org/a\tb", ["hooks.example.org"], "printable ASCII"),
+        ("https://xn--.example.org/", [".example.org"], "not a valid URL"),
+        ("https://\u2603.example.org/", [".example.org"], "printable ASCII"),
+        ("https://hooks.example.org:22/", ["hooks.example.org"], "not allowed"),
+        ("https://hooks.example.org:8443/x", ["hooks.example.org:8443"], None),
+        ("https://hooks.example.org:443/x", ["hooks.example.org"], None),
+        ("http://hooks.example.org:9000/x", ["hooks.example.org:*"], None),
+        ("https://hooks.example.org@evil.example/", ["hooks.example.org"], "credentials"),
+    ],
+)
+def test_webhook_urls_the_http_client_would_read_otherwise_are_refused(
+    settings, url, allowed_hosts, problem
+):
+    from scheduler.specs import webhook_url_problem
+
+    settings.BERTH_WEBHOOK_ALLOWED_HOSTS = allowed_hosts
+    found = webhook_url_problem(url)
+    assert (found is None) if problem is None else (found is not None and problem in found)
+
+
+def test_a_poisoned_url_stored_before_the_check_is_given_up_and_never_stops_the_pass(
+    owner, teammate, smtp
+):
+    teammate.email = "bob@example.org"
+    teammate.save()
+    bad = make_job(owner)
+    Outbox.objects.create(user=owner, job=bad, job_ref=str(bad.pk), kind="end",
+                          channel="webhook", target="https://127.0.0.1/\u0001", text="x",
+                          next_attempt_at=timezone.now() - timedelta(seconds=1))  # fmt: skip
+    start(submit_job(teammate, job_spec(events=["begin"])))
+    assert delivery.run_once() == 2
+    assert len(smtp.messages) == 1  # bob's email went out beside the poisoned row
+    poisoned = Outbox.objects.get(channel="webhook")
+    assert poisoned.gave_up_at is not None and "printable ASCII" in poisoned.last_error
+
+
+def test_an_unexpected_error_on_one_row_is_a_failed_try_not_a_dead_notifier(
+    owner, teammate, smtp, monkeypatch
+):
+    teammate.email = "bob@example.org"
+    teammate.save()
+    owner.email = "alice@example.org"
+    owner.save()
+    start(submit_job(owner, job_spec(events=["begin"])))
+    start(submit_job(teammate, job_spec(events=["begin"])))
+    real = delivery.send
+
+    def send(row: Outbox) -> None:
+        if row.target == "alice@example.org":
+            raise RuntimeError("a bug in one row")
+        real(row)
+
+    monkeypatch.setattr(delivery, "send", send)
+    assert delivery.run_once() == 2
+    assert [to for to, _ in smtp.messages] == [["bob@example.org"]]
+    alice = Outbox.objects.get(target="alice@example.org")
+    assert alice.delivered_at is None and alice.attempts == 1 and "a bug" in alice.last_error
+
+
+def test_one_users_backlog_never_delays_another_users_notifications(
+    owner, teammate, receiver, settings
+):
+    settings.BERTH_NOTIFY_USER_PER_MINUTE = 5
+    past = timezone.now() - timedelta(seconds=5)
+    job = make_job(owner)
+    Outbox.objects.bulk_create(
+        Outbox(user=owner, job=job, job_ref=str(job.pk), kind="end", channel="webhook",
+               target=receiver.url, text=f"alice {i}", next_attempt_at=past)
+        for i in range(300)
+    )  # fmt: skip
+    start(submit_job(teammate, job_spec(events=["begin"], webhook=receiver.url)))
+    now = timezone.now()
+    delivery.run_once(now)  # alice's first five
+    delivery.run_once(now)  # alice is left out of the claim: bob's row is next
+    texts = [json.loads(r["body"])["text"] for r in receiver.requests]
+    assert len(texts) == 6 and "started" in texts[-1]
+
+
+def test_failed_tries_count_against_the_throttle(owner, receiver, settings):
+    settings.BERTH_NOTIFY_USER_PER_MINUTE = 3
+    receiver.statuses = [500] * 20
+    for _ in range(6):
+        start(submit_job(owner, job_spec(events=["begin"], webhook=receiver.url)))
+    now = timezone.now()
+    for step in range(4):  # past each row's backoff, still inside the minute
+        delivery.run_once(now + timedelta(seconds=step * 12))
+    assert len(receiver.requests) == 3
+
+
+def test_a_late_settle_leaves_the_row_to_the_notifier_that_took_it(owner, receiver):
+    job = submit_job(owner, job_spec(events=["begin"], webhook=receiver.url))
+    start(job)
+    now = timezone.now()
+    [mine] = delivery.claim(now)
+    later = now + timedelta(hours=1)
+    [theirs] = delivery.claim(later)
+    delivery.settle(mine, delivery.Undeliverable("slow"), later)  # the stalled one gives up
+    row = Outbox.objects.get()
+    assert (row.attempts, row.next_attempt_at, row.last_error) == (0, theirs.next_attempt_at, "")
+
+
+def test_a_jobs_own_email_true_wins_over_the_accounts_off(owner, smtp):
+    owner.email = "alice@example.org"
+    owner.save()
+    NotifyPreference.objects.create(user=owner, events="begin", email=False)
+    start(submit_job(owner, job_spec(events=["begin"], email=True)))
+    start(submit_job(owner, job_spec(events=["begin"])))
+    assert Outbox.objects.filter(channel="email").count() == 1
+
+
+def test_the_loop_waits_out_a_database_outage(monkeypatch):
+    import threading
+
+    from django.db import OperationalError
+
+    stop, calls = threading.Event(), []
+
+    def flaky(**kwargs: Any) -> int:
+        calls.append(1)
+        if len(calls) < 3:
+            raise OperationalError("connection refused") from ConnectionRefusedError()
+        stop.set()
+        return 0
+
+    monkeypatch.setattr(delivery, "run_once", flaky)
+    monkeypatch.setattr(delivery, "prune", lambda now: 0)
+    delivery.run_loop(stop, interval=0.01)  # returns: it did not die of the outage
+    assert len(calls) == 3

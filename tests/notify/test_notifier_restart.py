@@ -22,7 +22,8 @@ COUNT = 8
 
 
 def notifier(tmp: Path, name: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DATABASE_URL": database_url(), "BERTH_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+    env = {**os.environ, "DATABASE_URL": database_url(),
+           "BERTH_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1:*",
            "BERTH_NOTIFY_LEASE": "2", "BERTH_NOTIFY_INTERVAL": "0.1"}  # fmt: skip
     log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
     return subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "run_notifier"], cwd=ROOT,

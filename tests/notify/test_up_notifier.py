@@ -36,7 +36,7 @@ def test_up_delivers_a_webhook_for_a_jobs_end(tmp_path: Path, receiver: Any) -> 
            if k not in ("DATABASE_URL", "REDIS_URL", "BERTH_SECRET_KEY", "BERTH_TEST_DB_NAME",
                         "DJANGO_SETTINGS_MODULE")}  # fmt: skip
     env.update({"BERTH_DATA_DIR": str(tmp_path / "data"), "BERTH_SCHEDULER_INTERVAL": "0.3",
-                "BERTH_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+                "BERTH_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1:*",
                 "BERTH_NOTIFY_INTERVAL": "0.2"})  # fmt: skip
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
