@@ -86,7 +86,11 @@ def notifications(request: HttpRequest) -> HttpResponse:
         "saved": saved,
         "email": getattr(request.user, "email", ""),
     }
-    return render(request, "dashboard/notifications.html", context, status=400 if errors else 200)
+    response = render(
+        request, "dashboard/notifications.html", context, status=400 if errors else 200
+    )
+    response["Cache-Control"] = "no-store"  # it shows the webhook signing secret
+    return response
 
 
 @login_required

@@ -17,6 +17,7 @@ def test_it_shows_and_saves_your_defaults(signed_in, owner, settings):
     assert page.status_code == 200 and b"time_limit_80" in page.content
     secret = NotifyPreference.objects.get(user=owner).webhook_secret
     assert secret.encode() in page.content
+    assert page["Cache-Control"] == "no-store"  # the secret is on the page
     url = "https://hooks.example.org/x"
     form = {"events": ["end", "begin"], "email": "on", "webhook_url": url}
     saved = client.post("/notifications/", form)
