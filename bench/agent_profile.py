@@ -105,7 +105,7 @@ class Server:
     """One event loop in a thread of its own, serving `LeaseApp` as a web worker would."""
 
     def __init__(self) -> None:
-        from scheduler.agent.views import LeaseApp
+        from scheduler.agentapi.views import LeaseApp
 
         self.app = LeaseApp()
         self.loop = asyncio.new_event_loop()
@@ -149,7 +149,7 @@ class Server:
 def register_nodes(n: int, gpus: int) -> list[tuple[int, str]]:
     from django.contrib.auth.models import User
 
-    from scheduler.agent import protocol
+    from scheduler.agentapi import protocol
 
     User.objects.create_user("bench")
     nodes = []

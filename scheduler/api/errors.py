@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from berth.overload import retry_after_seconds, unavailable_detail
-from scheduler.agent import protocol
+from scheduler.agentapi import protocol
 from scheduler.specs import SpecError
 
 

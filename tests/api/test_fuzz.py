@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, settings
 from rest_framework.authtoken.models import Token
 from schemathesis.checks import not_a_server_error
 
-from scheduler.agent import protocol
+from scheduler.agentapi import protocol
 from scheduler.models import JobTemplate
 from scheduler.submit import create_flow, submit_job
 from tests.factories import make_node

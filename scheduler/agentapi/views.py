@@ -40,8 +40,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from scheduler import notify
-from scheduler.agent import protocol
 from scheduler.agent.client import PROTOCOL, PROTOCOL_HEADER
+from scheduler.agentapi import protocol
 from scheduler.api.errors import protocol_error_headers
 from scheduler.faults import Outage
 from scheduler.models import Node

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from berth.cli import main
 from scheduler.models import Node, Task
-from tests.agent.test_protocol import JOIN, _assigned, beat, lease, register
+from tests.agentapi.test_protocol import JOIN, _assigned, beat, lease, register
 
 pytestmark = pytest.mark.django_db
 MiB = 2**20

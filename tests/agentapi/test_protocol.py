@@ -629,7 +629,7 @@ def test_a_lease_still_answers_when_the_channel_layer_is_down(owner, settings):
 def test_a_lease_without_a_database_connection_is_told_to_come_back(monkeypatch):
     from django.db import OperationalError
 
-    from scheduler.agent import protocol
+    from scheduler.agentapi import protocol
 
     token = register().json()["token"]
 
