@@ -58,6 +58,16 @@ from scheduler.agent.isolation import (
 )
 from scheduler.agent.partition import PartitionGuard
 from scheduler.agent.pressure import DEFAULT_MIN_FREE, PressureWatch
+from scheduler.agent.wire import (
+    InlineOutput,
+    KillOrder,
+    LogChunk,
+    Orders,
+    Registered,
+    Registration,
+    TaskReport,
+    TaskState,
+)
 
 __all__ = ["Agent", "RunningTask", "ServerError", "Unavailable", "parse_labels"]
 log = logging.getLogger("berth.agent")
@@ -268,16 +278,8 @@ class Agent:
         devices = discover_gpus(self.fake_gpus, self.name)
         self.gpus.close()
         self.gpus = GpuSampler(devices, fake=any(d["model"] == "fake" for d in devices))
-        body = {
-            "name": self.name,
-            "cpu": f"{cpu}m",  # the protocol reads cpu as users write it
-            "memory": memory,
-            "labels": self.labels,
-            "devices": devices,
-            "hostname": socket.gethostname(),
-            "version": VERSION,
-            "enforcement": self.fence.describe(),
-        }
+        body = Registration(self.name, cpu, memory, self.labels, devices, socket.gethostname(),
+                            VERSION, self.fence.describe()).to_json()  # fmt: skip
         answer: dict[str, Any] | None = None
         sent = self.partition.clock()
         if self.token:
@@ -290,10 +292,10 @@ class Agent:
                 self.token = ""
         if answer is None:
             answer = self._post("register/", body, f"Bearer {self.join_token}")
-        self.token = answer["token"]
-        self.lease = float(answer.get("lease_seconds", self.lease))
-        self.grace = float(answer.get("kill_grace_seconds", self.grace))
-        self.partition.timeout = float(answer.get("heartbeat_timeout", 0) or 0)
+        registered = Registered.from_json(answer, self.lease, self.grace, LOG_CHUNK)
+        self.token, self.lease = registered.token, registered.lease_seconds
+        self.grace = registered.kill_grace_seconds
+        self.partition.timeout = registered.heartbeat_timeout
         self.partition.lease, self.partition.grace = self.lease, self.grace
         self.partition.heard(sent)
         if self.partition.timeout and not self.partition.enabled:
@@ -302,8 +304,8 @@ class Agent:
                 " tasks safely when cut off from it: it will not stop them then",
                 self.partition.timeout,
             )
-        self.log_chunk = max(256, min(LOG_CHUNK, int(answer.get("log_chunk_bytes", LOG_CHUNK))))
-        self.inline_bytes = max(0, min(self.log_chunk, int(answer.get("inline_output_bytes", 0))))
+        self.log_chunk = max(256, min(LOG_CHUNK, registered.log_chunk_bytes))
+        self.inline_bytes = max(0, min(self.log_chunk, registered.inline_output_bytes))
         self.dirty = True
         self._save()
         log.info("registered as node %s", self.name)
@@ -418,32 +420,33 @@ class Agent:
             return
         self.backoff.reset()
 
-    def _task_list(self, inline: bool = False) -> list[dict[str, Any]]:
+    def _task_reports(self, inline: bool = False) -> list[TaskReport]:
         """Every task we know, for a report or a lease; with `inline` (a report), the rest of
         an ended task's output when it is short."""
         with self.lock:
-            items = []
-            for t in self.tasks.values():
-                item = {
-                    "id": t.id,
-                    "attempt": t.attempt,
-                    "state": t.state,
-                    "exit_code": t.exit_code,
-                    "message": t.message,
-                    "output_bytes": t.shipped if t.dropped else _size(t.output),
-                    "stopping": t.killed,
-                    "started_at": t.started_at or None,  # the process's own times
-                    "ended_at": t.ended_at or None,
-                }
-                if t.state != "Running" and (t.reason or t.usage):
-                    item.update(reason=t.reason, usage=t.usage)
-                output = self._inline_output(t) if inline else None
-                if output is not None:
-                    item["output"] = output
-                items.append(item)
-            return items
+            return [
+                TaskReport(
+                    t.id,
+                    t.attempt,
+                    TaskState(t.state),
+                    t.exit_code,
+                    t.message,
+                    t.shipped if t.dropped else _size(t.output),
+                    t.killed,
+                    t.started_at or None,
+                    t.ended_at or None,  # the process's own times
+                    self._inline_output(t) if inline else None,
+                    t.reason,
+                    t.usage or {},
+                )  # fmt: skip
+                for t in self.tasks.values()
+            ]
 
-    def _inline_output(self, task: RunningTask) -> dict[str, Any] | None:
+    def _task_list(self, inline: bool = False) -> list[dict[str, Any]]:
+        """`_task_reports` as they travel."""
+        return [report.to_json() for report in self._task_reports(inline)]
+
+    def _inline_output(self, task: RunningTask) -> InlineOutput | None:
         """The rest of an ended task's output (`offset`, `data`) when it is short enough to
         travel in the final report instead of a log upload of its own."""
         if task.state == "Running" or task.dropped or self.inline_bytes <= 0:
@@ -462,16 +465,16 @@ class Agent:
         text = text.replace("\x00", "\ufffd")
         if len(text.encode()) > self.inline_bytes:  # undecodable bytes grow when replaced
             return None
-        return {"offset": task.shipped, "data": text}
+        return InlineOutput(task.shipped, text)
 
     def _report(self) -> None:
         self.dirty = False  # a change from here on needs a report of its own
-        reported = self._task_list(inline=True)
+        reported = self._task_reports(inline=True)
         sent = self.partition.clock()
         try:
             answer = self._post(
                 "report/",
-                {"tasks": reported, "usage": self._usage(len(reported))},
+                {"tasks": [r.to_json() for r in reported], "usage": self._usage(len(reported))},
                 f"Node {self.token}",
             )
         except BaseException:
@@ -479,17 +482,18 @@ class Agent:
             raise
         self.partition.heard(sent)
         self.lease = float(answer.get("lease_seconds", self.lease))
-        awaiting = {(int(a["id"]), int(a["attempt"])): a for a in answer.get("awaiting_output", [])}
+        orders = Orders.from_json(answer)
+        awaiting = {(a.id, a.attempt): a for a in orders.awaiting_output or []}
         now = time.monotonic()
         with self.lock:
             for item in reported:
-                key = (item["id"], item["attempt"])
-                task = self.tasks.get(item["id"])
-                if item["state"] == "Running" or task is None or task.attempt != key[1]:
+                key = (item.id, item.attempt)
+                task = self.tasks.get(item.id)
+                if item.state == TaskState.RUNNING or task is None or task.attempt != key[1]:
                     continue
                 if key in awaiting:
                     # The server lacks some output: ship from what it holds, report again.
-                    task.shipped = min(task.shipped, int(awaiting[key].get("have", 0)))
+                    task.shipped = min(task.shipped, awaiting[key].have)
                     self.dirty = True
                     self.report_at = now + AWAIT_OUTPUT_SECONDS
                     continue
@@ -555,12 +559,13 @@ class Agent:
         if not self.gpus.fake:  # real GPUs: each task's own, for its efficiency at the end
             add_gpu_samples(list(self.tasks.values()), samples)
         recent = {t.id: task_utilization(t.devices, samples) for t in running}
-        tasks = self._task_list()
+        tasks = self._task_reports()
         for item in tasks:
-            if item["state"] == "Running" and item["id"] in recent:
-                value = recent[item["id"]]  # None: its GPUs could not be read (said as null)
-                item["gpu_utilization"] = None if value is None else round(value, 1)  # type: ignore[assignment]
-        return {"tasks": tasks, "usage": {"gpus": samples}}
+            if item.state == TaskState.RUNNING and item.id in recent:
+                value = recent[item.id]  # None: its GPUs could not be read (said as null)
+                item.gpu_utilization = None if value is None else round(value, 1)
+                item.gpu_unmeasured = value is None
+        return {"tasks": [t.to_json() for t in tasks], "usage": {"gpus": samples}}
 
     def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:
         return self.lease_http.post("lease/", body, auth, timeout=self.lease * 1.25 + self.timeout)
@@ -581,11 +586,13 @@ class Agent:
         lease, sent once these are carried out, lists it Running and so confirms its start
         (protocol 3). A start from a report's answer, or one that failed, is reported."""
         with self.lock:
-            for order in answer.get("kill", []):
-                key = (int(order["id"]), int(order["attempt"]))
+            for kill in answer.get("kill", []):
+                order = KillOrder.from_json(kill)
+                key = (order.id, order.attempt)
                 target = self.tasks.get(key[0])
                 if target is not None and target.attempt == key[1]:
-                    self.kill(target, float(order.get("grace_seconds", self.grace)))
+                    grace = order.grace_seconds
+                    self.kill(target, self.grace if grace is None else grace)
                 elif key not in self.ended:
                     # Stopped before it reached us: say it never ran, and never start it.
                     self.tasks[key[0]] = RunningTask(
@@ -891,7 +898,7 @@ class Agent:
                 return
             answer = self._post(
                 f"tasks/{task.id}/log/",
-                {"attempt": task.attempt, "offset": task.shipped, "data": text},
+                LogChunk(task.attempt, task.shipped, text).to_json(),
                 f"Node {self.token}",
             )
             task.shipped += len(chunk)

@@ -29,6 +29,17 @@ from typing import Any
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
 from scheduler.agent.gpus import FAKE_MEMORY, fake_level, fake_samples, task_utilization
 from scheduler.agent.runtime import AWAIT_OUTPUT_SECONDS, FORGET_ENDED_SECONDS
+from scheduler.agent.wire import (
+    InlineOutput,
+    KillOrder,
+    LogChunk,
+    Orders,
+    Registered,
+    Registration,
+    StartOrder,
+    TaskReport,
+    TaskState,
+)
 
 log = logging.getLogger("berth.simagent")
 COUNT_LOG_SECONDS = 2.0  # how often the requests sent so far are logged (when they changed)
@@ -69,18 +80,22 @@ class SimNode:
     confirm_after: int = 0  # the next lease waits until this many reports were answered
     answered: threading.Condition = field(default_factory=threading.Condition)
 
+    def task_reports(self, inline: bool = False) -> list[TaskReport]:
+        return [
+            TaskReport(
+                t.id,
+                t.attempt,
+                TaskState(t.state),
+                None if t.state == TaskState.RUNNING else t.exit_code,
+                output_bytes=len(t.output.encode()),
+                output=InlineOutput(0, t.output) if inline and self.travels_inline(t) else None,
+            )  # fmt: skip
+            for t in self.tasks.values()
+        ]
+
     def task_list(self, inline: bool = False) -> list[dict[str, Any]]:
-        items = []
-        for t in self.tasks.values():
-            item: dict[str, Any] = {
-                "id": t.id, "attempt": t.attempt, "state": t.state,
-                "exit_code": None if t.state == "Running" else t.exit_code,
-                "output_bytes": len(t.output.encode()),
-            }  # fmt: skip
-            if inline and self.travels_inline(t):
-                item["output"] = {"offset": 0, "data": t.output}
-            items.append(item)
-        return items
+        """`task_reports` as they travel."""
+        return [report.to_json() for report in self.task_reports(inline)]
 
     def travels_inline(self, task: SimTask) -> bool:
         """An ended task's output short enough for its final report (else a log upload)."""
@@ -99,20 +114,18 @@ class SimNode:
         """Tasks and GPU samples, each running GPU task with its GPUs' mean utilisation in
         them, as a real agent's lease (runtime.Agent.lease_body). Under `lock`."""
         samples = self.gpu_samples()
-        tasks = self.task_list()
+        tasks = self.task_reports()
         for item, task in zip(tasks, self.tasks.values(), strict=True):
             mean = task_utilization(task.devices, samples) if task.state == "Running" else None
             if mean is not None:
-                item["gpu_utilization"] = round(mean, 1)
-        return {"tasks": tasks, "usage": {"gpus": samples}}
+                item.gpu_utilization = round(mean, 1)
+        return {"tasks": [t.to_json() for t in tasks], "usage": {"gpus": samples}}
 
 
-def _duration(order: dict[str, Any]) -> float:
-    env = order.get("env", {})
-    if "BERTH_SIM_DURATION" in env:
-        return float(env["BERTH_SIM_DURATION"])
-    walltime = order.get("walltime")
-    return float(walltime) / 2 if walltime else 1.0
+def _duration(order: StartOrder) -> float:
+    if "BERTH_SIM_DURATION" in order.env:
+        return float(order.env["BERTH_SIM_DURATION"])
+    return float(order.walltime) / 2 if order.walltime else 1.0
 
 
 class SimCluster:
@@ -168,32 +181,16 @@ class SimCluster:
                     raise
 
     def register(self, node: SimNode) -> None:
-        answer = self._post(
-            node,
-            "register/",
-            {
-                "name": node.name,
-                "cpu": f"{node.cpu}m",
-                "memory": node.memory,
-                "labels": node.labels,
-                "devices": [
-                    {
-                        "index": i,
-                        "uuid": f"sim-{node.name}-{i}",
-                        "model": "sim",
-                        "memory": FAKE_MEMORY,
-                    }
-                    for i in range(node.gpus)
-                ],
-                "hostname": node.name,
-                "version": f"berth-simagent/{PROTOCOL}",
-            },
-            f"Bearer {self.join_token}",
-        )
+        devices = [{"index": i, "uuid": f"sim-{node.name}-{i}", "model": "sim",
+                    "memory": FAKE_MEMORY} for i in range(node.gpus)]  # fmt: skip
+        body = Registration(node.name, node.cpu, node.memory, node.labels, devices, node.name,
+                            f"berth-simagent/{PROTOCOL}")  # fmt: skip
+        answer = self._post(node, "register/", body.to_json(), f"Bearer {self.join_token}")
+        registered = Registered.from_json(answer, node.lease, 0.0, 0)
         with node.lock:
-            node.token = answer["token"]
-            node.lease = float(answer.get("lease_seconds", node.lease))
-            node.inline_bytes = int(answer.get("inline_output_bytes", 0))
+            node.token = registered.token
+            node.lease = registered.lease_seconds
+            node.inline_bytes = registered.inline_output_bytes
 
     # --- reports -----------------------------------------------------------------------
 
@@ -232,26 +229,26 @@ class SimCluster:
             unlogged = [t for t in node.tasks.values() if t.state != "Running" and not t.logged
                         and not node.travels_inline(t)]  # fmt: skip
         for task in unlogged:  # the output first: the server ends a task only once it has it
-            chunk = {"attempt": task.attempt, "offset": 0, "data": task.output}
-            self._post(node, f"tasks/{task.id}/log/", chunk, auth)
+            chunk = LogChunk(task.attempt, 0, task.output)
+            self._post(node, f"tasks/{task.id}/log/", chunk.to_json(), auth)
             task.logged = True
         with node.lock:
-            reported = node.task_list(inline=True)
+            reported = node.task_reports(inline=True)
             node.reports_built += 1
             built = node.reports_built
         try:
-            answer = self._post(node, "report/", {"tasks": reported}, auth)
+            answer = self._post(node, "report/", {"tasks": [r.to_json() for r in reported]}, auth)
         finally:
             with node.answered:
                 node.reports_done = max(node.reports_done, built)
                 node.answered.notify_all()
-        awaiting = {(int(a["id"]), int(a["attempt"])) for a in answer.get("awaiting_output", [])}
+        awaiting = {(a.id, a.attempt) for a in Orders.from_json(answer).awaiting_output or []}
         now = time.monotonic()
         with node.lock:
             for item in reported:
-                key = (item["id"], item["attempt"])
-                held = node.tasks.get(item["id"])
-                if item["state"] == "Running" or held is None or held.attempt != key[1]:
+                key = (item.id, item.attempt)
+                held = node.tasks.get(item.id)
+                if item.state == TaskState.RUNNING or held is None or held.attempt != key[1]:
                     continue
                 if key in awaiting:
                     held.logged = False
@@ -274,8 +271,8 @@ class SimCluster:
         changed = started = False
         now = time.monotonic()
         with node.lock:
-            for order in answer.get("kill", []):
-                key = (int(order["id"]), int(order["attempt"]))
+            for kill in answer.get("kill", []):
+                key = KillOrder.from_json(kill)[:2]
                 target = node.tasks.get(key[0])
                 if target is not None and target.attempt == key[1]:
                     if target.state == "Running":
@@ -284,15 +281,15 @@ class SimCluster:
                 elif key not in node.ended:  # stopped before it started here
                     node.tasks[key[0]] = SimTask(key[0], key[1], now, None, state="Killed")
                     changed = True
-            for order in answer.get("start", []):
-                key = (int(order["id"]), int(order["attempt"]))
+            for start in answer.get("start", []):
+                order = StartOrder.from_json(start)
+                key = (order.id, order.attempt)
                 current = node.tasks.get(key[0])
                 if key in node.ended or (current is not None and current.attempt == key[1]):
                     continue
-                code = int(order.get("env", {}).get("BERTH_SIM_EXIT", 0))
-                devices = [i for i in order.get("devices") or [] if isinstance(i, int)]
-                task = SimTask(key[0], key[1], now + _duration(order), code, devices=devices,
-                               level=fake_level(order.get("env")))  # fmt: skip
+                code = int(order.env.get("BERTH_SIM_EXIT", 0))
+                task = SimTask(key[0], key[1], now + _duration(order), code,
+                               devices=order.devices, level=fake_level(order.env))  # fmt: skip
                 task.output = f"simulated task {task.id} on {node.name}: exit {code}\n"
                 node.tasks[key[0]] = task
                 self._due(task.ends_at, node, task)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from scheduler.agent.client import PROTOCOL as PROTOCOL
+from scheduler.agent.wire import PROTOCOL
 from scheduler.events import record
 from scheduler.models import Node, hash_token
 from scheduler.setbased import row_by
@@ -42,10 +42,6 @@ def check_protocol(header: str | None, body_version: object = None) -> None:
          "protocol": [str(PROTOCOL)]},
         status=426,
     )  # fmt: skip
-
-
-def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def renewal_due(last: Any, now: Any) -> bool:

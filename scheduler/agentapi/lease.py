@@ -13,8 +13,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from scheduler import gpu_history, gpu_idle, notify
-from scheduler.agent.client import PROTOCOL as PROTOCOL
+from scheduler.agent import wire
 from scheduler.agent.times import process_time
+from scheduler.agent.wire import TaskReport
 from scheduler.agentapi.common import ProtocolError, renew, renewal_due
 from scheduler.agentapi.orders import (
     ROW_COLUMNS,
@@ -24,7 +25,7 @@ from scheduler.agentapi.orders import (
     to_start,
     wanted,
 )
-from scheduler.agentapi.tasks import Report, parse_tasks
+from scheduler.agentapi.tasks import parse_tasks
 from scheduler.models import Event, Node, Task, hash_token
 from scheduler.setbased import row_by, update_rows
 from scheduler.states import TASK_ON_NODE, TaskState
@@ -39,7 +40,7 @@ def lease_seconds() -> float:
     return interval * (1.0 + LEASE_JITTER * random.random())
 
 
-def renew_lease(token: str, data: object) -> tuple[Node, list[Report], dict[str, Any]]:
+def renew_lease(token: str, data: object) -> tuple[Node, list[TaskReport], dict[str, Any]]:
     """Authenticate, confirm the starts the body lists, renew the node's lease, keep its GPU
     samples and read its orders (one short transaction; a malformed body is refused whole
     before it)."""
@@ -71,12 +72,12 @@ def renew_lease(token: str, data: object) -> tuple[Node, list[Report], dict[str,
     return node, reports, lease_orders(node, reports)
 
 
-def _confirm_started(token_hash: str, reports: list[Report], now: Any) -> list[Task]:
+def _confirm_started(token_hash: str, reports: list[TaskReport], now: Any) -> list[Task]:
     """Assigned tasks of this node that the body lists as Running: they started. The one
     change a lease makes to a task row (Assigned -> Running, never back), so that an agent
     needs no report of its own to say a task started. Locks those rows first, in the same
     order as a report does (tasks, then the node)."""
-    running = {r.id: r for r in reports if r.state == "Running"}
+    running = {r.id: r for r in reports if r.state == wire.TaskState.RUNNING}
     if not running or not token_hash:
         return []
     candidates = (
@@ -94,7 +95,7 @@ def _confirm_started(token_hash: str, reports: list[Report], now: Any) -> list[T
     return started
 
 
-def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
+def lease_orders(node: Node, reports: list[TaskReport]) -> dict[str, Any]:
     """Orders for the agent whose tasks are `reports`, read only: tasks placed here it does
     not know yet, and tasks it runs that must stop. The tasks are read as plain rows; only
     those to start are loaded as models, with what a start order says of their jobs."""
@@ -103,7 +104,7 @@ def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
     kill = []
     for report in reports:
         task = rows.get(report.id)
-        if report.state != "Running" or report.stopping:
+        if report.state != wire.TaskState.RUNNING or report.stopping:
             continue
         if (
             task is not None
@@ -123,11 +124,9 @@ def lease_orders(node: Node, reports: list[Report]) -> dict[str, Any]:
             kill.append(kill_order(task.pk, task.attempt))
         else:
             start.append(task.pk)
-    return {
-        "start": start_messages(to_start(start, node), node),
-        "kill": kill,
-        "lease_seconds": settings.BERTH_HEARTBEAT_INTERVAL,
-    }
+    orders = wire.Orders(start_messages(to_start(start, node), node), kill,
+                         lease_seconds=settings.BERTH_HEARTBEAT_INTERVAL)  # fmt: skip
+    return orders.to_json()
 
 
 def _task_rows(node: Node, reported: list[int]) -> list[tuple[Any, ...]]:

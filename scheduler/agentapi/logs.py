@@ -12,7 +12,6 @@ from django.db import transaction
 from django.db.models import Max, Q
 
 from scheduler import notify
-from scheduler.agent.client import PROTOCOL as PROTOCOL
 from scheduler.agentapi.common import ProtocolError
 from scheduler.models import Node, Task, TaskLog
 from scheduler.specs import UNSTORABLE

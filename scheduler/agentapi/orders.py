@@ -8,14 +8,14 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 
-from scheduler.agent.client import PROTOCOL as PROTOCOL
-from scheduler.agentapi.tasks import Report
+from scheduler.agent import wire
+from scheduler.agent.wire import TaskReport
 from scheduler.arrays import array_env
 from scheduler.models import Allocation, Node, Task
 from scheduler.states import TASK_ON_NODE, TaskState
 
 
-def wanted(task: Task | TaskRow | None, report: Report, node: Node) -> bool:
+def wanted(task: Task | TaskRow | None, report: TaskReport, node: Node) -> bool:
     """Is this report about the attempt the server wants running on this node?"""
     return (
         task is not None
@@ -25,8 +25,8 @@ def wanted(task: Task | TaskRow | None, report: Report, node: Node) -> bool:
     )
 
 
-def kill_order(task_id: int, attempt: int) -> dict[str, Any]:
-    return {"id": task_id, "attempt": attempt, "grace_seconds": settings.BERTH_KILL_GRACE_SECONDS}
+def kill_order(task_id: int, attempt: int) -> wire.KillOrder:
+    return wire.KillOrder(task_id, attempt, settings.BERTH_KILL_GRACE_SECONDS)
 
 
 # What a start order reads of a task, its job and its owner (to_start, _start_message).
@@ -108,22 +108,12 @@ def _start_message(
             **array_env(job),  # BERTH_ARRAY_INDEX etc. for an array's element
         }
     )
-    return {
-        "id": task.pk,
-        "attempt": task.attempt,
-        "job_id": job.pk,
-        "job_name": job.name,
-        "group": task.group,
-        "index": task.index,
-        "command": group.get("command", ""),
-        # As root, the agent runs the task as the Unix account of this name when it exists.
-        "owner": job.owner.username,
-        "env": env,
-        "devices": devices,
-        "walltime": job.walltime,
+    return wire.StartOrder(
+        task.pk, task.attempt, job.pk, job.name, task.group, task.index,
+        group.get("command", ""), job.owner.username, env, devices, job.walltime,
         # What the agent holds the task to (its cgroup): millicores, bytes, processes.
-        "resources": {"cpu": task.cpu, "memory": task.memory, **_pids(group)},
-    }
+        {"cpu": task.cpu, "memory": task.memory, **_pids(group)},
+    ).to_json()  # fmt: skip
 
 
 def _pids(group: dict[str, Any]) -> dict[str, int]:

@@ -10,8 +10,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduler import notify
-from scheduler.agent.client import PROTOCOL as PROTOCOL
-from scheduler.agentapi.common import ProtocolError, is_int
+from scheduler.agent import wire
+from scheduler.agent.wire import is_int
+from scheduler.agentapi.common import ProtocolError
 from scheduler.agentapi.logs import inline_output_bytes, storable_text
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.events import record
@@ -132,16 +133,10 @@ def register(data: object, node_token: str | None = None, address: str = "") -> 
         if node.enforcement_problem():
             record("NodeNotReady", "CannotEnforce", node.enforcement_problem(), node=node)
         notify.changed(nodes=[node.pk])
-    return {
-        "node": node.name,
-        "token": token,
-        "protocol": PROTOCOL,
-        "lease_seconds": settings.BERTH_HEARTBEAT_INTERVAL,
-        "heartbeat_timeout": settings.BERTH_HEARTBEAT_TIMEOUT,
-        "kill_grace_seconds": settings.BERTH_KILL_GRACE_SECONDS,
-        "log_chunk_bytes": settings.BERTH_LOG_CHUNK_BYTES,
-        "inline_output_bytes": inline_output_bytes(),
-    }
+    return wire.Registered(
+        node.name, token, settings.BERTH_HEARTBEAT_INTERVAL, settings.BERTH_HEARTBEAT_TIMEOUT,
+        settings.BERTH_KILL_GRACE_SECONDS, settings.BERTH_LOG_CHUNK_BYTES, inline_output_bytes(),
+    ).to_json()  # fmt: skip
 
 
 def _registration(data: object) -> tuple[str, int, int, dict[str, str], list[dict[str, Any]]]:

@@ -24,12 +24,13 @@ from django.utils import timezone
 
 from scheduler import notify
 from scheduler.accounting import record_task_ends
-from scheduler.agent.client import PROTOCOL as PROTOCOL
+from scheduler.agent import wire
 from scheduler.agent.times import process_time
+from scheduler.agent.wire import TaskReport
 from scheduler.agentapi.common import ProtocolError, renew, renewal_due
 from scheduler.agentapi.logs import kept_bytes, kept_many, store_chunk
 from scheduler.agentapi.orders import kill_order, start_messages, to_start, wanted
-from scheduler.agentapi.tasks import FINAL_REPORTS, Report, parse_tasks
+from scheduler.agentapi.tasks import FINAL_REPORTS, parse_tasks
 from scheduler.events import record
 from scheduler.models import Allocation, Event, Node, Task, TaskLog
 from scheduler.setbased import update_rows
@@ -41,8 +42,8 @@ class _Outcome:
     """What applying a report found: jobs that may have changed, orders for the agent."""
 
     changed_jobs: set[int] = field(default_factory=set)
-    kill: list[dict[str, Any]] = field(default_factory=list)
-    awaiting: list[dict[str, Any]] = field(default_factory=list)
+    kill: list[wire.KillOrder] = field(default_factory=list)
+    awaiting: list[wire.AwaitingOutput] = field(default_factory=list)
     reported: set[int] = field(default_factory=set)  # tasks of this node the report lists
     ended: list[Task] = field(default_factory=list)  # ended in memory, written together
     kept: dict[tuple[int, int], int] = field(default_factory=dict)  # output held, read ahead
@@ -83,15 +84,12 @@ def apply_report(node: Node, data: object) -> dict[str, Any]:
         # The locked rows hold only what a report reads of their jobs: the starts are read
         # as a lease reads them (START_FIELDS), one query whatever their number.
         start_orders = start_messages(to_start([t.pk for t in start], node), node)
-    return {
-        "start": start_orders,
-        "kill": outcome.kill,
-        "awaiting_output": outcome.awaiting,
-        "lease_seconds": settings.BERTH_HEARTBEAT_INTERVAL,
-    }
+    orders = wire.Orders(start_orders, outcome.kill, outcome.awaiting,
+                         settings.BERTH_HEARTBEAT_INTERVAL)  # fmt: skip
+    return orders.to_json()
 
 
-def _lock_reported(node: Node, reports: list[Report]) -> dict[int, Task]:
+def _lock_reported(node: Node, reports: list[TaskReport]) -> dict[int, Task]:
     """The reported tasks' rows and those of the tasks on this node, locked, in one query.
     The current attempt of a task placed on another node is not this agent's to report (a
     node token acts only for its own node): refused whole. An older attempt is a leftover of
@@ -127,18 +125,18 @@ def _report_fields() -> tuple[str, ...]:
 
 
 def _apply_reported(
-    node: Node, task: Task | None, report: Report, now: Any, outcome: _Outcome
+    node: Node, task: Task | None, report: TaskReport, now: Any, outcome: _Outcome
 ) -> None:
     if not wanted(task, report, node):
         # Unknown, stale or already over on the server: the agent must stop it.
-        if report.state == "Running" and not report.stopping:
+        if report.state == wire.TaskState.RUNNING and not report.stopping:
             outcome.kill.append(kill_order(report.id, report.attempt))
         return
     assert task is not None
     outcome.reported.add(task.pk)
     if _apply_one(task, report, now, node, outcome):
         outcome.changed_jobs.add(task.job_id)
-    if report.state == "Running" and task.kill_requested and not report.stopping:
+    if report.state == wire.TaskState.RUNNING and task.kill_requested and not report.stopping:
         outcome.kill.append(kill_order(task.pk, task.attempt))
 
 
@@ -167,9 +165,9 @@ def _reconcile_unreported(
     return start
 
 
-def _apply_one(task: Task, report: Report, now: Any, node: Node, outcome: _Outcome) -> bool:
+def _apply_one(task: Task, report: TaskReport, now: Any, node: Node, outcome: _Outcome) -> bool:
     """Move one task as its report says; True if its job may have changed."""
-    if report.state == "Running":
+    if report.state == wire.TaskState.RUNNING:
         return _mark_running(task, now, node, report.started_at)
     kept = outcome.kept.get((task.pk, report.attempt))
     if report.output is not None and report.output[1]:  # inline
@@ -178,10 +176,11 @@ def _apply_one(task: Task, report: Report, now: Any, node: Node, outcome: _Outco
     held = _held_bytes(task, report.attempt, report.output_bytes, kept)
     if held < report.output_bytes:
         # The end is known, the output not all here yet: it stays Running until it is.
-        outcome.awaiting.append({"id": task.pk, "attempt": task.attempt, "have": held,
-                         "want": report.output_bytes})  # fmt: skip
+        outcome.awaiting.append(
+            wire.AwaitingOutput(task.pk, task.attempt, held, report.output_bytes)
+        )
         return _mark_running(task, now, node, report.started_at)
-    never_ran = report.state == "Killed" and report.exit_code is None
+    never_ran = report.state == wire.TaskState.KILLED and report.exit_code is None
     if not never_ran and (task.started_at is None or report.started_at is not None):
         task.started_at = process_time(report.started_at, now, task.assigned_at, "start")
     ended = process_time(report.ended_at, now, task.started_at or task.assigned_at, "end")

@@ -40,7 +40,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from scheduler import notify
-from scheduler.agent.client import PROTOCOL, PROTOCOL_HEADER
+from scheduler.agent.wire import PROTOCOL, PROTOCOL_HEADER
 from scheduler.agentapi import lease
 from scheduler.agentapi.common import (
     ProtocolError,
