@@ -58,12 +58,12 @@ from scheduler.agent.isolation import (
 )
 from scheduler.agent.partition import PartitionGuard
 from scheduler.agent.pressure import DEFAULT_MIN_FREE, PressureWatch
+from scheduler.agent.session import FORGET_ENDED_SECONDS as FORGET_ENDED_SECONDS
+from scheduler.agent.session import Session
 from scheduler.agent.wire import (
     InlineOutput,
     KillOrder,
     LogChunk,
-    Orders,
-    Registered,
     Registration,
     TaskReport,
     TaskState,
@@ -91,7 +91,6 @@ POLL_SECONDS = 0.05  # how often processes are checked: an end is reported withi
 SHIP_SECONDS = 1.0  # running tasks' output is shipped this often (an ended task's at once)
 AWAIT_OUTPUT_SECONDS = 0.5  # a report the server answered "awaiting output" is re-sent after
 ORDERS_ACK_SECONDS = 5.0
-FORGET_ENDED_SECONDS = 600.0  # longer than any request that could still carry a late start
 
 
 def discover_resources() -> tuple[int, int]:
@@ -189,7 +188,7 @@ class RunningTask:
         return Path(self.dir) / "exit_code"
 
 
-class Agent:
+class Agent(Session):
     """One machine's agent. `run(stop)` loops until `stop` is set.
 
     Two threads talk to the server. The main loop checks the processes every POLL_SECONDS,
@@ -292,9 +291,7 @@ class Agent:
                 self.token = ""
         if answer is None:
             answer = self._post("register/", body, f"Bearer {self.join_token}")
-        registered = Registered.from_json(answer, self.lease, self.grace, LOG_CHUNK)
-        self.token, self.lease = registered.token, registered.lease_seconds
-        self.grace = registered.kill_grace_seconds
+        registered = self.registered(answer, LOG_CHUNK)
         self.partition.timeout = registered.heartbeat_timeout
         self.partition.lease, self.partition.grace = self.lease, self.grace
         self.partition.heard(sent)
@@ -304,8 +301,6 @@ class Agent:
                 " tasks safely when cut off from it: it will not stop them then",
                 self.partition.timeout,
             )
-        self.log_chunk = max(256, min(LOG_CHUNK, registered.log_chunk_bytes))
-        self.inline_bytes = max(0, min(self.log_chunk, registered.inline_output_bytes))
         self.dirty = True
         self._save()
         log.info("registered as node %s", self.name)
@@ -481,28 +476,17 @@ class Agent:
             self.dirty = True
             raise
         self.partition.heard(sent)
-        self.lease = float(answer.get("lease_seconds", self.lease))
-        orders = Orders.from_json(answer)
-        awaiting = {(a.id, a.attempt): a for a in orders.awaiting_output or []}
+        self.renewed(answer)
         now = time.monotonic()
         with self.lock:
-            for item in reported:
-                key = (item.id, item.attempt)
-                task = self.tasks.get(item.id)
-                if item.state == TaskState.RUNNING or task is None or task.attempt != key[1]:
-                    continue
-                if key in awaiting:
-                    # The server lacks some output: ship from what it holds, report again.
-                    task.shipped = min(task.shipped, awaiting[key].have)
-                    self.dirty = True
-                    self.report_at = now + AWAIT_OUTPUT_SECONDS
-                    continue
-                del self.tasks[task.id]  # the server has its end and its output
+            taken, short = self.settle(reported, answer, now)
+            for task in taken:  # the server has its end and its output
                 remove_task_files(Path(task.dir))
-                self.ended[key] = now
-            for key, when in list(self.ended.items()):
-                if now - when > FORGET_ENDED_SECONDS:
-                    del self.ended[key]
+            for task, awaiting in short:
+                # The server lacks some output: ship from what it holds, report again.
+                task.shipped = min(task.shipped, awaiting.have)
+                self.dirty = True
+                self.report_at = now + AWAIT_OUTPUT_SECONDS
         self._apply_orders(answer)
         self._save()
 
@@ -523,21 +507,12 @@ class Agent:
                 stop.wait(POLL_SECONDS)
                 continue
             sent = self.partition.clock()
-            try:
-                answer = self._lease_post(self.lease_body(), f"Node {token}")
-            except Unavailable as exc:
-                if not stop.is_set():
-                    stop.wait(backoff.delay(exc.retry_after))
+            body = self.lease_body()
+            answer = self.hold_lease(self.lease_http, body, self.timeout, stop, backoff,
+                                     self._lease_refused)  # fmt: skip
+            if answer is None:
                 continue
-            except ServerError as exc:
-                if exc.status == 401 and token == self.token:
-                    self.reregister = True
-                log.warning("lease refused: %s", exc)
-                stop.wait(backoff.delay())
-                continue
-            backoff.reset()
             self.partition.heard(sent)
-            self.lease = float(answer.get("lease_seconds", self.lease))
             if answer.get("start") or answer.get("kill"):
                 done = threading.Event()
                 self.inbox.put((answer, done))
@@ -567,8 +542,10 @@ class Agent:
                 item.gpu_unmeasured = value is None
         return {"tasks": [t.to_json() for t in tasks], "usage": {"gpus": samples}}
 
-    def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:
-        return self.lease_http.post("lease/", body, auth, timeout=self.lease * 1.25 + self.timeout)
+    def _lease_refused(self, exc: ServerError, token: str) -> None:
+        if exc.status == 401 and token == self.token:
+            self.reregister = True  # the main loop registers again
+        log.warning("lease refused: %s", exc)
 
     def _take_orders(self) -> None:
         while True:
@@ -593,7 +570,7 @@ class Agent:
                 if target is not None and target.attempt == key[1]:
                     grace = order.grace_seconds
                     self.kill(target, self.grace if grace is None else grace)
-                elif key not in self.ended:
+                elif self.is_new(*key):
                     # Stopped before it reached us: say it never ran, and never start it.
                     self.tasks[key[0]] = RunningTask(
                         key[0], key[1], 0, str(self.work_dir / f"task-{key[0]}-{key[1]}"),
@@ -602,8 +579,7 @@ class Agent:
                     self.dirty = True
             for order in answer.get("start", []):
                 key = (int(order["id"]), int(order["attempt"]))
-                current = self.tasks.get(key[0])
-                if key in self.ended or (current is not None and current.attempt == key[1]):
+                if not self.is_new(*key):
                     continue  # a start repeated by a request that crossed our report
                 self.start(order)
                 started = self.tasks.get(key[0])

@@ -24,17 +24,17 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
 from scheduler.agent.gpus import FAKE_MEMORY, fake_level, fake_samples, task_utilization
-from scheduler.agent.runtime import AWAIT_OUTPUT_SECONDS, FORGET_ENDED_SECONDS
+from scheduler.agent.runtime import AWAIT_OUTPUT_SECONDS, LOG_CHUNK
+from scheduler.agent.session import Session
 from scheduler.agent.wire import (
     InlineOutput,
     KillOrder,
     LogChunk,
-    Orders,
-    Registered,
     Registration,
     StartOrder,
     TaskReport,
@@ -59,7 +59,7 @@ class SimTask:
 
 
 @dataclass
-class SimNode:
+class SimNode(Session):
     name: str
     cpu: int
     memory: int
@@ -68,6 +68,8 @@ class SimNode:
     lease_http: Http
     token: str = ""
     lease: float = 10.0
+    grace: float = 10.0
+    log_chunk: int = LOG_CHUNK
     tasks: dict[int, SimTask] = field(default_factory=dict)
     ended: dict[tuple[int, int], float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -186,11 +188,8 @@ class SimCluster:
         body = Registration(node.name, node.cpu, node.memory, node.labels, devices, node.name,
                             f"berth-simagent/{PROTOCOL}")  # fmt: skip
         answer = self._post(node, "register/", body.to_json(), f"Bearer {self.join_token}")
-        registered = Registered.from_json(answer, node.lease, 0.0, 0)
         with node.lock:
-            node.token = registered.token
-            node.lease = registered.lease_seconds
-            node.inline_bytes = registered.inline_output_bytes
+            node.registered(answer, LOG_CHUNK)
 
     # --- reports -----------------------------------------------------------------------
 
@@ -242,24 +241,12 @@ class SimCluster:
             with node.answered:
                 node.reports_done = max(node.reports_done, built)
                 node.answered.notify_all()
-        awaiting = {(a.id, a.attempt) for a in Orders.from_json(answer).awaiting_output or []}
-        now = time.monotonic()
         with node.lock:
-            for item in reported:
-                key = (item.id, item.attempt)
-                held = node.tasks.get(item.id)
-                if item.state == TaskState.RUNNING or held is None or held.attempt != key[1]:
-                    continue
-                if key in awaiting:
-                    held.logged = False
-                    node.dirty = True
-                    continue
-                del node.tasks[held.id]
-                node.ended[key] = now
-            for key, when in list(node.ended.items()):
-                if now - when > FORGET_ENDED_SECONDS:
-                    del node.ended[key]
-        if awaiting:
+            _, short = node.settle(reported, answer, time.monotonic())
+            for held, _ in short:  # its output is shipped again before the next report
+                held.logged = False
+                node.dirty = True
+        if short:
             self.stop.wait(AWAIT_OUTPUT_SECONDS)
         self.apply_orders(node, answer)
 
@@ -278,14 +265,13 @@ class SimCluster:
                     if target.state == "Running":
                         target.state, target.exit_code = "Killed", 143
                         changed = True
-                elif key not in node.ended:  # stopped before it started here
+                elif node.is_new(*key):  # stopped before it started here
                     node.tasks[key[0]] = SimTask(key[0], key[1], now, None, state="Killed")
                     changed = True
             for start in answer.get("start", []):
                 order = StartOrder.from_json(start)
                 key = (order.id, order.attempt)
-                current = node.tasks.get(key[0])
-                if key in node.ended or (current is not None and current.attempt == key[1]):
+                if not node.is_new(*key):
                     continue
                 code = int(order.env.get("BERTH_SIM_EXIT", 0))
                 task = SimTask(key[0], key[1], now + _duration(order), code,
@@ -356,22 +342,16 @@ class SimCluster:
             with node.lock:
                 body = node.lease_body()
             self.count("lease/")
-            try:
-                answer = node.lease_http.post("lease/", body, f"Node {node.token}",
-                                              timeout=node.lease * 1.25 + self.timeout)  # fmt: skip
-            except Unavailable as exc:
-                self.stop.wait(backoff.delay(exc.retry_after))
-                continue
-            except ServerError as exc:
-                if exc.status == 401:
-                    node.token = ""
-                    self.report_soon(node)  # registers again
-                log.warning("node %s: lease refused: %s", node.name, exc)
-                self.stop.wait(backoff.delay())
-                continue
-            backoff.reset()
-            node.lease = float(answer.get("lease_seconds", node.lease))
-            self.apply_orders(node, answer, by_lease=True)
+            answer = node.hold_lease(node.lease_http, body, self.timeout, self.stop, backoff,
+                                     partial(self._lease_refused, node))  # fmt: skip
+            if answer is not None:
+                self.apply_orders(node, answer, by_lease=True)
+
+    def _lease_refused(self, node: SimNode, exc: ServerError, token: str) -> None:
+        if exc.status == 401:
+            node.token = ""
+            self.report_soon(node)  # registers again
+        log.warning("node %s: lease refused: %s", node.name, exc)
 
     # --- running -----------------------------------------------------------------------
 
