@@ -105,7 +105,7 @@ class Server:
     """One event loop in a thread of its own, serving `LeaseApp` as a web worker would."""
 
     def __init__(self) -> None:
-        from scheduler.agent.views import LeaseApp
+        from scheduler.agentapi.views import LeaseApp
 
         self.app = LeaseApp()
         self.loop = asyncio.new_event_loop()
@@ -149,12 +149,12 @@ class Server:
 def register_nodes(n: int, gpus: int) -> list[tuple[int, str]]:
     from django.contrib.auth.models import User
 
-    from scheduler.agent import protocol
+    from scheduler.agentapi.register import register
 
     User.objects.create_user("bench")
     nodes = []
     for i in range(n):
-        answer = protocol.register({
+        answer = register({
             "name": f"sim-{i:04d}", "cpu": 64000, "memory": 512 * GI, "hostname": f"sim-{i:04d}",
             "devices": [{"index": d, "uuid": f"sim-{i}-{d}", "model": "sim", "memory": 16 * GI}
                         for d in range(gpus)]})  # fmt: skip

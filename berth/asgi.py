@@ -19,9 +19,9 @@ from django.urls import path, re_path  # noqa: E402
 
 from berth.limits import RequestLimits  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
-from scheduler.agent.views import LeaseApp  # noqa: E402
+from scheduler.agentapi.views import LeaseApp  # noqa: E402
 
-# Agents' held lease requests skip the middleware stack (scheduler/agent/views.py), and run
+# Agents' held lease requests skip the middleware stack (scheduler/agentapi/views.py), and run
 # their database calls on two threads kept for the process's life (berth/handler.py).
 lease_app: Any = SharedThreads(LeaseApp(), size=2)
 django_app: Any = django_asgi_app

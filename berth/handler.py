@@ -9,7 +9,7 @@ every request, before and after the sync view's own. Measured under `bench/e2e.p
 handoffs were a large part of a web worker's CPU per submission (docs/benchmarks.md).
 
 Every view this handler serves is sync (the agents' held leases, the one async view, have
-an app of their own: scheduler/agent/views.py), so here the whole chain is built in sync mode,
+an app of their own: scheduler/agentapi/views.py), so here the whole chain is built in sync mode,
 as under WSGI, and runs in one `sync_to_async` call. Request parsing, signals, disconnects
 and streaming stay Django's.
 

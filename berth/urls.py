@@ -20,6 +20,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("scheduler.api.ops_urls")),
     path("api/v1/", include("scheduler.api.urls")),
-    path("api/v1/agent/", include("scheduler.agent.urls")),
+    path("api/v1/agent/", include("scheduler.agentapi.urls")),
     path("", include("dashboard.urls")),
 ]

@@ -1,7 +1,7 @@
 """Usage accounting, written when things end and never recomputed from live rows.
 
 `record_task_ends` is called in the transaction that ends a task attempt (an agent's report in
-scheduler/agent/protocol.py, a lost node in scheduler/lifecycle/); `record_job_end` (or
+scheduler/agentapi/report.py, a lost node in scheduler/lifecycle/); `record_job_end` (or
 `record_jobs_end` for a set-based write) where a job reaches a final state
 (scheduler/lifecycle/). Both are idempotent per attempt / cheap
 single-row updates, and write nothing that refers to the job by foreign key.

@@ -8,7 +8,7 @@ nothing is sent for a transaction that rolls back.
   scheduler never imports the web side; with no listener nothing is sent.
 - `log_appended()`: a task's new output, handed to the listeners of `connect_log()`.
 - `orders()`: some nodes have new orders (a task to start or to stop). Agents wait for orders
-  in a held lease request (scheduler/agent/views.py); this wakes the ones concerned through
+  in a held lease request (scheduler/agentapi/views.py); this wakes the ones concerned through
   the channel layer's group `AGENT_GROUP`, in whatever web process holds them, as soon as
   the transaction commits (not at the end of a `batch()`).
 """

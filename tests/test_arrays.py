@@ -16,7 +16,7 @@ from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Event, Job, Task
 from scheduler.states import TASK_ON_NODE, JobRequest, JobState, TaskState
 from scheduler.submit import submit_job
-from tests.agent.test_protocol import beat, register
+from tests.agentapi.test_protocol import beat, register
 from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db

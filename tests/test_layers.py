@@ -42,8 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("entry points", ("berth.settings", "berth.urls", "berth.asgi", "berth.serve",
                       "berth.gunicorn_hooks", "berth.cli", "scheduler.management.commands")),
     ("pages", ("dashboard",)),
-    ("doors", ("scheduler.api", "scheduler.agent.protocol", "scheduler.agent.views",
-               "scheduler.agent.urls", "scheduler.admin", "scheduler.middleware",
+    ("doors", ("scheduler.api", "scheduler.agentapi", "scheduler.admin", "scheduler.middleware",
                "berth.metrics", "berth.overload", "berth.throttle", "berth.limits",
                "berth.handler")),
     ("services", ("scheduler.loop", "scheduler.leader", "scheduler.store", "scheduler.snapshot",
@@ -60,16 +59,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("models", ("scheduler.models", "scheduler.states", "scheduler.specs", "scheduler.inputs",
                 "scheduler.outbox",
                 "scheduler.arrayspec", "scheduler.apps", "scheduler.migrations")),
-    ("no Django", ("scheduler.core", "scheduler.agent.client", "scheduler.agent.command",
-                   "scheduler.agent.gpus", "scheduler.agent.isolation", "scheduler.agent.runtime",
-                   "scheduler.agent.cgroups", "scheduler.agent.fence", "scheduler.agent.cleanup",
-                   "scheduler.agent.sim", "scheduler.agent.times", "scheduler.agent.__main__",
-                   "scheduler.agent.partition", "scheduler.agent.pressure",
-                   "scheduler.agent.devicebpf",
-                   "scheduler.management.stopping", "berth.env")),
+    ("no Django", ("scheduler.core", "scheduler.agent", "scheduler.management.stopping",
+                   "berth.env")),
 ]  # fmt: skip
 # Packages whose __init__ is empty of imports: below everything, whatever they hold.
-EMPTY_PACKAGES = {"scheduler", "scheduler.agent", "scheduler.management", "berth"}
+EMPTY_PACKAGES = {
+    "scheduler",
+    "scheduler.agent",
+    "scheduler.agentapi",
+    "scheduler.management",
+    "berth",
+}
 PACKAGES = ("scheduler", "dashboard", "berth")
 
 
@@ -156,3 +156,24 @@ def test_every_module_is_in_a_layer_and_the_empty_packages_import_nothing() -> N
         layer_of(module)  # raises for a module the drawing does not place
     for package in EMPTY_PACKAGES:
         assert project_imports(modules[package], set(modules)) == set(), package
+
+
+# What the node agent (scheduler/agent/, installed on every node) may import from the project
+# besides itself: the quantity grammar its flags share with specs (pure Python, no state).
+NODE_PACKAGE = "scheduler.agent"
+NODE_MAY_IMPORT = {"scheduler.core.quantity"}
+
+
+def test_the_node_package_imports_nothing_of_the_server() -> None:
+    """The node is a package of its own: the server imports it (the wire format, the
+    simulator), it imports nothing of the server, so no folder ties the two both ways."""
+    modules = all_modules()
+    outside = sorted(
+        f"{module} imports {target}"
+        for module, path in modules.items()
+        if module == NODE_PACKAGE or module.startswith(NODE_PACKAGE + ".")
+        for target in project_imports(path, set(modules))
+        if not (target == NODE_PACKAGE or target.startswith(NODE_PACKAGE + "."))
+        and target not in NODE_MAY_IMPORT
+    )
+    assert outside == []

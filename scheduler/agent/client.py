@@ -24,8 +24,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-PROTOCOL = 3  # the agent protocol version this code speaks (docs/agents.md)
-PROTOCOL_HEADER = "Berth-Agent-Protocol"
+from scheduler.agent.wire import PROTOCOL as PROTOCOL
+from scheduler.agent.wire import PROTOCOL_HEADER as PROTOCOL_HEADER
+
 RETRY_STATUSES = {429, 502, 503, 504}
 MAX_RETRY_AFTER = 300.0  # a server's Retry-After is honoured up to this many seconds
 

@@ -19,8 +19,8 @@ from scheduler.agent.cleanup import DEFAULT_KEEP_WORK_DIRS
 from scheduler.agent.fence import DEFAULT_PIDS_LIMIT, MODES, Fence
 from scheduler.agent.isolation import DEFAULT_TASK_UIDS, DEFAULT_TASK_USER, parse_uid_range
 from scheduler.agent.runtime import Agent, parse_labels
+from scheduler.agent.signals import stop_on_signals
 from scheduler.core.quantity import parse_memory
-from scheduler.management.stopping import stop_on_signals
 
 log = logging.getLogger("berth.agent")
 MAX_TOKEN_FILE = 4096

@@ -20,9 +20,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# The server writes a lease renewal at most a second late (protocol.RENEWAL_WRITE_SECONDS);
-# the rest is for the clocks of the server's hosts (the web tier stamps a renewal, the
-# scheduler's host judges it: kept in step by NTP) and for the agent's own latency.
+# The server writes a lease renewal at most a second late (RENEWAL_WRITE_SECONDS in
+# scheduler/agentapi/common.py); the rest is for the clocks of the server's hosts (the web
+# tier stamps a renewal, the scheduler's host judges it: kept in step by NTP) and for the
+# agent's own latency.
 MARGIN = 2.5
 
 

@@ -58,6 +58,16 @@ from scheduler.agent.isolation import (
 )
 from scheduler.agent.partition import PartitionGuard
 from scheduler.agent.pressure import DEFAULT_MIN_FREE, PressureWatch
+from scheduler.agent.session import FORGET_ENDED_SECONDS as FORGET_ENDED_SECONDS
+from scheduler.agent.session import Session
+from scheduler.agent.wire import (
+    InlineOutput,
+    KillOrder,
+    LogChunk,
+    Registration,
+    TaskReport,
+    TaskState,
+)
 
 __all__ = ["Agent", "RunningTask", "ServerError", "Unavailable", "parse_labels"]
 log = logging.getLogger("berth.agent")
@@ -81,7 +91,6 @@ POLL_SECONDS = 0.05  # how often processes are checked: an end is reported withi
 SHIP_SECONDS = 1.0  # running tasks' output is shipped this often (an ended task's at once)
 AWAIT_OUTPUT_SECONDS = 0.5  # a report the server answered "awaiting output" is re-sent after
 ORDERS_ACK_SECONDS = 5.0
-FORGET_ENDED_SECONDS = 600.0  # longer than any request that could still carry a late start
 
 
 def discover_resources() -> tuple[int, int]:
@@ -179,7 +188,7 @@ class RunningTask:
         return Path(self.dir) / "exit_code"
 
 
-class Agent:
+class Agent(Session):
     """One machine's agent. `run(stop)` loops until `stop` is set.
 
     Two threads talk to the server. The main loop checks the processes every POLL_SECONDS,
@@ -268,16 +277,8 @@ class Agent:
         devices = discover_gpus(self.fake_gpus, self.name)
         self.gpus.close()
         self.gpus = GpuSampler(devices, fake=any(d["model"] == "fake" for d in devices))
-        body = {
-            "name": self.name,
-            "cpu": f"{cpu}m",  # the protocol reads cpu as users write it
-            "memory": memory,
-            "labels": self.labels,
-            "devices": devices,
-            "hostname": socket.gethostname(),
-            "version": VERSION,
-            "enforcement": self.fence.describe(),
-        }
+        body = Registration(self.name, cpu, memory, self.labels, devices, socket.gethostname(),
+                            VERSION, self.fence.describe()).to_json()  # fmt: skip
         answer: dict[str, Any] | None = None
         sent = self.partition.clock()
         if self.token:
@@ -290,10 +291,8 @@ class Agent:
                 self.token = ""
         if answer is None:
             answer = self._post("register/", body, f"Bearer {self.join_token}")
-        self.token = answer["token"]
-        self.lease = float(answer.get("lease_seconds", self.lease))
-        self.grace = float(answer.get("kill_grace_seconds", self.grace))
-        self.partition.timeout = float(answer.get("heartbeat_timeout", 0) or 0)
+        registered = self.registered(answer, LOG_CHUNK)
+        self.partition.timeout = registered.heartbeat_timeout
         self.partition.lease, self.partition.grace = self.lease, self.grace
         self.partition.heard(sent)
         if self.partition.timeout and not self.partition.enabled:
@@ -302,8 +301,6 @@ class Agent:
                 " tasks safely when cut off from it: it will not stop them then",
                 self.partition.timeout,
             )
-        self.log_chunk = max(256, min(LOG_CHUNK, int(answer.get("log_chunk_bytes", LOG_CHUNK))))
-        self.inline_bytes = max(0, min(self.log_chunk, int(answer.get("inline_output_bytes", 0))))
         self.dirty = True
         self._save()
         log.info("registered as node %s", self.name)
@@ -418,32 +415,33 @@ class Agent:
             return
         self.backoff.reset()
 
-    def _task_list(self, inline: bool = False) -> list[dict[str, Any]]:
+    def _task_reports(self, inline: bool = False) -> list[TaskReport]:
         """Every task we know, for a report or a lease; with `inline` (a report), the rest of
         an ended task's output when it is short."""
         with self.lock:
-            items = []
-            for t in self.tasks.values():
-                item = {
-                    "id": t.id,
-                    "attempt": t.attempt,
-                    "state": t.state,
-                    "exit_code": t.exit_code,
-                    "message": t.message,
-                    "output_bytes": t.shipped if t.dropped else _size(t.output),
-                    "stopping": t.killed,
-                    "started_at": t.started_at or None,  # the process's own times
-                    "ended_at": t.ended_at or None,
-                }
-                if t.state != "Running" and (t.reason or t.usage):
-                    item.update(reason=t.reason, usage=t.usage)
-                output = self._inline_output(t) if inline else None
-                if output is not None:
-                    item["output"] = output
-                items.append(item)
-            return items
+            return [
+                TaskReport(
+                    t.id,
+                    t.attempt,
+                    TaskState(t.state),
+                    t.exit_code,
+                    t.message,
+                    t.shipped if t.dropped else _size(t.output),
+                    t.killed,
+                    t.started_at or None,
+                    t.ended_at or None,  # the process's own times
+                    self._inline_output(t) if inline else None,
+                    t.reason,
+                    t.usage or {},
+                )  # fmt: skip
+                for t in self.tasks.values()
+            ]
 
-    def _inline_output(self, task: RunningTask) -> dict[str, Any] | None:
+    def _task_list(self, inline: bool = False) -> list[dict[str, Any]]:
+        """`_task_reports` as they travel."""
+        return [report.to_json() for report in self._task_reports(inline)]
+
+    def _inline_output(self, task: RunningTask) -> InlineOutput | None:
         """The rest of an ended task's output (`offset`, `data`) when it is short enough to
         travel in the final report instead of a log upload of its own."""
         if task.state == "Running" or task.dropped or self.inline_bytes <= 0:
@@ -462,43 +460,33 @@ class Agent:
         text = text.replace("\x00", "\ufffd")
         if len(text.encode()) > self.inline_bytes:  # undecodable bytes grow when replaced
             return None
-        return {"offset": task.shipped, "data": text}
+        return InlineOutput(task.shipped, text)
 
     def _report(self) -> None:
         self.dirty = False  # a change from here on needs a report of its own
-        reported = self._task_list(inline=True)
+        reported = self._task_reports(inline=True)
         sent = self.partition.clock()
         try:
             answer = self._post(
                 "report/",
-                {"tasks": reported, "usage": self._usage(len(reported))},
+                {"tasks": [r.to_json() for r in reported], "usage": self._usage(len(reported))},
                 f"Node {self.token}",
             )
         except BaseException:
             self.dirty = True
             raise
         self.partition.heard(sent)
-        self.lease = float(answer.get("lease_seconds", self.lease))
-        awaiting = {(int(a["id"]), int(a["attempt"])): a for a in answer.get("awaiting_output", [])}
+        self.renewed(answer)
         now = time.monotonic()
         with self.lock:
-            for item in reported:
-                key = (item["id"], item["attempt"])
-                task = self.tasks.get(item["id"])
-                if item["state"] == "Running" or task is None or task.attempt != key[1]:
-                    continue
-                if key in awaiting:
-                    # The server lacks some output: ship from what it holds, report again.
-                    task.shipped = min(task.shipped, int(awaiting[key].get("have", 0)))
-                    self.dirty = True
-                    self.report_at = now + AWAIT_OUTPUT_SECONDS
-                    continue
-                del self.tasks[task.id]  # the server has its end and its output
+            taken, short = self.settle(reported, answer, now)
+            for task in taken:  # the server has its end and its output
                 remove_task_files(Path(task.dir))
-                self.ended[key] = now
-            for key, when in list(self.ended.items()):
-                if now - when > FORGET_ENDED_SECONDS:
-                    del self.ended[key]
+            for task, awaiting in short:
+                # The server lacks some output: ship from what it holds, report again.
+                task.shipped = min(task.shipped, awaiting.have)
+                self.dirty = True
+                self.report_at = now + AWAIT_OUTPUT_SECONDS
         self._apply_orders(answer)
         self._save()
 
@@ -519,21 +507,12 @@ class Agent:
                 stop.wait(POLL_SECONDS)
                 continue
             sent = self.partition.clock()
-            try:
-                answer = self._lease_post(self.lease_body(), f"Node {token}")
-            except Unavailable as exc:
-                if not stop.is_set():
-                    stop.wait(backoff.delay(exc.retry_after))
+            body = self.lease_body()
+            answer = self.hold_lease(self.lease_http, body, self.timeout, stop, backoff,
+                                     self._lease_refused)  # fmt: skip
+            if answer is None:
                 continue
-            except ServerError as exc:
-                if exc.status == 401 and token == self.token:
-                    self.reregister = True
-                log.warning("lease refused: %s", exc)
-                stop.wait(backoff.delay())
-                continue
-            backoff.reset()
             self.partition.heard(sent)
-            self.lease = float(answer.get("lease_seconds", self.lease))
             if answer.get("start") or answer.get("kill"):
                 done = threading.Event()
                 self.inbox.put((answer, done))
@@ -555,15 +534,18 @@ class Agent:
         if not self.gpus.fake:  # real GPUs: each task's own, for its efficiency at the end
             add_gpu_samples(list(self.tasks.values()), samples)
         recent = {t.id: task_utilization(t.devices, samples) for t in running}
-        tasks = self._task_list()
+        tasks = self._task_reports()
         for item in tasks:
-            if item["state"] == "Running" and item["id"] in recent:
-                value = recent[item["id"]]  # None: its GPUs could not be read (said as null)
-                item["gpu_utilization"] = None if value is None else round(value, 1)  # type: ignore[assignment]
-        return {"tasks": tasks, "usage": {"gpus": samples}}
+            if item.state == TaskState.RUNNING and item.id in recent:
+                value = recent[item.id]  # None: its GPUs could not be read (said as null)
+                item.gpu_utilization = None if value is None else round(value, 1)
+                item.gpu_unmeasured = value is None
+        return {"tasks": [t.to_json() for t in tasks], "usage": {"gpus": samples}}
 
-    def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:
-        return self.lease_http.post("lease/", body, auth, timeout=self.lease * 1.25 + self.timeout)
+    def _lease_refused(self, exc: ServerError, token: str) -> None:
+        if exc.status == 401 and token == self.token:
+            self.reregister = True  # the main loop registers again
+        log.warning("lease refused: %s", exc)
 
     def _take_orders(self) -> None:
         while True:
@@ -581,12 +563,14 @@ class Agent:
         lease, sent once these are carried out, lists it Running and so confirms its start
         (protocol 3). A start from a report's answer, or one that failed, is reported."""
         with self.lock:
-            for order in answer.get("kill", []):
-                key = (int(order["id"]), int(order["attempt"]))
+            for kill in answer.get("kill", []):
+                order = KillOrder.from_json(kill)
+                key = (order.id, order.attempt)
                 target = self.tasks.get(key[0])
                 if target is not None and target.attempt == key[1]:
-                    self.kill(target, float(order.get("grace_seconds", self.grace)))
-                elif key not in self.ended:
+                    grace = order.grace_seconds
+                    self.kill(target, self.grace if grace is None else grace)
+                elif self.is_new(*key):
                     # Stopped before it reached us: say it never ran, and never start it.
                     self.tasks[key[0]] = RunningTask(
                         key[0], key[1], 0, str(self.work_dir / f"task-{key[0]}-{key[1]}"),
@@ -595,8 +579,7 @@ class Agent:
                     self.dirty = True
             for order in answer.get("start", []):
                 key = (int(order["id"]), int(order["attempt"]))
-                current = self.tasks.get(key[0])
-                if key in self.ended or (current is not None and current.attempt == key[1]):
+                if not self.is_new(*key):
                     continue  # a start repeated by a request that crossed our report
                 self.start(order)
                 started = self.tasks.get(key[0])
@@ -891,7 +874,7 @@ class Agent:
                 return
             answer = self._post(
                 f"tasks/{task.id}/log/",
-                {"attempt": task.attempt, "offset": task.shipped, "data": text},
+                LogChunk(task.attempt, task.shipped, text).to_json(),
                 f"Node {self.token}",
             )
             task.shipped += len(chunk)

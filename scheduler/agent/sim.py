@@ -24,11 +24,22 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
 from scheduler.agent.gpus import FAKE_MEMORY, fake_level, fake_samples, task_utilization
-from scheduler.agent.runtime import AWAIT_OUTPUT_SECONDS, FORGET_ENDED_SECONDS
+from scheduler.agent.runtime import AWAIT_OUTPUT_SECONDS, LOG_CHUNK
+from scheduler.agent.session import Session
+from scheduler.agent.wire import (
+    InlineOutput,
+    KillOrder,
+    LogChunk,
+    Registration,
+    StartOrder,
+    TaskReport,
+    TaskState,
+)
 
 log = logging.getLogger("berth.simagent")
 COUNT_LOG_SECONDS = 2.0  # how often the requests sent so far are logged (when they changed)
@@ -48,7 +59,7 @@ class SimTask:
 
 
 @dataclass
-class SimNode:
+class SimNode(Session):
     name: str
     cpu: int
     memory: int
@@ -57,6 +68,8 @@ class SimNode:
     lease_http: Http
     token: str = ""
     lease: float = 10.0
+    grace: float = 10.0
+    log_chunk: int = LOG_CHUNK
     tasks: dict[int, SimTask] = field(default_factory=dict)
     ended: dict[tuple[int, int], float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -69,18 +82,22 @@ class SimNode:
     confirm_after: int = 0  # the next lease waits until this many reports were answered
     answered: threading.Condition = field(default_factory=threading.Condition)
 
+    def task_reports(self, inline: bool = False) -> list[TaskReport]:
+        return [
+            TaskReport(
+                t.id,
+                t.attempt,
+                TaskState(t.state),
+                None if t.state == TaskState.RUNNING else t.exit_code,
+                output_bytes=len(t.output.encode()),
+                output=InlineOutput(0, t.output) if inline and self.travels_inline(t) else None,
+            )  # fmt: skip
+            for t in self.tasks.values()
+        ]
+
     def task_list(self, inline: bool = False) -> list[dict[str, Any]]:
-        items = []
-        for t in self.tasks.values():
-            item: dict[str, Any] = {
-                "id": t.id, "attempt": t.attempt, "state": t.state,
-                "exit_code": None if t.state == "Running" else t.exit_code,
-                "output_bytes": len(t.output.encode()),
-            }  # fmt: skip
-            if inline and self.travels_inline(t):
-                item["output"] = {"offset": 0, "data": t.output}
-            items.append(item)
-        return items
+        """`task_reports` as they travel."""
+        return [report.to_json() for report in self.task_reports(inline)]
 
     def travels_inline(self, task: SimTask) -> bool:
         """An ended task's output short enough for its final report (else a log upload)."""
@@ -99,20 +116,18 @@ class SimNode:
         """Tasks and GPU samples, each running GPU task with its GPUs' mean utilisation in
         them, as a real agent's lease (runtime.Agent.lease_body). Under `lock`."""
         samples = self.gpu_samples()
-        tasks = self.task_list()
+        tasks = self.task_reports()
         for item, task in zip(tasks, self.tasks.values(), strict=True):
             mean = task_utilization(task.devices, samples) if task.state == "Running" else None
             if mean is not None:
-                item["gpu_utilization"] = round(mean, 1)
-        return {"tasks": tasks, "usage": {"gpus": samples}}
+                item.gpu_utilization = round(mean, 1)
+        return {"tasks": [t.to_json() for t in tasks], "usage": {"gpus": samples}}
 
 
-def _duration(order: dict[str, Any]) -> float:
-    env = order.get("env", {})
-    if "BERTH_SIM_DURATION" in env:
-        return float(env["BERTH_SIM_DURATION"])
-    walltime = order.get("walltime")
-    return float(walltime) / 2 if walltime else 1.0
+def _duration(order: StartOrder) -> float:
+    if "BERTH_SIM_DURATION" in order.env:
+        return float(order.env["BERTH_SIM_DURATION"])
+    return float(order.walltime) / 2 if order.walltime else 1.0
 
 
 class SimCluster:
@@ -168,32 +183,13 @@ class SimCluster:
                     raise
 
     def register(self, node: SimNode) -> None:
-        answer = self._post(
-            node,
-            "register/",
-            {
-                "name": node.name,
-                "cpu": f"{node.cpu}m",
-                "memory": node.memory,
-                "labels": node.labels,
-                "devices": [
-                    {
-                        "index": i,
-                        "uuid": f"sim-{node.name}-{i}",
-                        "model": "sim",
-                        "memory": FAKE_MEMORY,
-                    }
-                    for i in range(node.gpus)
-                ],
-                "hostname": node.name,
-                "version": f"berth-simagent/{PROTOCOL}",
-            },
-            f"Bearer {self.join_token}",
-        )
+        devices = [{"index": i, "uuid": f"sim-{node.name}-{i}", "model": "sim",
+                    "memory": FAKE_MEMORY} for i in range(node.gpus)]  # fmt: skip
+        body = Registration(node.name, node.cpu, node.memory, node.labels, devices, node.name,
+                            f"berth-simagent/{PROTOCOL}")  # fmt: skip
+        answer = self._post(node, "register/", body.to_json(), f"Bearer {self.join_token}")
         with node.lock:
-            node.token = answer["token"]
-            node.lease = float(answer.get("lease_seconds", node.lease))
-            node.inline_bytes = int(answer.get("inline_output_bytes", 0))
+            node.registered(answer, LOG_CHUNK)
 
     # --- reports -----------------------------------------------------------------------
 
@@ -232,37 +228,25 @@ class SimCluster:
             unlogged = [t for t in node.tasks.values() if t.state != "Running" and not t.logged
                         and not node.travels_inline(t)]  # fmt: skip
         for task in unlogged:  # the output first: the server ends a task only once it has it
-            chunk = {"attempt": task.attempt, "offset": 0, "data": task.output}
-            self._post(node, f"tasks/{task.id}/log/", chunk, auth)
+            chunk = LogChunk(task.attempt, 0, task.output)
+            self._post(node, f"tasks/{task.id}/log/", chunk.to_json(), auth)
             task.logged = True
         with node.lock:
-            reported = node.task_list(inline=True)
+            reported = node.task_reports(inline=True)
             node.reports_built += 1
             built = node.reports_built
         try:
-            answer = self._post(node, "report/", {"tasks": reported}, auth)
+            answer = self._post(node, "report/", {"tasks": [r.to_json() for r in reported]}, auth)
         finally:
             with node.answered:
                 node.reports_done = max(node.reports_done, built)
                 node.answered.notify_all()
-        awaiting = {(int(a["id"]), int(a["attempt"])) for a in answer.get("awaiting_output", [])}
-        now = time.monotonic()
         with node.lock:
-            for item in reported:
-                key = (item["id"], item["attempt"])
-                held = node.tasks.get(item["id"])
-                if item["state"] == "Running" or held is None or held.attempt != key[1]:
-                    continue
-                if key in awaiting:
-                    held.logged = False
-                    node.dirty = True
-                    continue
-                del node.tasks[held.id]
-                node.ended[key] = now
-            for key, when in list(node.ended.items()):
-                if now - when > FORGET_ENDED_SECONDS:
-                    del node.ended[key]
-        if awaiting:
+            _, short = node.settle(reported, answer, time.monotonic())
+            for held, _ in short:  # its output is shipped again before the next report
+                held.logged = False
+                node.dirty = True
+        if short:
             self.stop.wait(AWAIT_OUTPUT_SECONDS)
         self.apply_orders(node, answer)
 
@@ -274,25 +258,24 @@ class SimCluster:
         changed = started = False
         now = time.monotonic()
         with node.lock:
-            for order in answer.get("kill", []):
-                key = (int(order["id"]), int(order["attempt"]))
+            for kill in answer.get("kill", []):
+                key = KillOrder.from_json(kill)[:2]
                 target = node.tasks.get(key[0])
                 if target is not None and target.attempt == key[1]:
                     if target.state == "Running":
                         target.state, target.exit_code = "Killed", 143
                         changed = True
-                elif key not in node.ended:  # stopped before it started here
+                elif node.is_new(*key):  # stopped before it started here
                     node.tasks[key[0]] = SimTask(key[0], key[1], now, None, state="Killed")
                     changed = True
-            for order in answer.get("start", []):
-                key = (int(order["id"]), int(order["attempt"]))
-                current = node.tasks.get(key[0])
-                if key in node.ended or (current is not None and current.attempt == key[1]):
+            for start in answer.get("start", []):
+                order = StartOrder.from_json(start)
+                key = (order.id, order.attempt)
+                if not node.is_new(*key):
                     continue
-                code = int(order.get("env", {}).get("BERTH_SIM_EXIT", 0))
-                devices = [i for i in order.get("devices") or [] if isinstance(i, int)]
-                task = SimTask(key[0], key[1], now + _duration(order), code, devices=devices,
-                               level=fake_level(order.get("env")))  # fmt: skip
+                code = int(order.env.get("BERTH_SIM_EXIT", 0))
+                task = SimTask(key[0], key[1], now + _duration(order), code,
+                               devices=order.devices, level=fake_level(order.env))  # fmt: skip
                 task.output = f"simulated task {task.id} on {node.name}: exit {code}\n"
                 node.tasks[key[0]] = task
                 self._due(task.ends_at, node, task)
@@ -359,22 +342,16 @@ class SimCluster:
             with node.lock:
                 body = node.lease_body()
             self.count("lease/")
-            try:
-                answer = node.lease_http.post("lease/", body, f"Node {node.token}",
-                                              timeout=node.lease * 1.25 + self.timeout)  # fmt: skip
-            except Unavailable as exc:
-                self.stop.wait(backoff.delay(exc.retry_after))
-                continue
-            except ServerError as exc:
-                if exc.status == 401:
-                    node.token = ""
-                    self.report_soon(node)  # registers again
-                log.warning("node %s: lease refused: %s", node.name, exc)
-                self.stop.wait(backoff.delay())
-                continue
-            backoff.reset()
-            node.lease = float(answer.get("lease_seconds", node.lease))
-            self.apply_orders(node, answer, by_lease=True)
+            answer = node.hold_lease(node.lease_http, body, self.timeout, self.stop, backoff,
+                                     partial(self._lease_refused, node))  # fmt: skip
+            if answer is not None:
+                self.apply_orders(node, answer, by_lease=True)
+
+    def _lease_refused(self, node: SimNode, exc: ServerError, token: str) -> None:
+        if exc.status == 401:
+            node.token = ""
+            self.report_soon(node)  # registers again
+        log.warning("node %s: lease refused: %s", node.name, exc)
 
     # --- running -----------------------------------------------------------------------
 

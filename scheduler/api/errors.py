@@ -13,24 +13,14 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from berth.overload import retry_after_seconds, unavailable_detail
-from scheduler.agent import protocol
+from scheduler.agentapi.common import ProtocolError, protocol_error_headers
 from scheduler.specs import SpecError
-
-
-def protocol_error_headers(exc: protocol.ProtocolError) -> dict[str, str]:
-    """What an agent needs besides the body: which protocol to speak, how to sign in."""
-    headers: dict[str, str] = {}
-    if exc.status == 426:
-        headers["Upgrade"] = f"berth-agent/{protocol.PROTOCOL}"
-    if exc.status == 401:
-        headers["WWW-Authenticate"] = "Node"
-    return headers
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, SpecError):
         return Response(exc.errors, status=400)
-    if isinstance(exc, protocol.ProtocolError):
+    if isinstance(exc, ProtocolError):
         return Response(exc.errors, status=exc.status, headers=protocol_error_headers(exc))
     response = drf_exception_handler(exc, context)
     if response is not None:

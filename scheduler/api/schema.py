@@ -30,7 +30,7 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
 class NodeTokenScheme(OpenApiAuthenticationExtension):
     """The agents' `Authorization: Node <token>` header, from `agent/register`."""
 
-    target_class = "scheduler.agent.views.NodeTokenAuthentication"
+    target_class = "scheduler.agentapi.views.NodeTokenAuthentication"
     name = "nodeToken"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:

@@ -1,29 +1,17 @@
-"""Long-running commands stop cleanly on SIGTERM or Ctrl-C, and what `./run up` runs in its
-threads is started again when it fails."""
+"""What `./run up` runs in its threads is started again when it fails; long-running commands
+stop cleanly on SIGTERM or Ctrl-C (`stop_on_signals`, which the node agent shares: it lives in
+its package, which imports nothing of the server)."""
 
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
+
+from scheduler.agent.signals import stop_on_signals as stop_on_signals
 
 log = logging.getLogger("berth")
-
-
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT: the command finishes its unit of work and exits."""
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %s: stopping after the current unit of work", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    return stop
 
 
 def supervise(name: str, work: Callable[[threading.Event], None], stop: threading.Event,

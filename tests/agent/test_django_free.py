@@ -25,7 +25,7 @@ atexit.register(lambda: print("django imported:", "django" in sys.modules, file=
 runpy.run_module("scheduler.agent", run_name="__main__", alter_sys=True)
 """
 # The agent's own tests: its processes, launch, back-pressure and GPU samples (the protocol's
-# server side, in the other files of tests/agent/, needs Django).
+# server side, tests/agentapi/, needs Django).
 AGENT_UNIT_TESTS = [
     "tests/agent/test_runtime.py",
     "tests/agent/test_task_shell.py",

@@ -25,7 +25,7 @@ from scheduler.agent.sim import SimCluster, SimNode
 from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Job, Node, Task
 from scheduler.states import JobState, TaskState
-from tests.agent.test_protocol import JOIN, agent, register, rows
+from tests.agentapi.test_protocol import JOIN, agent, register, rows
 from tests.factories import make_job, make_node, place
 
 pytestmark = pytest.mark.django_db

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, settings
 from rest_framework.authtoken.models import Token
 from schemathesis.checks import not_a_server_error
 
-from scheduler.agent import protocol
+from scheduler.agentapi.register import register
 from scheduler.models import JobTemplate
 from scheduler.submit import create_flow, submit_job
 from tests.factories import make_node
@@ -51,7 +51,7 @@ def identities(db: None, one_connection: None, owner: Any, staff: Any, settings:
     """One Authorization header per kind of caller, over a small cluster they can act on."""
     settings.BERTH_JOIN_TOKEN = JOIN
     make_node("gpu-01", gpus=1)
-    node = protocol.register({"name": "n1", "cpu": "4", "memory": "8Gi"})
+    node = register({"name": "n1", "cpu": "4", "memory": "8Gi"})
     JobTemplate.objects.create(name="t", spec={"tasks": [{"command": "true"}]})
     submit_job(owner, {"name": "j", "tasks": [{"command": "true"}]})
     create_flow(owner, {"name": "f", "steps": [{"name": "a", "template": "t"}]})

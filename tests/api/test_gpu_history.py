@@ -12,7 +12,7 @@ from django.utils import timezone
 from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Device, DeviceSample, Job, Node
 from scheduler.states import JobState, TaskState
-from tests.agent.test_protocol import agent
+from tests.agentapi.test_protocol import agent
 from tests.factories import finish_task, make_job, make_node, place
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.agent.protocol import start_messages
+from scheduler.agentapi.orders import start_messages
 from scheduler.models import Job, Node
 from scheduler.states import TaskState
 from tests.factories import make_node, place

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from berth.cli import main
 from scheduler.models import Node, Task
-from tests.agent.test_protocol import JOIN, _assigned, beat, lease, register
+from tests.agentapi.test_protocol import JOIN, _assigned, beat, lease, register
 
 pytestmark = pytest.mark.django_db
 MiB = 2**20
@@ -77,4 +77,4 @@ def test_berth_show_shows_efficiency(two_jobs, owner, api, monkeypatch):
     out = CliRunner().invoke(main.cli, ["show", str(two_jobs[0].pk)]).output
     header, row = [line.split() for line in out.splitlines() if "main-0" in line or "TASK" in line]
     assert header[-3:] == ["CPU-EFF", "MEM-EFF", "PEAK"] and row[-3:] == ["0.5%", "0.8%",
-                                                                          "8Mi/1024Mi"]  # fmt: skip
+                                                                          "8Mi/1Gi"]  # fmt: skip

@@ -629,13 +629,13 @@ def test_a_lease_still_answers_when_the_channel_layer_is_down(owner, settings):
 def test_a_lease_without_a_database_connection_is_told_to_come_back(monkeypatch):
     from django.db import OperationalError
 
-    from scheduler.agent import protocol
+    from scheduler.agentapi import lease as lease_module
 
     token = register().json()["token"]
 
     def no_connection(*args: Any) -> Any:
         raise OperationalError("connection pool exhausted")
 
-    monkeypatch.setattr(protocol, "renew_lease", no_connection)
+    monkeypatch.setattr(lease_module, "renew_lease", no_connection)
     response = lease(token)
     assert response.status_code == 503 and response["Retry-After"] == "1"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from scheduler.agent import views
+from scheduler.agentapi import views
 
 urlpatterns = [
     path("register/", views.RegisterView.as_view(), name="agent-register"),

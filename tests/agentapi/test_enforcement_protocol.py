@@ -10,7 +10,7 @@ from scheduler.accounting import efficiency
 from scheduler.lifecycle import sync_jobs
 from scheduler.models import Event, Node, UsageRecord
 from scheduler.states import JobState, NodeState
-from tests.agent.test_protocol import JOIN, NODE, _assigned, beat, lease, register
+from tests.agentapi.test_protocol import JOIN, NODE, _assigned, beat, lease, register
 
 pytestmark = pytest.mark.django_db
 GI = 2**30

@@ -40,9 +40,17 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from scheduler import notify
-from scheduler.agent import protocol
-from scheduler.agent.client import PROTOCOL, PROTOCOL_HEADER
-from scheduler.api.errors import protocol_error_headers
+from scheduler.agent.wire import PROTOCOL, PROTOCOL_HEADER
+from scheduler.agentapi import lease
+from scheduler.agentapi.common import (
+    ProtocolError,
+    check_protocol,
+    node_for_token,
+    protocol_error_headers,
+)
+from scheduler.agentapi.logs import append_log
+from scheduler.agentapi.register import register
+from scheduler.agentapi.report import apply_report
 from scheduler.faults import Outage
 from scheduler.models import Node
 
@@ -60,7 +68,7 @@ class NodeTokenAuthentication(authentication.BaseAuthentication):
         scheme, _, token = header.partition(" ")
         if scheme != self.keyword:
             return None
-        node = protocol.node_for_token(token.strip())
+        node = node_for_token(token.strip())
         if node is None:
             raise exceptions.AuthenticationFailed("unknown node token; register again")
         return (None, node)
@@ -82,7 +90,7 @@ class AgentView(APIView):
         header = request.headers.get(PROTOCOL_HEADER)
         if header is None or header.strip() != str(PROTOCOL):
             data = request.data if isinstance(self, RegisterView) else None
-            protocol.check_protocol(header, data.get("version") if isinstance(data, dict) else None)
+            check_protocol(header, data.get("version") if isinstance(data, dict) else None)
         super().initial(request, *args, **kwargs)
 
 
@@ -97,7 +105,7 @@ class RegisterView(AgentView):
         header = authentication.get_authorization_header(request).decode(errors="replace")
         scheme, _, given = header.partition(" ")
         if scheme == NodeTokenAuthentication.keyword:
-            answer = protocol.register(request.data, given.strip(), _address(request))
+            answer = register(request.data, given.strip(), _address(request))
             return Response(answer, status=status.HTTP_200_OK)
         expected = settings.BERTH_JOIN_TOKEN
         if not expected:
@@ -108,7 +116,7 @@ class RegisterView(AgentView):
         # Bytes: compare_digest refuses non-ASCII text, which a header may well hold.
         if scheme != "Bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
             return Response({"detail": "wrong or missing join token"}, status=401)
-        answer = protocol.register(request.data, address=_address(request))
+        answer = register(request.data, address=_address(request))
         return Response(answer, status=status.HTTP_201_CREATED)
 
 
@@ -126,7 +134,7 @@ class ReportView(AgentView):
     def post(self, request: Request) -> Response:
         """Report every task this node runs (sent when one starts or ends); receive orders."""
         assert isinstance(request.auth, Node)
-        return Response(protocol.apply_report(request.auth, request.data))
+        return Response(apply_report(request.auth, request.data))
 
 
 class HeartbeatView(AgentView):
@@ -151,13 +159,13 @@ class AgentTaskLogView(AgentView):
     def post(self, request: Request, task_id: int) -> Response:
         """Append a chunk of a task's output at a byte offset (re-sent chunks are ignored)."""
         assert isinstance(request.auth, Node)
-        return Response(protocol.append_log(request.auth, task_id, request.data))
+        return Response(append_log(request.auth, task_id, request.data))
 
 
 # --- lease (async) -----------------------------------------------------------------------
 
 
-def _json_error(exc: protocol.ProtocolError) -> JsonResponse:
+def _json_error(exc: ProtocolError) -> JsonResponse:
     """The lease view is plain Django (no DRF): the same answer as the API's handler gives."""
     return JsonResponse(exc.errors, status=exc.status, headers=protocol_error_headers(exc))
 
@@ -182,20 +190,20 @@ async def _db(fn: Callable[..., T], *args: Any) -> T:
 
 def _lease_request(request: HttpRequest) -> tuple[str, dict[str, Any], float]:
     """The node token, the body and how long the agent is willing to wait."""
-    protocol.check_protocol(request.headers.get(PROTOCOL_HEADER))
+    check_protocol(request.headers.get(PROTOCOL_HEADER))
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme != "Node" or not token.strip():
-        raise protocol.ProtocolError({"detail": ["a node token is required"]}, status=401)
+        raise ProtocolError({"detail": ["a node token is required"]}, status=401)
     try:
         data = json.loads(request.body or b"{}")
     except (ValueError, UnicodeDecodeError):
-        raise protocol.ProtocolError({"body": ["must be JSON"]}) from None
+        raise ProtocolError({"body": ["must be JSON"]}) from None
     if not isinstance(data, dict):
-        raise protocol.ProtocolError({"body": ["must be a JSON object"]})
-    hold = protocol.lease_seconds()
+        raise ProtocolError({"body": ["must be a JSON object"]})
+    hold = lease.lease_seconds()
     wait = data.get("wait", hold)
     if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e9:
-        raise protocol.ProtocolError({"wait": ["must be a number of seconds, 0 or more"]})
+        raise ProtocolError({"wait": ["must be a number of seconds, 0 or more"]})
     return token.strip(), data, min(float(wait), hold)
 
 
@@ -206,7 +214,7 @@ async def lease_view(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"detail": "use POST"}, status=405)
     try:
         token, data, hold = _lease_request(request)
-    except protocol.ProtocolError as exc:
+    except ProtocolError as exc:
         return _json_error(exc)
     if isinstance(request, ASGIRequest):
         notify.remember_server_loop()  # this view runs on the ASGI server's own loop
@@ -214,13 +222,13 @@ async def lease_view(request: HttpRequest) -> JsonResponse:
     await waiter.open()  # before reading the orders, so a commit in between still wakes us
     try:
         try:
-            node, reports, answer = await _db(protocol.renew_lease, token, data)
+            node, reports, answer = await _db(lease.renew_lease, token, data)
             deadline = time.monotonic() + hold
             while not (answer["start"] or answer["kill"]):
                 if not await waiter.wait(node.pk, deadline - time.monotonic()):
                     break
-                answer = await _db(protocol.lease_orders, node, reports)
-        except protocol.ProtocolError as exc:
+                answer = await _db(lease.lease_orders, node, reports)
+        except ProtocolError as exc:
             return _json_error(exc)
         except DatabaseError as exc:
             # No connection to be had (pool exhausted, database restarting): come back soon.

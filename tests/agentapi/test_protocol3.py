@@ -9,7 +9,7 @@ import pytest
 from scheduler.lifecycle import sync_jobs
 from scheduler.models import Allocation, Event, Node, Task, TaskLog
 from scheduler.states import JobState, TaskState
-from tests.agent.test_protocol import (
+from tests.agentapi.test_protocol import (
     JOIN,
     NODE,
     _assigned,

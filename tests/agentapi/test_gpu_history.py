@@ -13,7 +13,7 @@ from django.utils import timezone
 from scheduler import gpu_history
 from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Device, DeviceSample, Node
-from tests.agent.test_protocol import JOIN, agent, register, rows
+from tests.agentapi.test_protocol import JOIN, agent, register, rows
 
 pytestmark = pytest.mark.django_db
 GI = 2**30

@@ -14,7 +14,7 @@ from scheduler.lifecycle import check_nodes, sync_jobs
 from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Job, Node, Task, UsageRecord
 from scheduler.states import JobState, NodeState, TaskState
-from tests.agent.test_protocol import NODE, beat, register
+from tests.agentapi.test_protocol import NODE, beat, register
 from tests.factories import make_job, place
 
 pytestmark = pytest.mark.django_db

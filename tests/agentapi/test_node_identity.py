@@ -8,7 +8,7 @@ from django.test import Client
 from django.urls import reverse
 
 from scheduler.models import Event, Node
-from tests.agent.test_protocol import JOIN, NODE, _assigned, beat, register, rows
+from tests.agentapi.test_protocol import JOIN, NODE, _assigned, beat, register, rows
 
 pytestmark = pytest.mark.django_db
 

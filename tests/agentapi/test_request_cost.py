@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from scheduler.models import Allocation, Event, Node, Task, UsageRecord
 from scheduler.states import TaskState
-from tests.agent.test_protocol import JOIN, NODE, beat, lease, register
+from tests.agentapi.test_protocol import JOIN, NODE, beat, lease, register
 from tests.factories import make_job, place
 
 pytestmark = pytest.mark.django_db

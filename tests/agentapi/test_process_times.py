@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from scheduler.models import Node, Task, UsageRecord
 from scheduler.states import TaskState
-from tests.agent.test_protocol import _assigned, beat, join_token, register  # noqa: F401
+from tests.agentapi.test_protocol import _assigned, beat, join_token, register  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

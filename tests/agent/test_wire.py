@@ -1,0 +1,81 @@
+"""The protocol's messages are defined once (scheduler/agent/wire.py): what an agent sends,
+the server reads back as the same message, and the server's answers read back the same."""
+
+from __future__ import annotations
+
+import json
+
+from scheduler.agent.wire import (
+    AwaitingOutput,
+    InlineOutput,
+    KillOrder,
+    Orders,
+    Registered,
+    Registration,
+    StartOrder,
+    TaskReport,
+    TaskState,
+)
+
+
+def _parse(item: object, limit: int = 1024) -> tuple[TaskReport | None, dict[str, list[str]]]:
+    errors: dict[str, list[str]] = {}
+    return TaskReport.parse(item, "tasks.0", errors, limit, lambda text: text), errors
+
+
+def _travel(message: dict) -> dict:
+    return json.loads(json.dumps(message))
+
+
+def test_a_task_report_reads_back_as_it_was_sent():
+    sent = [
+        TaskReport(1, 0, TaskState.RUNNING, started_at=1.7e9, gpu_utilization=42.5),
+        TaskReport(2, 1, TaskState.RUNNING, gpu_unmeasured=True),
+        TaskReport(3, 2, TaskState.FAILED, 3, "exit 3", 12, started_at=1.7e9,
+                   ended_at=1.7e9 + 5, output=InlineOutput(0, "hello\n"),
+                   usage={"peak_memory": 10, "cpu_seconds": 1.5}),
+        TaskReport(4, 0, TaskState.KILLED, None, "stopped", 0, stopping=True, reason="OutOfMemory"),
+    ]  # fmt: skip
+    for report in sent:
+        back, errors = _parse(_travel(report.to_json()))
+        assert errors == {} and back == report
+
+
+def test_the_states_agents_report_are_the_enum_and_nothing_else():
+    assert [s.value for s in TaskState] == ["Running", "Succeeded", "Failed", "Killed", "Lost"]
+    _, errors = _parse({"id": 1, "state": "Pending"})
+    assert errors == {"tasks.0.state": ["must be one of Failed, Killed, Lost, Running, Succeeded"]}
+
+
+def test_a_bad_field_is_named_and_inline_output_is_bounded():
+    _, errors = _parse({"id": 1, "state": "Failed", "output_bytes": 9,
+                        "output": {"offset": 0, "data": "x" * 9}}, limit=4)  # fmt: skip
+    assert errors == {
+        "tasks.0.exit_code": ["is required for a failed task"],
+        "tasks.0.output.data": ["at most 4 bytes inline; send more with tasks/<id>/log/"],
+    }
+    assert _parse("no")[1] == {"tasks.0": ["must be an object"]}
+
+
+def test_a_running_report_says_nothing_of_an_end():
+    item = TaskReport(1, 0, TaskState.RUNNING, reason="OutOfMemory").to_json()
+    assert "reason" not in item and "usage" not in item and "gpu_utilization" not in item
+    unmeasured = TaskReport(1, 0, TaskState.RUNNING, gpu_unmeasured=True).to_json()
+    assert unmeasured["gpu_utilization"] is None
+
+
+def test_answers_read_back_as_they_were_sent():
+    orders = Orders([{"id": 1}], [KillOrder(2, 0, 10.0)], [AwaitingOutput(3, 1, 5, 9)], 10.0)
+    assert Orders.from_json(_travel(orders.to_json())) == orders
+    lease = Orders([], [KillOrder(2, 0, 10.0)], lease_seconds=10.0).to_json()
+    assert "awaiting_output" not in lease
+    registered = Registered("n1", "tok", 10.0, 60.0, 10.0, 65536, 16384)
+    assert Registered.from_json(_travel(registered.to_json()), 1.0, 1.0, 1) == registered
+    start = StartOrder(5, 0, 7, "job", "main", 0, "echo hi", "alice", {"A": "1"}, [0, 1], 60,
+                       {"cpu": 1000, "memory": 2**30})  # fmt: skip
+    assert StartOrder.from_json(_travel(start.to_json())) == start
+
+
+def test_a_registration_travels_cpu_as_users_write_it():
+    body = Registration("n1", 4000, 2**30, {}, [], "host", "berth-agent/3").to_json()
+    assert body["cpu"] == "4000m" and "enforcement" not in body
