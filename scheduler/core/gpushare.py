@@ -338,8 +338,24 @@ class FGD(Policy):
         before = self.fragmentation(node.model, node.cpu_free, node.gpu_free)
         return self.fragmentation(node.model, cpu_after, after) - before
 
+    def least_growth(self, node: GpuNode, task: GpuTask, options: list[Devices]) -> Scored:
+        """The smallest growth over `options` and the first devices giving it; devices with
+        the same free share give the same growth, so each share is tried once."""
+        best: Scored | None = None
+        tried: set[int] = set()
+        for devices in options:
+            if task.fraction:
+                if node.gpu_free[devices[0]] in tried:
+                    continue
+                tried.add(node.gpu_free[devices[0]])
+            growth = self.growth(node, task, devices)
+            if best is None or growth < best[0]:
+                best = (growth, devices)
+        assert best is not None
+        return best
+
     def score(self, node: GpuNode, index: int, task: GpuTask, options: list[Devices]) -> Scored:
-        growth, devices = min((self.growth(node, task, d), d) for d in options)
+        growth, devices = self.least_growth(node, task, options)
         left = 0.5 * (node.cpu_free - task.cpu_milli) / MAX_SPEC_CPU
         left += 0.5 * (node.gpu_free_total - task.gpu_total) / MAX_SPEC_GPU
         fuller = (1.0 - min(left, 1.0)) / 2  # in [0, 0.5]: orders only equal primaries
