@@ -19,9 +19,11 @@ Gradient Descent" (USENIX ATC '23), Fig. 9(a), set up as the authors' simulator
 FGD's target workload is the variant's own pod list (`typical_tasks`: the shapes making up
 95 % of the pods); FGD scores in the simulator's whole points and sends ties to the fullest
 node (`--fgd-exact`: exact fragmentation growths), see docs/gpushare.md. Arrivals use
-`random.Random(seed)`; ties between equally scored nodes a second generator seeded from it,
-so every policy sees the same arrivals for a seed. Python's generator is not Go's, so single
-runs differ from the authors'; the means over seeds compare.
+`random.Random(seed)` (the random policy and `--random-ties` a second generator seeded from
+it), so every policy sees the same arrivals for a seed. Equally scored nodes: the first in
+the shuffled node order, which is how the authors' simulator behaves on this trace.
+Python's generator is not Go's, so single runs differ from the authors'; the means over
+seeds compare.
 
     python bench/gpushare.py                                  # all policies, seeds 42-51
     python bench/gpushare.py --policies best-fit,fgd --seeds 42-44
@@ -131,7 +133,8 @@ def run_once(
     capacity = sum(node.gpus for node in nodes) * gpushare.MILLI
     sequence = arrivals(pods, capacity, args.tune, rng)
     policy = make_policy(policy_name, pods, not args.fgd_exact)
-    cluster = gpushare.Cluster(nodes, policy, random.Random(seed ^ TIES_SALT))
+    ties = random.Random(seed ^ TIES_SALT)
+    cluster = gpushare.Cluster(nodes, policy, ties, random_ties=args.random_ties)
     sums: dict[int, float] = defaultdict(float)
     counts: dict[int, int] = defaultdict(int)
     arrived = failed = 0
@@ -221,6 +224,10 @@ def arguments() -> argparse.Namespace:
         "--fgd-exact", action="store_true",
         help="FGD compares exact fragmentation growths, not the simulator's whole points",
     )  # fmt: skip
+    parser.add_argument(
+        "--random-ties", action="store_true",
+        help="equally scored nodes: one at random, not the first in the (shuffled) node order",
+    )  # fmt: skip
     args = parser.parse_args()
     args.policy_list = args.policies.split(",")
     unknown = set(args.policy_list) - set(POLICIES) - set(gpushare.POLICIES)
@@ -242,6 +249,7 @@ def main() -> None:
         "seeds": args.seeds,
         "tune": args.tune,
         "fgd_exact": args.fgd_exact,
+        "random_ties": args.random_ties,
         "pods_in_list": len(pods),
         "results": results,
     }

@@ -9,10 +9,11 @@ GPU), as the trace's `gpu_milli`. A task asks for CPU and memory and one of:
 
 optionally restricted to some GPU models (`gpu_models`, the trace's `gpu_spec`).
 
-A placement policy scores every node a task fits on; the highest score wins, ties broken at
-random (as Kubernetes' scheduler does). The policies are those the FGD paper compares (Weng et
-al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient
-Descent", USENIX ATC '23), scored the way its authors' simulator scores them, plus first fit.
+A placement policy scores every node a task fits on; the highest score wins, ties going to
+the first node in the cluster's order (or at random). The policies are those the FGD paper
+compares (Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
+Fragmentation Gradient Descent", USENIX ATC '23), scored as its authors' simulator scores
+them, plus first fit.
 
 Fragmentation Gradient Descent (the paper's §3-4), in four steps:
 
@@ -372,14 +373,26 @@ POLICIES: dict[str, type[Policy]] = {
 class Cluster:
     """Nodes under one policy: `place` puts a task on the best node, or says it fits nowhere.
 
+    Among equally scored nodes the first in the cluster's order wins (`random_ties`: one at
+    random, as Kubernetes' scheduler picks); the FGD authors' simulator behaves like the
+    former on the trace (docs/benchmarks.md), and coarse scores such as GPU packing's tie often.
+
     Each node keeps what the policy said about each task shape since the node last changed,
     so a placement recomputes one node, not the cluster (the Random policy keeps only where
     a shape fits)."""
 
-    def __init__(self, nodes: Iterable[GpuNode], policy: Policy, rng: random.Random) -> None:
+    def __init__(
+        self,
+        nodes: Iterable[GpuNode],
+        policy: Policy,
+        rng: random.Random,
+        *,
+        random_ties: bool = False,
+    ) -> None:
         self.nodes = list(nodes)
         self.policy = policy
         self.rng = rng
+        self.random_ties = random_ties  # False: the first best node in the cluster's order
         self.capacity = sum(node.gpus for node in self.nodes) * MILLI
         self.allocated = 0  # milli-GPUs
         self._kinds: dict[GpuTask, int] = {}
@@ -420,7 +433,7 @@ class Cluster:
             chosen[index] = scored[1]
         if not ties:
             return None
-        index = ties[0] if len(ties) == 1 else self.rng.choice(ties)
+        index = self.rng.choice(ties) if self.random_ties and len(ties) > 1 else ties[0]
         return index, chosen[index]
 
     def _any_fit(self, task: GpuTask, kind: int) -> tuple[int, Devices] | None:

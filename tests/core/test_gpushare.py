@@ -205,3 +205,15 @@ def test_no_policy_ever_over_allocates(
             assert all(0 <= free <= MILLI for free in node.gpu_free)
     used = sum(node.gpus * MILLI - node.gpu_free_total for node in nodes)
     assert cluster.allocated == used
+
+
+def test_ties_go_to_the_first_node_in_order_unless_asked_to_be_random() -> None:
+    def chosen(seed: int, random_ties: bool) -> int:
+        nodes = [gpu_node("a", [1000]), gpu_node("b", [1000])]  # best fit scores them equal
+        cluster = Cluster(nodes, BestFit(), random.Random(seed), random_ties=random_ties)
+        placed = cluster.place(share(500))
+        assert placed is not None
+        return placed[0]
+
+    assert {chosen(seed, random_ties=False) for seed in range(20)} == {0}
+    assert {chosen(seed, random_ties=True) for seed in range(20)} == {0, 1}
