@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from email import message_from_bytes
+from email import message_from_bytes, policy
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -61,7 +61,10 @@ class Inbox:
         self.messages: list[Any] = []
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802
-        self.messages.append((envelope.rcpt_tos, message_from_bytes(envelope.content)))
+        # The default policy unfolds headers as a mail reader does: a long Subject is folded
+        # on the wire (CRLF and a space), which is not a newline in the subject itself.
+        parsed = message_from_bytes(envelope.content, policy=policy.default)
+        self.messages.append((envelope.rcpt_tos, parsed))
         return "250 OK"
 
 
