@@ -35,7 +35,7 @@ def call(url: str, token: str, body: dict[str, Any] | None = None) -> Any:
         return json.loads(response.read())
 
 
-def until(check: Any, what: str, timeout: float = 60) -> Any:
+def until(check: Any, what: str, timeout: float = 60, log: Path | None = None) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -44,8 +44,18 @@ def until(check: Any, what: str, timeout: float = 60) -> Any:
             value = None
         if value:
             return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() >= deadline:
+            shown = log.read_text()[-6000:] if log is not None else ""
+            raise AssertionError(f"timed out waiting for {what}\n{shown}")
         time.sleep(0.3)
+
+
+def _ended(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job once it ended (what it says of itself), else None."""
+    final = ("Succeeded", "Failed", "Cancelled")
+    return (
+        {k: job.get(k) for k in ("state", "reason", "message")} if job["state"] in final else None
+    )
 
 
 @pytest.mark.root
@@ -79,8 +89,12 @@ def test_up_runs_tasks_unprivileged_and_they_cannot_read_its_data_dir(tmp_path: 
         spec = {"name": "probe",
                 "tasks": [{"name": "main", "command": probe, "resources": resources}]}  # fmt: skip
         job = call(f"{url}/api/v1/jobs/", token, spec)["id"]
-        until(lambda: call(f"{url}/api/v1/jobs/{job}/", token)["state"] == "Succeeded",
-              "the probe to succeed")  # fmt: skip
+        # Seconds on a quiet machine; once, late in a full CI run, it did not end within 60 s
+        # (cause not found: the log below is for that case).
+        ended = until(lambda: _ended(call(f"{url}/api/v1/jobs/{job}/", token)), "the probe",
+                      timeout=180, log=tmp_path / "up.log")  # fmt: skip
+        log.flush()
+        assert ended["state"] == "Succeeded", (ended, (tmp_path / "up.log").read_text()[-4000:])
         seen = "".join(t["data"] for t in call(f"{url}/api/v1/jobs/{job}/logs/", token)["tasks"])
     finally:
         os.killpg(up.pid, signal.SIGTERM)
