@@ -26,13 +26,17 @@ def busy_cluster() -> list[JobInfo]:
     ]
 
 
-def simulate(jobs: list[JobInfo], config: SchedulingPolicy | None = None) -> dict[int, float]:
+def simulate(
+    jobs: list[JobInfo],
+    config: SchedulingPolicy | None = None,
+    queues: list[QueueInfo] | None = None,
+) -> dict[int, float]:
     """Run cycles at every moment something ends or is expected to start; tasks end exactly
     at their walltime. Returns when each job was bound."""
     now, bound_at = NOW, dict[int, float]()
     for _ in range(50):
         alive = [j for j in jobs if not _ended(j, now)]
-        snap = snapshot(NODES, alive, now=now)
+        snap = snapshot(NODES, alive, queues, now=now)
         result = run_cycle(snap, config)
         plan = plan_starts(snap, result, config)
         jobs = [_apply(j, result, now) for j in alive]

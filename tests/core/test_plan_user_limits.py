@@ -12,7 +12,7 @@ from scheduler.core.model import JobInfo, QueueInfo, SchedulingPolicy
 from scheduler.core.plan import fingerprint, plan_starts
 from scheduler.core.status import Code
 from tests.core.builders import NOW, job, node, snapshot
-from tests.core.test_plan import _apply, _end, _ended
+from tests.core.test_plan import simulate
 
 NODES = [node("n1", gpus=4), node("n2", gpus=4)]
 
@@ -128,26 +128,4 @@ def test_each_limited_job_binds_at_its_estimate(config):
     snap = snapshot(NODES, jobs, [jobs_limit()])
     estimates = plan_starts(snap, run_cycle(snap, config), config).starts
     assert estimates == {10: NOW + 900, 11: NOW + 1400, 13: NOW + 900}
-    assert simulate(jobs, [jobs_limit()], config) == {14: NOW, **estimates}
-
-
-def simulate(
-    jobs: list[JobInfo], queues: list[QueueInfo], config: SchedulingPolicy | None
-) -> dict[int, float]:
-    """As tests/core/test_plan.py's, with the queues given: tasks end at their walltime."""
-    now, bound_at = NOW, dict[int, float]()
-    for _ in range(50):
-        alive = [j for j in jobs if not _ended(j, now)]
-        snap = snapshot(NODES, alive, queues, now=now)
-        result = run_cycle(snap, config)
-        plan = plan_starts(snap, result, config)
-        jobs = [_apply(j, result, now) for j in alive]
-        for b in result.binds:
-            bound_at.setdefault(b.job_id, now)
-        moments = [_end(j) for j in jobs if j.state == "Running" and j.walltime]
-        moments += [t for t in plan.starts.values() if t is not None]
-        later = [t for t in moments if t > now]
-        if not later:
-            return bound_at
-        now = min(later)
-    raise AssertionError("the simulation did not settle")
+    assert simulate(jobs, config, [jobs_limit()]) == {14: NOW, **estimates}
