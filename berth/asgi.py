@@ -17,6 +17,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
+from berth.appproxy import AppProxy, AppRoutes  # noqa: E402
 from berth.limits import RequestLimits  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 from scheduler.agentapi.views import LeaseApp  # noqa: E402
@@ -27,11 +28,17 @@ lease_app: Any = SharedThreads(LeaseApp(), size=2)
 django_app: Any = django_asgi_app
 http_routes = [path("api/v1/agent/lease/", lease_app), re_path(r"", django_app)]
 
+# /apps/<job>/ (HTTP and websockets) goes to the job's app, ahead of Django and its body
+# limit (the proxy bounds bodies itself); it checks Host and Origin itself, and takes API
+# tokens as well as sessions (berth/appproxy.py).
+app_proxy: Any = AuthMiddlewareStack(AppProxy())
+
 application = ProtocolTypeRouter(
     {
-        "http": RequestLimits(URLRouter(http_routes)),
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        "http": AppRoutes(app_proxy, RequestLimits(URLRouter(http_routes))),
+        "websocket": AppRoutes(
+            app_proxy,
+            AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
         ),
     }
 )

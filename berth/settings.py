@@ -434,3 +434,10 @@ BERTH_MAX_LABEL_BYTES = env_int("BERTH_MAX_LABEL_BYTES", 256, minimum=63)
 BERTH_MAX_TEXT_BYTES = env_int("BERTH_MAX_TEXT_BYTES", 4096, minimum=256)
 BERTH_MAX_PRIORITY = env_int("BERTH_MAX_PRIORITY", 1_000_000, minimum=1)
 BERTH_MAX_SECONDS = env_int("BERTH_MAX_SECONDS", 10 * 366 * 24 * 3600, minimum=3600)
+# The app proxy (berth/appproxy.py, docs/interactive.md#web-apps): seconds to connect to a
+# job's app and to wait for each read of its answer; the largest request body and websocket
+# message it relays.
+BERTH_APP_CONNECT_TIMEOUT = env_float("BERTH_APP_CONNECT_TIMEOUT", 5.0, minimum=0.1)
+BERTH_APP_READ_TIMEOUT = env_float("BERTH_APP_READ_TIMEOUT", 120.0, minimum=0.1)
+BERTH_APP_MAX_BODY_BYTES = env_int("BERTH_APP_MAX_BODY_BYTES", 1024**3, minimum=1024)
+BERTH_APP_MAX_MESSAGE_BYTES = env_int("BERTH_APP_MAX_MESSAGE_BYTES", 16 * 1024**2, minimum=1024)

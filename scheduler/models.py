@@ -187,6 +187,9 @@ class Node(models.Model):
     token_hash = models.CharField(max_length=64, unique=True, null=True, blank=True, editable=False)
     agent_version = models.CharField(max_length=64, blank=True)
     hostname = models.CharField(max_length=255, blank=True)
+    # The address the agent registered from, as the server saw it: where the app proxy
+    # (berth/appproxy.py) connects for this node's jobs' apps. The agent cannot name another.
+    address = models.GenericIPAddressField(null=True, blank=True, editable=False)
     usage = models.JSONField(default=dict, blank=True)  # last usage the agent reported
     # What the agent enforces on its tasks, as it said when it registered
     # (scheduler/agent/fence.py: mode, cgroup, enforced, missing, problem, pids_limit). A
@@ -633,6 +636,8 @@ class Task(models.Model):
     # The GPU indices (on `node`) of this attempt, written when it is bound and kept after it
     # ends, when its Allocation rows are gone: a finished job still says which GPUs it used.
     device_indices = models.JSONField(default=list, blank=True)
+    # The port its agent chose for the job's app (spec `apps`), on the node's `address`.
+    app_port = models.PositiveIntegerField(null=True, blank=True, editable=False)
     # Since when this running attempt's GPUs have been idle (below GPU_IDLE_PERCENT in every
     # lease since), by the server's clock; null while busy or not measured. Written by the
     # lease (scheduler/gpu_idle.py) only when it changes, cleared when an attempt starts.

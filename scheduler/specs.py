@@ -27,7 +27,7 @@ ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 JOB_FIELDS = {
     "name", "queue", "priority", "preemptible", "min_available", "walltime",
     "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry", "labels", "tasks",
-    "array", "notify",
+    "array", "notify", "apps",
 }  # fmt: skip
 TASK_FIELDS = {"name", "replicas", "command", "env", "resources", "node_selector"}
 RESOURCE_FIELDS = {"cpu", "memory", "gpu", "pids"}
@@ -53,6 +53,10 @@ MAX_PIDS = 2**22  # the kernel's largest pid_max: a task's pids limit (processes
 NOTIFY_EVENTS = ("begin", "end", "fail", "time_limit_90", "time_limit_80", "time_limit_50")
 NOTIFY_FIELDS = {"events", "email", "webhook"}
 MAX_WEBHOOK_URL = 500
+# A job's web app (docs/interactive.md): `http` sees paths without /apps/<job>, `jupyter`
+# keeps the prefix (its $BERTH_APP_BASE_URL). One app per job, run by its first task.
+APP_KINDS = ("http", "jupyter")
+APP_FIELDS = {"kind"}
 
 
 class SpecError(Exception):
@@ -277,6 +281,8 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
         spec["array"], elements = _array(errors, data["array"])
     if data.get("notify") is not None:  # as `array`: other specs are unchanged
         spec["notify"] = _notify(errors, data["notify"], "notify")
+    if data.get("apps") not in (None, []):  # as `array`: other specs are unchanged
+        spec["apps"] = _apps(errors, data["apps"], "apps")
     spec["tasks"], total = _task_groups(errors, data.get("tasks"))
     min_available = _int(errors, data, "min_available", "min_available", default=None, minimum=1,
                          maximum=MAX_INT)  # fmt: skip
@@ -382,6 +388,31 @@ def _notify(errors: _Errors, value: object, path: str) -> dict[str, Any]:
             errors.add(_path(path, "webhook"), problem)
         out["webhook"] = data["webhook"]
     return out
+
+
+def _apps(errors: _Errors, value: object, path: str) -> list[dict[str, str]]:
+    """`apps`: `jupyter`, or [{"kind": "jupyter"}]: at most one app, of a known kind."""
+    items = [{"kind": value}] if isinstance(value, str) else value
+    if not isinstance(items, list) or len(items) != 1:
+        errors.add(path, f"must be one app: a kind ({', '.join(APP_KINDS)}) or [{{kind: ...}}]")
+        return []
+    item = items[0] if isinstance(items[0], dict) else {"kind": items[0]}
+    _unknown(errors, item, APP_FIELDS, _path(path, 0))
+    kind = item.get("kind")
+    if kind not in APP_KINDS:
+        errors.add(_path(_path(path, 0), "kind"),
+                   f"must be one of {', '.join(APP_KINDS)}, got {_show(kind)}")  # fmt: skip
+        return []
+    return [{"kind": str(kind)}]
+
+
+def job_app(spec: object) -> str:
+    """The kind of app a stored job spec declares, or "" (none, or not a spec)."""
+    apps = spec.get("apps") if isinstance(spec, dict) else None
+    if isinstance(apps, list) and apps and isinstance(apps[0], dict):
+        kind = apps[0].get("kind")
+        return kind if kind in APP_KINDS else ""
+    return ""
 
 
 def _task_groups(errors: _Errors, tasks: object) -> tuple[list[dict[str, Any]], int]:

@@ -120,6 +120,13 @@ JOB_OPTIONS = [
     click.option("--array", "-a", default=None, help="job array: 0-99, 0-99%10 (10 at once)"),
     click.option("--priority", type=int, default=None, help="priority (capped by the queue)"),
     click.option(
+        "--app",
+        default=None,
+        metavar="KIND",
+        help="the job runs a web app, reached at /apps/JOB/ for me only: http (it sees paths"
+        " without /apps/JOB) or jupyter (it keeps them); its port is $BERTH_APP_PORT",
+    ),
+    click.option(
         "--notify",
         default=None,
         metavar="EVENTS",
@@ -156,6 +163,7 @@ def submit(args: tuple[str, ...], wait: bool, as_json: bool, **options: Any) -> 
       berth submit train.sh            # #BERTH --gpus 1 --time 2h lines at the top
       berth submit --gpus 1 --time 1h30m -- python train.py --lr 0.1
       berth submit --notify end,time_limit_80 -t 2h -- python train.py
+      berth submit --app http -- 'python -m http.server $BERTH_APP_PORT'
     """
     if not args:
         raise click.UsageError("give a spec FILE, a script, or `-- COMMAND...`")

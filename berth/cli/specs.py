@@ -96,6 +96,8 @@ def apply_job_options(spec: dict[str, Any], options: dict[str, Any]) -> dict[str
         out["array"] = options["array"]
     if options.get("priority") is not None:
         out["priority"] = options["priority"]
+    if options.get("app"):
+        out["apps"] = [{"kind": options["app"]}]  # the server checks the kind (apps.0.kind)
     return _apply_notify(out, options)
 
 

@@ -177,6 +177,7 @@ class RunningTask:
     usage: dict[str, Any] | None = None  # what its cgroup says it used, once it ended
     gpu_util: list[float] = field(default_factory=lambda: [0.0, 0.0])  # NVML: sum, samples
     fake_level: int | None = None  # what its fake GPUs report (gpus.FAKE_LEVEL_ENV), if fixed
+    app_port: int | None = None  # the port picked for the job's app ($BERTH_APP_PORT), if any
     proc: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -433,6 +434,7 @@ class Agent(Session):
                     self._inline_output(t) if inline else None,
                     t.reason,
                     t.usage or {},
+                    app_port=t.app_port,
                 )  # fmt: skip
                 for t in self.tasks.values()
             ]
@@ -632,6 +634,9 @@ class Agent(Session):
                 raise ValueError(self.fence.problem)
             account = accounts.for_owner(order.get("owner"))
             env = build_env(order.get("env") or {}, account, workdir if self.homes else None)
+            app_port = free_port() if order.get("app") else None
+            if app_port is not None:
+                env["BERTH_APP_PORT"] = str(app_port)
             shell, script = self._shell(str(order["command"]), order.get("env") or {})
             private_dir(directory)
             task_workdir(workdir, account, accounts.switching)
@@ -655,6 +660,7 @@ class Agent(Session):
             task_id, attempt, proc.pid, str(directory), workdir=str(workdir), proc=proc,
             started=_start_time(proc.pid), devices=devices, started_at=time.time(),
             cgroup=group, memory=limits.memory, fake_level=fake_level(order.get("env")),
+            app_port=app_port,
         )  # fmt: skip
         log.info("started task %s (attempt %s) as pid %s, user %s",
                  task_id, attempt, proc.pid, account.name)  # fmt: skip
@@ -939,6 +945,15 @@ class Agent(Session):
                     " its exit code comes from its exit file; its output file is still shipped",
                     task.id, task.pid,
                 )  # fmt: skip
+
+
+def free_port() -> int:
+    """A TCP port free on every address of this machine, for a task's app: the kernel picks
+    it (a bind to port 0) and the task binds it moments later ($BERTH_APP_PORT). Picked here,
+    where what is free is known, rather than by the server from a range it cannot see."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
 
 
 def add_gpu_samples(tasks: list[RunningTask], samples: list[dict[str, Any]]) -> None:

@@ -76,6 +76,7 @@ class TaskReport:
     # `gpu_unmeasured`: sent as null, its GPUs could not be read (an idle mark is not kept).
     gpu_utilization: float | None = None
     gpu_unmeasured: bool = False
+    app_port: int | None = None  # a running task's app port (StartOrder.app), when it has one
 
     def to_json(self) -> dict[str, Any]:
         item: dict[str, Any] = {
@@ -95,6 +96,8 @@ class TaskReport:
             item["output"] = self.output.to_json()
         if self.gpu_utilization is not None or self.gpu_unmeasured:
             item["gpu_utilization"] = self.gpu_utilization
+        if self.app_port is not None and self.state == TaskState.RUNNING:
+            item["app_port"] = self.app_port
         return item
 
     @classmethod
@@ -143,7 +146,18 @@ class TaskReport:
             _recent_gpu(item.get("gpu_utilization"), state, f"{path}.gpu_utilization", errors),
             "gpu_utilization" in item and item["gpu_utilization"] is None
             and state == TaskState.RUNNING,
+            _app_port(item.get("app_port"), f"{path}.app_port", errors),
         )  # fmt: skip
+
+
+def _app_port(raw: object, path: str, errors: Errors) -> int | None:
+    """A running task's `app_port`: a TCP port from 1 to 65535, or absent/null."""
+    if raw is None:
+        return None
+    if not is_int(raw) or not 1 <= raw <= 65535:  # type: ignore[operator]
+        errors[path] = ["must be a TCP port from 1 to 65535, or null"]
+        return None
+    return int(raw)  # type: ignore[call-overload]
 
 
 def _recent_gpu(raw: object, state: object, path: str, errors: Errors) -> float | None:
@@ -368,9 +382,13 @@ class StartOrder:
     devices: list[int]
     walltime: int | None
     resources: dict[str, int]
+    # The job's app (`http`, `jupyter`) when this task runs it: the agent picks a free port
+    # for it, puts it in $BERTH_APP_PORT and reports it (TaskReport.app_port). "": none.
+    app: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "app": self.app,
             "id": self.id,
             "attempt": self.attempt,
             "job_id": self.job_id,
@@ -395,5 +413,5 @@ class StartOrder:
             str(order.get("job_name", "")), str(order.get("group", "")),
             int(order.get("index", 0)), str(order.get("command", "")),
             str(order.get("owner", "")), dict(order.get("env") or {}), devices,
-            order.get("walltime"), dict(order.get("resources") or {}),
+            order.get("walltime"), dict(order.get("resources") or {}), str(order.get("app") or ""),
         )  # fmt: skip

@@ -89,8 +89,9 @@ def _confirm_started(token_hash: str, reports: list[TaskReport], now: Any) -> li
     for task in started:
         task.state = TaskState.RUNNING  # when the agent says the process started, bounded
         task.started_at = process_time(running[task.pk].started_at, now, task.assigned_at, "start")
-    update_rows(Task, {t.pk: (t.state, t.started_at) for t in started},
-                per_row=["state", "started_at"])  # fmt: skip
+    # The app's port (or none) of this attempt: never a port an earlier attempt had.
+    update_rows(Task, {t.pk: (t.state, t.started_at, running[t.pk].app_port) for t in started},
+                per_row=["state", "started_at", "app_port"])  # fmt: skip
     return started
 
 

@@ -12,7 +12,9 @@ from scheduler.agent import wire
 from scheduler.agent.wire import TaskReport
 from scheduler.arrays import array_env
 from scheduler.models import Allocation, Node, Task
+from scheduler.specs import job_app
 from scheduler.states import TASK_ON_NODE, TaskState
+from scheduler.webapps import app_env
 
 
 def wanted(task: Task | TaskRow | None, report: TaskReport, node: Node) -> bool:
@@ -107,11 +109,15 @@ def _start_message(
             **array_env(job),  # BERTH_ARRAY_INDEX etc. for an array's element
         }
     )
+    # The job's app runs in its first task (rank 0), on this node's registered address.
+    app = job_app(spec) if rank == 0 else ""
+    if app:
+        env.update(app_env(job.pk, app, task.pk, task.attempt, node.address or "127.0.0.1"))
     return wire.StartOrder(
         task.pk, task.attempt, job.pk, job.name, task.group, task.index,
         group.get("command", ""), job.owner.username, env, devices, job.walltime,
         # What the agent holds the task to (its cgroup): millicores, bytes, processes.
-        {"cpu": task.cpu, "memory": task.memory, **_pids(group)},
+        {"cpu": task.cpu, "memory": task.memory, **_pids(group)}, app,
     ).to_json()  # fmt: skip
 
 

@@ -3,6 +3,7 @@ with its node token (docs/agents.md)."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from django.conf import settings
@@ -121,6 +122,7 @@ def register(data: object, node_token: str | None = None, address: str = "") -> 
         node.cpu, node.memory, node.labels = cpu, memory, labels
         node.enforcement = _enforcement(data.get("enforcement"))
         node.hostname = str(data.get("hostname", ""))[:255]
+        node.address = _ip(address)  # where app proxies connect: never what the agent says
         node.agent_version = str(data.get("version", ""))[:64]
         node.last_heartbeat = now
         node.state = node.derive_state(alive=True)
@@ -209,3 +211,11 @@ def _reconcile_devices(node: Node, devices: list[dict[str, Any]]) -> None:
             setattr(device, key, info[key])
         device.save()
     Device.objects.bulk_create(Device(node=node, **info) for info in present.values())
+
+
+def _ip(address: str) -> str | None:
+    """`address` if it is an IP address (the peer's, as the server saw it), else None."""
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return None

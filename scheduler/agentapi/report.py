@@ -168,6 +168,7 @@ def _reconcile_unreported(
 def _apply_one(task: Task, report: TaskReport, now: Any, node: Node, outcome: _Outcome) -> bool:
     """Move one task as its report says; True if its job may have changed."""
     if report.state == wire.TaskState.RUNNING:
+        _remember_app_port(task, report.app_port)
         return _mark_running(task, now, node, report.started_at)
     kept = outcome.kept.get((task.pk, report.attempt))
     if report.output is not None and report.output[1]:  # inline
@@ -188,6 +189,14 @@ def _apply_one(task: Task, report: TaskReport, now: Any, node: Node, outcome: _O
     task.reason = report.reason
     outcome.measured[task.pk] = report.usage
     return True
+
+
+def _remember_app_port(task: Task, port: int | None) -> None:
+    """Keep the port the agent picked for the job's app (a lease may have marked the task
+    Running before this report came)."""
+    if port is not None and task.app_port != port:
+        task.app_port = port
+        task.save(update_fields=["app_port"])
 
 
 def _mark_running(task: Task, now: Any, node: Node, started_at: float | None = None) -> bool:

@@ -79,3 +79,14 @@ def test_answers_read_back_as_they_were_sent():
 def test_a_registration_travels_cpu_as_users_write_it():
     body = Registration("n1", 4000, 2**30, {}, [], "host", "berth-agent/3").to_json()
     assert body["cpu"] == "4000m" and "enforcement" not in body
+
+
+def test_a_running_tasks_app_port_travels_and_a_bad_one_is_named():
+    back, errors = _parse(_travel(TaskReport(1, 0, TaskState.RUNNING, app_port=8888).to_json()))
+    assert errors == {} and back is not None and back.app_port == 8888
+    for bad in (0, 65536, -1, "8888", True, 1.5):
+        item = {**TaskReport(1, 0, TaskState.RUNNING).to_json(), "app_port": bad}
+        assert "tasks.0.app_port" in _parse(item)[1], bad
+    order = StartOrder(1, 0, 5, "nb", "main", 0, "jupyter lab", "alice", {}, [], None, {},
+                       "jupyter")  # fmt: skip
+    assert StartOrder.from_json(_travel(order.to_json())) == order
