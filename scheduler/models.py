@@ -120,6 +120,13 @@ class Queue(models.Model):
     user_limits_exempt_staff = models.BooleanField(
         default=False, help_text="staff users are not held to the per-user limits"
     )
+    # As Slurm's partition MaxTime: no job here asks for more (a job naming none gets it),
+    # and `berth extend` goes no further (docs/interactive.md#time-limits-and-extending).
+    max_walltime = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="seconds: the longest walltime a job here may have, extensions included;"
+        " a job naming none gets this (empty: no maximum)",
+    )  # fmt: skip
     default_cpu = models.BigIntegerField(
         default=DEFAULT_TASK_CPU,
         validators=[MinValueValidator(0), MaxValueValidator(10**9)],

@@ -406,6 +406,21 @@ def _apps(errors: _Errors, value: object, path: str) -> list[dict[str, str]]:
     return [{"kind": str(kind)}]
 
 
+def extend_seconds(data: object) -> int:
+    """An extend request's body, `{"by": "30m"}` (a duration or seconds) -> seconds, or
+    SpecError naming `by`."""
+    if not isinstance(data, dict):
+        raise SpecError({"body": ['must be an object: {"by": "30m"}']})
+    errors = _Errors()
+    _unknown(errors, data, {"by"}, "")
+    if data.get("by") is None:
+        errors.add("by", "is required: a duration (30m, 1h30m, 01:30:00) or seconds")
+    seconds = _duration(errors, data, "by", "by", minimum=1, maximum=limit("SECONDS"))
+    errors.raise_if_any()
+    assert seconds is not None
+    return seconds
+
+
 def job_app(spec: object) -> str:
     """The kind of app a stored job spec declares, or "" (none, or not a spec)."""
     apps = spec.get("apps") if isinstance(spec, dict) else None

@@ -138,10 +138,24 @@ def _checked(
     if queue is None:
         raise SpecError({"queue": [f'unknown queue "{spec["queue"]}"']})
     spec = with_queue_defaults(spec, queue.default_cpu, queue.default_memory)
+    _walltime_policy(spec, queue)
     lowered = _priority_policy(spec, queue, policy_user, lower_to_cap)
     if check_fits:
         refuse_never_fits(spec, queue)
     return spec, queue, lowered
+
+
+def _walltime_policy(spec: dict[str, Any], queue: Queue) -> None:
+    """A walltime above the queue's `max_walltime` is refused; none gets that maximum."""
+    most = queue.max_walltime
+    if most is None:
+        return
+    if spec.get("walltime") is None:
+        spec["walltime"] = most
+    elif spec["walltime"] > most:
+        raise SpecError({"walltime": [
+            f'at most {most} s in queue "{queue.name}" (its max_walltime), got {spec["walltime"]}'
+        ]})  # fmt: skip
 
 
 def _priority_policy(spec: dict[str, Any], queue: Queue, user: Any, lower_to_cap: bool) -> str:

@@ -55,7 +55,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                   "scheduler.tokens", "scheduler.heartbeat", "scheduler.health",
                   "scheduler.metrics", "scheduler.faults", "scheduler.predictions",
                   "scheduler.fairshare", "scheduler.logs", "scheduler.delivery",
-                  "scheduler.webapps",
+                  "scheduler.webapps", "scheduler.extend",
                   "berth.cache")),
     ("models", ("scheduler.models", "scheduler.states", "scheduler.specs", "scheduler.inputs",
                 "scheduler.outbox",

@@ -472,6 +472,23 @@ def resubmit(job_ref: JobRef, as_json: bool) -> None:
         click.echo(f"Submitted job {created['id']} (a copy of job {job_ref})")
 
 
+@cli.command()
+@click.argument("job_ref", metavar="JOB_ID", type=JOB_ID)
+@click.option("--by", "by", required=True, metavar="DURATION",
+              help="how much longer: 30m, 1h30m, 01:30:00 or seconds")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
+def extend(job_ref: JobRef, by: str, as_json: bool) -> None:
+    """Give a running job of yours more time: up to its queue's max_walltime, and only when
+    no waiting job's reservation would start later for it (the server names the job it
+    would delay otherwise)."""
+    api = client()
+    job = api.post(f"jobs/{resolve(api, job_ref)}/extend/", {"by": by})
+    if as_json:
+        emit_json(job)
+    else:
+        click.echo(f"Job {job['id']}: walltime now {job['walltime']} s")
+
+
 # --- flows ------------------------------------------------------------------------------
 
 

@@ -138,6 +138,12 @@ class JobSpec(serializers.Serializer):  # type: ignore[type-arg]
         " of begin, end, fail, time_limit_90, time_limit_80, time_limit_50, or {events, email,"
         " webhook}; the webhook's host must be one staff allow (docs/notifications.md)",
     )
+    apps = serializers.JSONField(
+        required=False,
+        help_text="a web app the job runs, reached at /apps/<job>/ by its owner only: http"
+        " (it sees paths without the prefix) or jupyter (it keeps them), or [{kind: ...}];"
+        " its port is $BERTH_APP_PORT (docs/interactive.md)",
+    )
     tasks = TaskSpec(many=True, help_text="task groups (at least one)")
 
 
@@ -242,3 +248,9 @@ TEMPLATE_EXAMPLES = [
         "spec": {"walltime": "2h", "tasks": [{"command": "python train.py --lr $LR",
                                               "resources": {"gpu": 1}}]}}),
 ]  # fmt: skip
+
+
+class ExtendRequest(serializers.Serializer):  # type: ignore[type-arg]
+    by = serializers.CharField(
+        help_text="how much longer: a duration (30m, 1h30m, 01:30:00) or seconds"
+    )

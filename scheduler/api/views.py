@@ -27,6 +27,7 @@ from scheduler.api.schema import (
     FLOW_EXAMPLES,
     JOB_EXAMPLES,
     TEMPLATE_EXAMPLES,
+    ExtendRequest,
     FlowSpec,
     JobSpec,
     TemplateSpec,
@@ -40,6 +41,7 @@ from scheduler.api.serializers import (
     QueueSerializer,
     TemplateSerializer,
 )
+from scheduler.extend import ExtendRefused, extend_walltime
 from scheduler.faults import database_down
 from scheduler.models import (
     Allocation,
@@ -52,6 +54,7 @@ from scheduler.models import (
     Queue,
     Task,
 )
+from scheduler.specs import extend_seconds
 from scheduler.states import FLOW_FINAL, FlowState, JobState, NodeState
 from scheduler.submit import create_flow, create_template, submit_job, update_template
 
@@ -328,6 +331,18 @@ class JobViewSet(
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str) -> Response:
         return self._request("resume")
+
+    @extend_schema(request=ExtendRequest, responses={200: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def extend(self, request: Request, pk: str) -> Response:
+        """Add to a running job's walltime, up to its queue's max_walltime, when no waiting
+        job's reservation would start later for it (else 409 naming that job)."""
+        seconds = extend_seconds(request.data)  # SpecError: 400 naming `by`
+        try:
+            job = extend_walltime(self.get_object(), seconds, request.user)
+        except ExtendRefused as exc:
+            return conflict(exc)
+        return Response(JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 
     @extend_schema(responses=EventSerializer(many=True))
     @action(detail=True, methods=["get"])
