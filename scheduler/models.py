@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -575,6 +576,16 @@ class Job(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.state in JOB_FINAL
+
+    @property
+    def walltime_ends_at(self) -> datetime | None:
+        """When a running job's walltime runs out (it is stopped then); None otherwise."""
+        if self.state != JobState.RUNNING or self.walltime is None or self.started_at is None:
+            return None
+        try:
+            return self.started_at + timedelta(seconds=self.walltime)
+        except OverflowError:
+            return None
 
     @property
     def estimate_basis(self) -> str | None:

@@ -5,8 +5,10 @@ Every job state change is written with a `JobStateChanged` event whose message s
 scheduler/lifecycle/sync.py); `Event.save` and `Event.objects.bulk_create` hand every new
 event to `enqueue_for_events`, so the outbox is fed from one place whichever writer moved the
 job, and a transaction that rolls back leaves no notification behind. Time-limit warnings
-are not state changes: `enqueue_time_limits` finds running jobs past N % of their walltime
-(run by the notifier, scheduler/delivery.py); a partial unique index makes each fire once.
+are not state changes: `enqueue_time_limits` finds running jobs past N % of their walltime,
+or N minutes from its end (run by the notifier, scheduler/delivery.py); a partial unique
+index makes each fire once. A job with a web app is warned 10 and 1 minutes before its
+walltime unless it or its owner chose events.
 
 What a job's owner is told of: the job's own `notify` (its spec) or else the user's defaults
 (NotifyPreference). Array elements are not notified one by one: the array's parent is (it
@@ -36,7 +38,16 @@ KINDS_INTO: dict[str, tuple[str, ...]] = {
     JobState.CANCELLED: ("end",),
     JobState.FAILED: ("fail", "end"),
 }
-TIME_LIMITS = tuple(int(e.rsplit("_", 1)[1]) for e in NOTIFY_EVENTS if e.startswith("time_l"))
+# time_limit_N: N % of the walltime used; time_limit_Nm: N minutes of it left.
+TIME_LIMITS = tuple(
+    int(e[11:]) for e in NOTIFY_EVENTS if e.startswith("time_l") and e[11:].isdigit()
+)
+MINUTES_LEFT = {
+    e: 60 * int(e[11:-1]) for e in NOTIFY_EVENTS if e.startswith("time_l") and e.endswith("m")
+}
+# What a job with a web app (an interactive job, spec `apps`) is warned of when neither it
+# nor its owner chose any events: its time running out, as a session about to expire.
+INTERACTIVE_DEFAULTS = {"time_limit_10m", "time_limit_1m"}
 VERBS = {"begin": "started", "end": "ended", "fail": "failed"}
 
 
@@ -75,17 +86,17 @@ def enqueue_time_limits(now: datetime | None = None) -> int:
                                  walltime__isnull=False, started_at__isnull=False)  # fmt: skip
     # Only jobs whose notify (or, without one, whose owner's defaults) names a time limit.
     asked = Q(spec__notify__icontains="time_limit_") | (
-        ~Q(spec__has_key="notify") & Q(owner__notify_preference__events__contains="time_limit_")
+        ~Q(spec__has_key="notify")
+        & (Q(owner__notify_preference__events__contains="time_limit_") | Q(spec__has_key="apps"))
     )
     jobs = _jobs(running.filter(asked))
     wanted = _wanted(jobs)
     rows = []
     for job in jobs:
-        used = (now - job["started_at"]).total_seconds() / max(1, job["walltime"])
-        for percent in TIME_LIMITS:
-            kind = f"time_limit_{percent}"
-            if used * 100 >= percent and kind in wanted[job["id"]]:
-                rows += _rows(job, kind, f"{percent}")
+        elapsed = (now - job["started_at"]).total_seconds()
+        for kind, value in _time_limits_reached(elapsed, job["walltime"]):
+            if kind in wanted[job["id"]]:
+                rows += _rows(job, kind, value)
     if not rows:
         return 0
     done = set(
@@ -99,13 +110,26 @@ def enqueue_time_limits(now: datetime | None = None) -> int:
     return len(rows)
 
 
+def _time_limits_reached(elapsed: float, walltime: int) -> list[tuple[str, str]]:
+    """The time-limit warnings a job `elapsed` seconds into its walltime has reached, with
+    what each says (a percentage, or minutes). A warning of N minutes left is for jobs that
+    had more than that to begin with: a 30-second job is not told it has a minute left."""
+    reached = [(f"time_limit_{p}", str(p)) for p in TIME_LIMITS if elapsed * 100 >= p * walltime]
+    return reached + [
+        (kind, str(seconds // 60))
+        for kind, seconds in MINUTES_LEFT.items()
+        if walltime > seconds and walltime - elapsed <= seconds
+    ]
+
+
 def _jobs(queryset: Any) -> list[dict[str, Any]]:
     """The jobs with their `notify` and their owners' settings, in one query (this runs in
     every batch of state changes the scheduler writes)."""
     return list(
-        queryset.annotate(notify=KeyTransform("notify", "spec")).values(
+        queryset.annotate(notify=KeyTransform("notify", "spec"), apps=KeyTransform("apps", "spec"))
+        .values(
             "id", "name", "owner_id", "state", "message", "walltime", "started_at", "notify",
-            "owner__email", "owner__notify_preference__events",
+            "apps", "owner__email", "owner__notify_preference__events",
             "owner__notify_preference__email", "owner__notify_preference__webhook_url",
         )
     )  # fmt: skip
@@ -120,6 +144,8 @@ def _wanted(jobs: list[dict[str, Any]]) -> dict[int, set[str]]:
         email_on = job["owner__notify_preference__email"]  # None: no NotifyPreference
         defaults = notify_events(job["owner__notify_preference__events"] or "")[0]
         wanted[job["id"]] = set(own["events"] if own else defaults)
+        if not own and not defaults and job["apps"]:
+            wanted[job["id"]] |= INTERACTIVE_DEFAULTS
         settings = {"email": job["owner__email"] or "", "email_on": email_on in (None, True),
                     "webhook": job["owner__notify_preference__webhook_url"] or ""}  # fmt: skip
         job["channels"] = _channels(own, settings)
@@ -162,6 +188,9 @@ def _rows(job: dict[str, Any], kind: str, state: str) -> list[Outbox]:
 def _text(job: dict[str, Any], kind: str, state: str) -> str:
     """One line for people (and Slack's `text`)."""
     name = f"job {job['id']} ({job['name']})"
+    if kind in MINUTES_LEFT:
+        more = f"berth extend {job['id']} --by 30m gives it more, if its queue allows"
+        return f"Berth: {name} has {state} min left of its walltime ({job['walltime']} s); {more}"
     if kind.startswith("time_limit_"):
         return f"Berth: {name} has used {state} % of its walltime ({job['walltime']} s)"
     why = f": {job['message']}" if job["message"] and kind != "begin" else ""

@@ -50,7 +50,9 @@ RESOURCE_MAX = {"cpu": 10**9, "memory": 2**60, "gpu": 1024}  # millicores, bytes
 MIN_TASK_MEMORY = 4 * 2**20
 MAX_PIDS = 2**22  # the kernel's largest pid_max: a task's pids limit (processes and threads)
 # Job events a user may be told of (Slurm's --mail-type BEGIN, END, FAIL, TIME_LIMIT_N).
-NOTIFY_EVENTS = ("begin", "end", "fail", "time_limit_90", "time_limit_80", "time_limit_50")
+# time_limit_10m, time_limit_1m: that long before the walltime (interactive jobs' defaults).
+NOTIFY_EVENTS = ("begin", "end", "fail", "time_limit_90", "time_limit_80", "time_limit_50",
+                 "time_limit_10m", "time_limit_1m")  # fmt: skip
 NOTIFY_FIELDS = {"events", "email", "webhook"}
 MAX_WEBHOOK_URL = 500
 # A job's web app (docs/interactive.md): `http` sees paths without /apps/<job>, `jupyter`

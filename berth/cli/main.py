@@ -12,6 +12,7 @@ import shlex
 import socket
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -131,7 +132,8 @@ JOB_OPTIONS = [
         default=None,
         metavar="EVENTS",
         help="notify me (email, webhook) on these events, comma-separated: begin, end,"
-        " fail, time_limit_90, time_limit_80, time_limit_50; none: no"
+        " fail, time_limit_90, time_limit_80, time_limit_50, time_limit_10m, time_limit_1m;"
+        " none: no"
         " notifications (default: my account's defaults)",
     ),
     click.option(
@@ -277,6 +279,8 @@ def show(job_ref: JobRef, as_json: bool) -> None:
     for key in ("id", "name", "owner", "queue", "priority", "state", "reason", "message",
                 "walltime", "created_at", "started_at", "finished_at"):  # fmt: skip
         click.echo(f"{key:>12}: {job.get(key) if job.get(key) not in (None, '') else '-'}")
+    if job.get("walltime_ends_at"):
+        click.echo(f"{'remaining':>12}: {_remaining(job['walltime_ends_at'])}")
     if job.get("gpu_idle_since"):
         click.echo(f"{'gpu idle':>12}: GPUs held idle (below 1 %) since {job['gpu_idle_since']}")
     if job.get("state") in ("Pending", "Suspended"):
@@ -470,6 +474,17 @@ def resubmit(job_ref: JobRef, as_json: bool) -> None:
         emit_json(created)
     else:
         click.echo(f"Submitted job {created['id']} (a copy of job {job_ref})")
+
+
+def _remaining(ends_at: str) -> str:
+    """`1h02m05s left (until <ends_at>)` for a running job's walltime end."""
+    try:
+        ends = datetime.fromisoformat(ends_at.replace("Z", "+00:00"))
+    except ValueError:
+        return ends_at
+    seconds = max(0, int((ends - datetime.now(UTC)).total_seconds()))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s left (until {ends_at})"
 
 
 @cli.command()

@@ -135,7 +135,8 @@ class JobSpec(serializers.Serializer):  # type: ignore[type-arg]
     notify = serializers.JSONField(
         required=False,
         help_text="events to be told of by email and webhook: a list or comma-separated string"
-        " of begin, end, fail, time_limit_90, time_limit_80, time_limit_50, or {events, email,"
+        " of begin, end, fail, time_limit_90, time_limit_80, time_limit_50, time_limit_10m,"
+        " time_limit_1m, or {events, email,"
         " webhook}; the webhook's host must be one staff allow (docs/notifications.md)",
     )
     apps = serializers.JSONField(

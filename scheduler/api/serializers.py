@@ -252,6 +252,12 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     priority_factors = serializers.SerializerMethodField()
     array = serializers.SerializerMethodField()
     estimate_basis = serializers.SerializerMethodField()
+    walltime_ends_at = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="when a running job's walltime runs out (berth extend gives it more);"
+        " null unless it runs with a walltime",
+    )
 
     class Meta:
         model = Job
@@ -263,7 +269,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "priority_factors", "gpu_idle_since",
             "requested_action", "flow",
             "template", "step", "item_index", "array", "array_parent", "array_index",
-            "tasks", "created_at", "started_at", "finished_at",
+            "tasks", "created_at", "started_at", "finished_at", "walltime_ends_at",
         ]  # fmt: skip
         read_only_fields = fields
 

@@ -103,3 +103,29 @@ def test_berth_extend_posts_the_amount_and_says_the_new_walltime(monkeypatch):
     assert result.exit_code == 0, result.output
     assert posted == [("jobs/5/extend/", {"by": "30m"})]
     assert "walltime now 5400 s" in result.output
+
+
+def test_a_running_job_shows_when_its_walltime_runs_out(api, owner, running, client):
+    body = api(owner).get(f"/api/v1/jobs/{running.pk}/").json()
+    assert body["walltime_ends_at"] is not None
+    client.force_login(owner)
+    page = client.get(f"/jobs/{running.pk}/").content.decode()
+    ends = int(running.walltime_ends_at.timestamp())
+    assert f'data-ends="{ends}"' in page and "remaining.js" in page
+    _extend(api(owner), running, 60)
+    running.refresh_from_db()
+    assert int(running.walltime_ends_at.timestamp()) == ends + 60
+    pending = make_job(owner, "later", walltime=60)
+    assert api(owner).get(f"/api/v1/jobs/{pending.pk}/").json()["walltime_ends_at"] is None
+
+
+def test_berth_show_says_how_long_is_left(monkeypatch):
+    class Api:
+        def get(self, path: str) -> dict:
+            return {"id": 5, "state": "Running", "walltime_ends_at": "2999-01-01T00:00:00Z",
+                    "tasks": []}  # fmt: skip
+
+    monkeypatch.setattr(main, "client", Api)
+    result = CliRunner().invoke(main.cli, ["show", "5"])
+    assert result.exit_code == 0, result.output
+    assert "remaining: " in result.output and "left (until 2999-01-01T00:00:00Z)" in result.output
