@@ -20,12 +20,16 @@ import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http.cookies import CookieError, SimpleCookie
+from importlib import import_module
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.contrib.auth import get_user
+from django.http import HttpRequest
+from django.http.cookie import parse_cookie
 from django.http.request import split_domain_port, validate_host
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -111,23 +115,39 @@ def _user_for_token(key: str) -> int | None:
     return found[0].pk if found is not None and found[0].is_active else None
 
 
-async def user_id(scope: Scope) -> int:
-    """Who asks: the token's user, else the session's (websockets and unsafe methods from
-    Berth's own origin only: another site cannot ride the session cookie)."""
+def _session_user(session_key: str) -> int | None:
+    """The signed-in user of a session cookie, checked as Django checks it for a view."""
+    if not session_key:
+        return None
+    request = HttpRequest()
+    request.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    user = get_user(request)
+    return int(user.pk) if user.is_authenticated and user.is_active else None
+
+
+def _find(key: str | None, session_key: str, job_id: int, path: str) -> AppTarget | None:
+    """The app for the token's user (`key`), else the session's: one thread hop for both."""
+    if key is not None:
+        user = _user_for_token(key)
+        if user is None:
+            raise Refused(401, "invalid token")
+    else:
+        user = _session_user(session_key)
+        if user is None:
+            raise Refused(302, "sign in first", f"{settings.LOGIN_URL}?next={quote(path)}")
+    return find_app(user, job_id)
+
+
+def _credentials(scope: Scope) -> tuple[str | None, str]:
+    """The API token's key, else the session cookie: websockets and unsafe methods by
+    session only from Berth's own origin (another site cannot ride the session cookie)."""
     key = _token_key(scope)
     if key is not None:
-        found = await database_sync_to_async(_user_for_token)(key)
-        if found is None:
-            raise Refused(401, "invalid token")
-        return found
-    user = scope.get("user")
-    if user is None or not user.is_authenticated:
-        login = f"{settings.LOGIN_URL}?next={quote(scope['path'])}"
-        raise Refused(302 if scope["type"] == "http" else 403, "sign in first", login)
+        return key, ""
     unsafe = scope["type"] == "websocket" or scope.get("method") in UNSAFE
     if unsafe and not _same_origin(scope):
         raise Refused(403, "cross-origin request refused")
-    return int(user.pk)
+    return None, parse_cookie(_header(scope, b"cookie")).get(settings.SESSION_COOKIE_NAME, "")
 
 
 async def resolve(scope: Scope) -> tuple[AppTarget, bytes]:
@@ -136,7 +156,8 @@ async def resolve(scope: Scope) -> tuple[AppTarget, bytes]:
     if not validate_host(split_domain_port(host)[0], settings.ALLOWED_HOSTS):
         raise Refused(400, "invalid Host header")
     job_id, rest = route(scope)
-    target = await database_sync_to_async(find_app)(await user_id(scope), job_id)
+    key, session_key = _credentials(scope)
+    target = await database_sync_to_async(_find)(key, session_key, job_id, scope["path"])
     if target is None:
         raise Refused(404, "no such app")
     if not rest:  # /apps/5 -> /apps/5/: relative links in the app's pages then resolve
@@ -357,8 +378,8 @@ async def relay(receive: Receive, send: Send, upstream: ClientConnection) -> Non
 
 
 class AppProxy:
-    """The ASGI app for /apps/ (HTTP and websockets); wrap it in channels' auth middleware
-    so that `scope["user"]` is the session's user."""
+    """The ASGI app for /apps/ (HTTP and websockets). It reads the session cookie itself,
+    in the same thread hop as the job's lookup, and only when no token is given."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

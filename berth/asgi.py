@@ -30,8 +30,8 @@ http_routes = [path("api/v1/agent/lease/", lease_app), re_path(r"", django_app)]
 
 # /apps/<job>/ (HTTP and websockets) goes to the job's app, ahead of Django and its body
 # limit (the proxy bounds bodies itself); it checks Host and Origin itself, and takes API
-# tokens as well as sessions (berth/appproxy.py).
-app_proxy: Any = AuthMiddlewareStack(AppProxy())
+# tokens as well as sessions, which it reads itself (berth/appproxy.py).
+app_proxy: Any = AppProxy()
 
 application = ProtocolTypeRouter(
     {
