@@ -61,6 +61,14 @@ class JobListConsumer(_Live):
         return ["jobs-staff"] if user.is_staff else [f"jobs-{user.pk}"]
 
 
+class MyJobsConsumer(_Live):
+    """The rows of the user's own jobs, staff included (static/berth/job-alerts.js turns
+    their state changes into browser notifications)."""
+
+    def allowed_groups(self, user: Any) -> list[str] | None:
+        return [f"jobs-{user.pk}"]
+
+
 class FlowListConsumer(_Live):
     def allowed_groups(self, user: Any) -> list[str] | None:
         return ["flows-staff"] if user.is_staff else [f"flows-{user.pk}"]

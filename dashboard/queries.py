@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from django.conf import settings
 from django.db.models import Count, Prefetch, Q, QuerySet
+from django.utils import timezone
 
 from dashboard.dag import layout
 from scheduler import logs
@@ -180,12 +181,25 @@ def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
         task.usage = usage_view(record) if record else None  # type: ignore[attr-defined]
         if with_logs:  # the output pane is rendered once; pushes append to it
             show_log(task, task.attempt)
-    context = {"job": job, "tasks": tasks, "status": job.status,
+    context = {"job": job, "tasks": tasks, "status": job.status, "remaining": remaining(job),
                "events": list(Event.objects.filter(job=job).order_by("-id")[:50])}  # fmt: skip
     if with_logs:  # the first render only: pushes never carry the spec
         context["tail_chars"] = LOG_TAIL_CHARS
         context["spec_yaml"] = yaml.safe_dump(job.spec, sort_keys=False, allow_unicode=True)
     return context
+
+
+def remaining(job: Job) -> str:
+    """A running job's walltime left as the page shows it (static/berth/remaining.js then
+    ticks it in the same form: `1h 02m 05s`); "" when it has no end."""
+    ends = job.walltime_ends_at
+    if ends is None:
+        return ""
+    seconds = int((ends - timezone.now()).total_seconds())
+    if seconds <= 0:
+        return "none: it is being stopped"
+    hours, rest = divmod(seconds, 3600)
+    return f"{f'{hours}h ' if hours else ''}{rest // 60:02d}m {rest % 60:02d}s"
 
 
 def show_log(task: Task, attempt: int) -> Task:

@@ -19,6 +19,7 @@ class UnknownPathConsumer(AsyncWebsocketConsumer):
 websocket_urlpatterns: list[URLPattern] = [
     path("ws/cluster/", consumers.ClusterConsumer.as_asgi()),
     path("ws/jobs/", consumers.JobListConsumer.as_asgi()),
+    path("ws/me/jobs/", consumers.MyJobsConsumer.as_asgi()),
     path("ws/jobs/<int:job_id>/", consumers.JobConsumer.as_asgi()),
     path("ws/flows/", consumers.FlowListConsumer.as_asgi()),
     path("ws/flows/<int:flow_id>/", consumers.FlowConsumer.as_asgi()),

@@ -21,4 +21,5 @@
 
   tick();
   setInterval(tick, 1000);
+  document.addEventListener("htmx:wsAfterMessage", tick); // a push re-rendered the header
 })();
