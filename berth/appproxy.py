@@ -247,10 +247,14 @@ class ClientGone(Exception):
 
 
 async def request_body(receive: Receive, limit: int) -> AsyncIterator[bytes]:
-    """The client's body as it arrives, at most `limit` bytes."""
+    """The client's body as it arrives, at most `limit` bytes; a client that sends nothing
+    for BERTH_APP_READ_TIMEOUT is let go (a slow client holds no app connection forever)."""
     size = 0
     while True:
-        message = await receive()
+        try:
+            message = await asyncio.wait_for(receive(), settings.BERTH_APP_READ_TIMEOUT)
+        except TimeoutError:
+            raise ClientGone from None
         if message["type"] == "http.disconnect":
             raise ClientGone  # stops the request to the app
         chunk = message.get("body", b"")
@@ -314,11 +318,15 @@ async def proxy_http(scope: Scope, receive: Receive, send: Send, target: AppTarg
     try:
         await send({"type": "http.response.start", "status": response.status_code,
                     "headers": returned_headers(response.headers.raw, target)})  # fmt: skip
+        # A client that takes no chunk for BERTH_APP_READ_TIMEOUT is cut off, as an app
+        # that sends none is.
+        wait = settings.BERTH_APP_READ_TIMEOUT
         async for chunk in response.aiter_raw():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            message = {"type": "http.response.body", "body": chunk, "more_body": True}
+            await asyncio.wait_for(send(message), wait)
         await send({"type": "http.response.body", "body": b""})
-    except httpx.HTTPError as exc:  # cut off mid-answer: the client sees it cut off too
-        log.warning("app of job %s: answer cut off: %s", target.job_id, exc)
+    except (httpx.HTTPError, TimeoutError) as exc:  # cut off mid-answer: so is the client
+        log.warning("app of job %s: answer cut off: %s", target.job_id, exc or "client stalled")
     finally:
         await response.aclose()
 
