@@ -1,6 +1,6 @@
 """Every statement Berth writes by hand, in one module: nothing else opens a cursor
-(tests/test_layers.py refuses `connection.cursor` elsewhere), and tests/test_sql.py proves
-each statement writes or reads the same rows as the ORM would.
+(tests/architecture/test_layers.py refuses `connection.cursor` elsewhere), and
+tests/app/test_sql.py proves each statement writes or reads the same rows as the ORM would.
 
 Why by hand: the ORM has no cheap way to give each row its own value (a CASE WHEN per row
 costs Django more to build than the database to run), to say which rows an insert skipped,
@@ -36,7 +36,7 @@ from django.db import connection, models, transaction
 from django.db.models import Field, Model
 
 from scheduler.models import Event, Job, Task
-from scheduler.states import TASK_ON_NODE
+from scheduler.states.names import TASK_ON_NODE
 
 T = TypeVar("T")
 CHUNK = 1000  # rows per statement: well inside every backend's parameter limit
@@ -430,7 +430,7 @@ def advisory_xact_lock(first: int, second: int) -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s::int, %s::int)", [first, second])
 
 
-# The leader's lock, on a psycopg connection of its own (scheduler/leader.py): a session-level
+# The leader's lock, on a psycopg connection of its own (scheduler/cycle/leader.py): a session-level
 # advisory lock, kept busy while it leads, asked about, and let go.
 LEADER_TRY_LOCK = "SELECT pg_try_advisory_lock(%s), pg_backend_pid()"
 PING = "SELECT 1"

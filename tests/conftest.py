@@ -71,7 +71,7 @@ def _agent_cgroups() -> set[str]:
 def _plan_every_cycle(settings: Any) -> None:
     """The scheduler makes a full plan at most every BERTH_PLAN_INTERVAL seconds and keeps
     the last estimates in between: tests see each cycle's own plan unless they say otherwise
-    (tests/test_plan_store.py tests the interval)."""
+    (tests/cycle/test_plan_store.py tests the interval)."""
     settings.BERTH_PLAN_INTERVAL = 0
 
 
@@ -87,8 +87,8 @@ def _forget_sign_in_attempts() -> None:
 @pytest.fixture(autouse=True)
 def _forget_recent_offers() -> None:
     """Submissions accept on the nodes' capacities read up to a second ago in this process
-    (scheduler/submit.py): each test starts from its own nodes, not the previous test's."""
-    from scheduler.submit import forget_recent_offers
+    (scheduler/jobs/submit.py): each test starts from its own nodes, not the previous test's."""
+    from scheduler.jobs.submit import forget_recent_offers
 
     forget_recent_offers()
 

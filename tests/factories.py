@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from scheduler.models import Allocation, Device, Job, Node, Queue, Task, UsageRecord
-from scheduler.states import JobState, TaskState
+from scheduler.states.names import JobState, TaskState
 
 GI = 1024**3
 

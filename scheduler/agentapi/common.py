@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from scheduler.agent.wire import PROTOCOL
-from scheduler.events import record
+from scheduler.jobs.events import record
 from scheduler.models import Node, hash_token
 from scheduler.sql import row_by
 

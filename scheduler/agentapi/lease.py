@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler import gpu_history, gpu_idle, notify
+from scheduler import notify
 from scheduler.agent import wire
 from scheduler.agent.times import process_time
 from scheduler.agent.wire import TaskReport
@@ -26,8 +26,9 @@ from scheduler.agentapi.orders import (
 )
 from scheduler.agentapi.tasks import parse_tasks
 from scheduler.models import Event, Node, Task, hash_token
+from scheduler.ops import gpu_history, gpu_idle
 from scheduler.sql import lease_rows, row_by, update_rows
-from scheduler.states import TaskState
+from scheduler.states.names import TaskState
 
 LEASE_JITTER = 0.25  # a lease is held between 1 and 1.25 leases, so renewals spread out
 

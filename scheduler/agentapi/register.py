@@ -15,9 +15,9 @@ from scheduler.agent.wire import is_int
 from scheduler.agentapi.common import ProtocolError
 from scheduler.agentapi.logs import inline_output_bytes, storable_text
 from scheduler.core.quantity import parse_cpu, parse_memory
-from scheduler.events import record
+from scheduler.intake.specs import NAME_RE, NAME_RULE, label_problems
+from scheduler.jobs.events import record
 from scheduler.models import Allocation, Device, Node, hash_token
-from scheduler.specs import NAME_RE, NAME_RULE, label_problems
 
 ENFORCEMENT_TEXT = 500  # characters kept of each string of a registration's `enforcement`
 

@@ -23,7 +23,6 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from scheduler import notify
-from scheduler.accounting import record_task_ends
 from scheduler.agent import wire
 from scheduler.agent.times import process_time
 from scheduler.agent.wire import TaskReport
@@ -31,10 +30,11 @@ from scheduler.agentapi.common import ProtocolError, renew, renewal_due
 from scheduler.agentapi.logs import kept_bytes, kept_many, store_chunk
 from scheduler.agentapi.orders import kill_order, start_messages, to_start, wanted
 from scheduler.agentapi.tasks import FINAL_REPORTS, parse_tasks
-from scheduler.events import record
+from scheduler.jobs.events import record
 from scheduler.models import Allocation, Event, Node, Task, TaskLog
+from scheduler.ops.accounting import record_task_ends
 from scheduler.sql import update_rows
-from scheduler.states import OUT_OF_MEMORY, TASK_ON_NODE, TaskState
+from scheduler.states.names import OUT_OF_MEMORY, TASK_ON_NODE, TaskState
 
 
 @dataclass

@@ -15,13 +15,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduler import notify
-from scheduler.events import record
 from scheduler.flows.graph import ACTIVE, FlowDecision, StepJob, StepView, decide
+from scheduler.intake.specs import SpecError, step_job_spec
+from scheduler.jobs.events import record
+from scheduler.jobs.submit import submit_job
 from scheduler.lifecycle import terminate_job
 from scheduler.models import Flow, FlowStep, Job
-from scheduler.specs import SpecError, step_job_spec
-from scheduler.states import FlowState, JobState
-from scheduler.submit import submit_job
+from scheduler.states.names import FlowState, JobState
 
 log = logging.getLogger("berth.flows")
 HELD = "waiting for a parallelism slot"

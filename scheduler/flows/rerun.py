@@ -1,5 +1,5 @@
 """Run a flow again: retry a failed flow from its failed steps, or resubmit it as a fresh copy
-(jobs are resubmitted by `scheduler.operations.resubmit_job`).
+(jobs are resubmitted by `scheduler.jobs.operations.resubmit_job`).
 
 A retry (like `argo retry`) keeps every step that succeeded, and every job that succeeded in
 a fan-out step, with their outputs; the other steps start again from Pending. Their earlier
@@ -15,11 +15,11 @@ from django.db import transaction
 from django.db.models import Max
 
 from scheduler import notify
-from scheduler.events import record
+from scheduler.jobs.events import record
+from scheduler.jobs.operations import OperationError
+from scheduler.jobs.submit import create_flow
 from scheduler.models import Flow
-from scheduler.operations import OperationError
-from scheduler.states import JOB_ACTIVE, FlowState
-from scheduler.submit import create_flow
+from scheduler.states.names import JOB_ACTIVE, FlowState
 
 FLOW_DONE = (FlowState.SUCCEEDED, FlowState.CANCELLED)  # finished, and not by failing
 

@@ -10,11 +10,13 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, QuerySet
 
-from scheduler import accounting, leader, notify
-from scheduler.events import record
+from scheduler import notify
+from scheduler.cycle import leader
+from scheduler.jobs.events import record
 from scheduler.lifecycle.transitions import now_or, release
 from scheduler.models import Node, Task
-from scheduler.states import TASK_ON_NODE, NodeState, TaskState
+from scheduler.ops import accounting
+from scheduler.states.names import TASK_ON_NODE, NodeState, TaskState
 
 
 def check_nodes(now: datetime | None = None) -> int:
@@ -95,7 +97,7 @@ def _lose(
 
 
 def lose_tasks_of_node(node: Node, why: str, now: datetime | None = None) -> list[Task]:
-    """Called inside the transaction that deletes `node` (scheduler.operations.delete_node),
+    """Called inside the transaction that deletes `node` (scheduler.jobs.operations.delete_node),
     so no task stays Running or Terminating on a node that no longer exists."""
     return _lose(Task.objects.filter(node=node), why, now_or(now))
 

@@ -9,7 +9,6 @@ from datetime import datetime
 from django.db import transaction
 
 from scheduler import notify
-from scheduler.jobstate import JobEvent
 from scheduler.lifecycle.transitions import (
     USER_SUSPENDED,
     now_or,
@@ -19,7 +18,8 @@ from scheduler.lifecycle.transitions import (
     terminate_job,
 )
 from scheduler.models import Job
-from scheduler.states import JOB_FINAL, TASK_ON_NODE, JobRequest, JobState
+from scheduler.states.job import JobEvent
+from scheduler.states.names import JOB_FINAL, TASK_ON_NODE, JobRequest, JobState
 
 log = logging.getLogger("berth.lifecycle")
 

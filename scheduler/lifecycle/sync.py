@@ -18,8 +18,7 @@ from django.db import transaction
 from django.db.models import F, Min, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 
-from scheduler import accounting, notify
-from scheduler.jobstate import JobEvent, sources, target
+from scheduler import notify
 from scheduler.lifecycle.transitions import (
     finish_terminating,
     now_or,
@@ -28,7 +27,9 @@ from scheduler.lifecycle.transitions import (
     terminate_job,
 )
 from scheduler.models import Event, Job, Task
-from scheduler.states import JOB_ACTIVE, OUT_OF_MEMORY, TASK_ON_NODE, JobState, TaskState
+from scheduler.ops import accounting
+from scheduler.states.job import JobEvent, sources, target
+from scheduler.states.names import JOB_ACTIVE, OUT_OF_MEMORY, TASK_ON_NODE, JobState, TaskState
 
 log = logging.getLogger("berth.lifecycle")
 

@@ -1,4 +1,4 @@
-"""Moving one job row by row: `set_state` asks the state machine (scheduler/jobstate.py)
+"""Moving one job row by row: `set_state` asks the state machine (scheduler/states/job.py)
 where an event leads, refuses the moves it does not allow and records the event;
 `terminate_job` stops a job's tasks and ends or restarts it. The set-based movers of the
 cycle (lifecycle/sync.py, store.py, arrays.py) ask the same state machine for many rows at
@@ -12,11 +12,12 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler import accounting, notify
-from scheduler.events import record
-from scheduler.jobstate import JobEvent, event_into, next_state
+from scheduler import notify
+from scheduler.jobs.events import record
 from scheduler.models import Allocation, Job, Task
-from scheduler.states import (
+from scheduler.ops import accounting
+from scheduler.states.job import JobEvent, event_into, next_state
+from scheduler.states.names import (
     JOB_FINAL,
     TASK_ON_NODE,
     JobRequest,

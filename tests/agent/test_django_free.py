@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from scheduler.models import Node, Task, TaskLog
-from scheduler.states import TaskState
+from scheduler.states.names import TaskState
 from tests.commands.test_run_agent import JOIN, LOCK, assign, wait_for
 from tests.commands.test_run_agent import server as server  # noqa: F401 - a fixture
 from tests.factories import make_job
