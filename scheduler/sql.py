@@ -457,3 +457,43 @@ def limit_idle_transactions(db: Any, milliseconds: int) -> None:
     if db.vendor == "postgresql":
         with db.cursor() as cursor:
             cursor.execute(f"SET idle_in_transaction_session_timeout = {int(milliseconds)}")
+
+
+def guard_state_moves(db: Any) -> list[str]:
+    """On the Django connection `db` (PostgreSQL), make the database refuse every state move
+    that no state machine allows (scheduler/states/), whichever code writes it: one BEFORE
+    UPDATE trigger per state column. The test suite installs it in its database, so every
+    writer the tests reach, set-based or not, is checked against the tables. Returns the
+    guarded columns."""
+    from scheduler.models import Flow, FlowStep, Node
+    from scheduler.states import flow, job, node, task
+    from scheduler.states.machine import Machine
+
+    guarded: list[tuple[type[Model], str, Machine[Any, Any]]] = [
+        (Job, "state", job.MACHINE),
+        (Task, "state", task.MACHINE),
+        (Flow, "state", flow.FLOW),
+        (FlowStep, "state", flow.STEP),
+        (Node, "state", node.SHOWN),
+        (Node, "admin_state", node.ADMIN),
+    ]
+    names = []
+    with db.cursor() as cursor:
+        for model, column, machine in guarded:
+            table = model._meta.db_table
+            name = f"berth_guard_{table}_{column}"
+            moves = ", ".join(f"'{old}>{new}'" for old, new in sorted(machine.allowed_moves()))
+            cursor.execute(
+                f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger AS $$ BEGIN"
+                f" IF NEW.{column} IS DISTINCT FROM OLD.{column}"
+                f" AND NOT (OLD.{column} || '>' || NEW.{column} = ANY (ARRAY[{moves}])) THEN"
+                f" RAISE EXCEPTION 'illegal {machine.kind} move: % -> % (id %)',"
+                f" OLD.{column}, NEW.{column}, OLD.id; END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
+            )
+            cursor.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+            cursor.execute(
+                f"CREATE TRIGGER {name} BEFORE UPDATE OF {column} ON {table}"
+                f" FOR EACH ROW EXECUTE FUNCTION {name}()"
+            )
+            names.append(f"{table}.{column}")
+    return names

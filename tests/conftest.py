@@ -41,6 +41,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"skipped in CI, which must run it: {report.longrepr}"
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
+    """The test database refuses every state move no state machine allows (scheduler/states/),
+    whoever writes it: the whole suite, e2e processes included, checks the tables."""
+    from django.db import connection
+
+    from scheduler import sql
+
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            sql.guard_state_moves(connection)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_task_cgroups_left() -> Generator[None]:
     """Agents run as root (here and as subprocesses: run_agent, up, the e2e clusters) make

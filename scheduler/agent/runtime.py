@@ -161,7 +161,7 @@ class RunningTask:
     workdir: str = ""  # the task's own work dir (its cwd)
     shipped: int = 0  # bytes of output the server has
     exit_code: int | None = None
-    state: str = "Running"  # Running | Succeeded | Failed | Killed | Lost (cut off)
+    state: str = TaskState.RUNNING  # Running | Succeeded | Failed | Killed | Lost (cut off)
     kill_at: float | None = None  # when SIGKILL follows the SIGTERM
     killed: bool = False
     cut_off: bool = False  # stopped because the agent was cut off from the server (partition.py)
@@ -375,7 +375,7 @@ class Agent(Session):
         deadline = time.monotonic() + self.grace + 2
         while time.monotonic() < deadline:
             self._poll()
-            if all(t.state != "Running" for t in self.tasks.values()):
+            if all(t.state != TaskState.RUNNING for t in self.tasks.values()):
                 break
             time.sleep(POLL_SECONDS)
         if self.token:
@@ -444,7 +444,7 @@ class Agent(Session):
     def _inline_output(self, task: RunningTask) -> InlineOutput | None:
         """The rest of an ended task's output (`offset`, `data`) when it is short enough to
         travel in the final report instead of a log upload of its own."""
-        if task.state == "Running" or task.dropped or self.inline_bytes <= 0:
+        if task.state == TaskState.RUNNING or task.dropped or self.inline_bytes <= 0:
             return None
         size = _size(task.output)
         if not 0 < size - task.shipped <= self.inline_bytes:
@@ -527,7 +527,7 @@ class Agent(Session):
         task holding GPUs says their mean utilisation in that sample (`gpu_utilization`: the
         server flags GPUs held idle), so that costs no request either."""
         with self.lock:
-            running = [t for t in self.tasks.values() if t.state == "Running" and t.devices]
+            running = [t for t in self.tasks.values() if t.state == TaskState.RUNNING and t.devices]
         busy = {i for t in running for i in t.devices}
         levels = {i: t.fake_level for t in running if t.fake_level is not None for i in t.devices}
         samples = self.gpus.sample(busy, levels)
@@ -574,7 +574,7 @@ class Agent(Session):
                     # Stopped before it reached us: say it never ran, and never start it.
                     self.tasks[key[0]] = RunningTask(
                         key[0], key[1], 0, str(self.work_dir / f"task-{key[0]}-{key[1]}"),
-                        state="Killed", message="stopped before it started", killed=True,
+                        state=TaskState.KILLED, message="stopped before it started", killed=True,
                     )  # fmt: skip
                     self.dirty = True
             for order in answer.get("start", []):
@@ -583,7 +583,7 @@ class Agent(Session):
                     continue  # a start repeated by a request that crossed our report
                 self.start(order)
                 started = self.tasks.get(key[0])
-                if not by_lease or started is None or started.state != "Running":
+                if not by_lease or started is None or started.state != TaskState.RUNNING:
                     self.dirty = True
 
     # --- processes -------------------------------------------------------------------
@@ -647,7 +647,7 @@ class Agent(Session):
             log.error("could not start task %s: %s", task_id, exc)
             self.fence.end(group)
             self.tasks[task_id] = RunningTask(
-                task_id, attempt, 0, str(directory), exit_code=127, state="Failed",
+                task_id, attempt, 0, str(directory), exit_code=127, state=TaskState.FAILED,
                 message=f"the agent could not start it: {exc}",
             )  # fmt: skip
             return
@@ -722,7 +722,7 @@ class Agent(Session):
         the main loop is stuck. While they run, renew the lease with a report once a lease
         has passed without one."""
         with self.lock:
-            running = [t for t in self.tasks.values() if t.state == "Running"]
+            running = [t for t in self.tasks.values() if t.state == TaskState.RUNNING]
             if not running:
                 return
             if self.partition.renewal_due():
@@ -751,11 +751,11 @@ class Agent(Session):
         self._poll()
         self._stop_if_cut_off()
         with self.lock:
-            running = any(t.state == "Running" for t in self.tasks.values())
+            running = any(t.state == TaskState.RUNNING for t in self.tasks.values())
         return min(wait, 0.5) if running else wait
 
     def kill(self, task: RunningTask, grace: float) -> None:
-        if task.state != "Running" or task.killed:
+        if task.state != TaskState.RUNNING or task.killed:
             return
         task.killed = True
         task.kill_at = time.monotonic() + grace
@@ -774,7 +774,7 @@ class Agent(Session):
 
     def _poll(self) -> None:
         for task in self.tasks.values():
-            if task.state != "Running":
+            if task.state != TaskState.RUNNING:
                 continue
             if task.cgroup and not task.reason and self.fence.out_of_memory(task.cgroup):
                 # As memory.oom.group does on v2: the task dies whole, and says why.
@@ -794,12 +794,12 @@ class Agent(Session):
         task.ended_at = time.time() if task.proc is not None else _ended_at(task)
         self.dirty = True  # an end goes to the server at once
         if task.cut_off:
-            task.state = "Lost"  # task.message says why (_stop_if_cut_off)
+            task.state = TaskState.LOST  # task.message says why (_stop_if_cut_off)
         elif task.killed:
-            task.state = "Killed"
+            task.state = TaskState.KILLED
             task.message = "stopped on the server's request"
         else:
-            task.state = "Succeeded" if code == 0 else "Failed"
+            task.state = TaskState.SUCCEEDED if code == 0 else TaskState.FAILED
         # Nothing of the task may outlive it (a child left in the background, a daemon).
         self._signal(task, signal.SIGKILL)
         ended = self.fence.end(task.cgroup)
@@ -809,7 +809,7 @@ class Agent(Session):
         if task.usage is not None and task.gpu_util[1]:
             task.usage["gpu_utilization"] = task.gpu_util[0] / task.gpu_util[1]
         if ended.out_of_memory and not task.killed:
-            task.state, task.reason = "Failed", OUT_OF_MEMORY
+            task.state, task.reason = TaskState.FAILED, OUT_OF_MEMORY
             task.message = oom_message(ended.usage, task.memory)
         if ended.leftovers:
             log.info("task %s left %s processes behind: killed", task.id, ended.leftovers)
@@ -835,7 +835,7 @@ class Agent(Session):
         with self.lock:
             tasks = list(self.tasks.values())
         for task in tasks:
-            if task.state == "Running" and not running:
+            if task.state == TaskState.RUNNING and not running:
                 continue
             if self._inline_output(task) is not None:
                 continue  # short: it travels in the final report
@@ -863,7 +863,7 @@ class Agent(Session):
                 chunk = handle.read(min(self.log_chunk, size - task.shipped))
             if not chunk:
                 return
-            if task.state == "Running" or len(chunk) == self.log_chunk:
+            if task.state == TaskState.RUNNING or len(chunk) == self.log_chunk:
                 # Never split a character between two chunks (the rest may still be written).
                 chunk = _whole_utf8(chunk)
             text = chunk.decode(errors="replace")
@@ -910,7 +910,7 @@ class Agent(Session):
         self._read_state()
         # A task's cgroup outlives an agent that stops: those of running tasks are theirs
         # again; any other (its task ended or was forgotten meanwhile) is killed and removed.
-        live = {t.cgroup for t in self.tasks.values() if t.state == "Running" and t.cgroup}
+        live = {t.cgroup for t in self.tasks.values() if t.state == TaskState.RUNNING and t.cgroup}
         for name in self.fence.reap(live):
             log.info("killed what was left of %s in its cgroup", name)
 
@@ -933,7 +933,7 @@ class Agent(Session):
         for item in data.get("tasks", []):
             task = RunningTask(**{k: v for k, v in item.items() if k in known})
             self.tasks[task.id] = task
-            if task.state == "Running":
+            if task.state == TaskState.RUNNING:
                 log.info(
                     "re-adopted task %s (pid %s) after a restart: it is no longer our child, so"
                     " its exit code comes from its exit file; its output file is still shipped",
@@ -945,7 +945,7 @@ def add_gpu_samples(tasks: list[RunningTask], samples: list[dict[str, Any]]) -> 
     """Add each running task's GPUs' mean utilisation now to its running total."""
     for task in tasks:
         mean = task_utilization(task.devices, samples)
-        if task.state == "Running" and mean is not None:
+        if task.state == TaskState.RUNNING and mean is not None:
             task.gpu_util[0] += mean
             task.gpu_util[1] += 1
 

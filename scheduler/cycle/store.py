@@ -26,6 +26,7 @@ from scheduler.cycle.snapshot import Loaded, load_snapshot
 from scheduler.lifecycle import PREEMPTED
 from scheduler.models import Allocation, Event, Job, Node, Task
 from scheduler.sql import CHUNK, chunks, insert_new, update_rows
+from scheduler.states.codes import EventKind, Reason
 from scheduler.states.job import JobEvent, case_sql, sources, target
 from scheduler.states.names import TASK_ON_NODE, JobRequest, JobState, NodeState, TaskState
 
@@ -170,8 +171,8 @@ def _record_binds(
         if state == JobState.SUSPENDED:
             events.append(
                 Event(
-                    kind="JobStateChanged",
-                    reason="Resumed",
+                    kind=EventKind.JOB_STATE_CHANGED,
+                    reason=Reason.RESUMED,
                     job_id=job_id,
                     flow_id=flow_id,
                     message="Suspended -> Pending: resources returned",
@@ -179,7 +180,7 @@ def _record_binds(
             )
         events.append(
             Event(
-                kind="Scheduled",
+                kind=EventKind.SCHEDULED,
                 reason=binds_by_job[job_id][0].action,
                 message=messages[job_id],
                 job_id=job_id,
@@ -263,7 +264,7 @@ def _evict_jobs(evictions: list[Evict], events: list[Event]) -> set[int]:
     for job_id, old, flow_id in victims:
         events.append(
             Event(
-                kind="JobStateChanged",
+                kind=EventKind.JOB_STATE_CHANGED,
                 reason=by_job[job_id].reason,
                 job_id=job_id,
                 flow_id=flow_id,
@@ -296,8 +297,8 @@ def _write_pending(
             log.warning("job %s skipped: %s", job_id, message)
             events.append(
                 Event(
-                    kind="JobInvalid",
-                    reason="InvalidJob",
+                    kind=EventKind.JOB_INVALID,
+                    reason=Reason.INVALID_JOB,
                     message=message,
                     job_id=job_id,
                     flow_id=loaded.job_flows.get(job_id),
@@ -347,17 +348,9 @@ def _invalid_row_events(loaded: Loaded) -> list[Event]:
     events = []
     for name, message in loaded.invalid_queues.items():
         last = (
-            Event.objects.filter(kind="QueueInvalid", message__startswith=f'queue "{name}" ')
-            .order_by("-id")
-            .values_list("message", flat=True)
-            .first()
-        )
-        if last != message:
-            log.warning("%s", message)
-            events.append(Event(kind="QueueInvalid", reason="InvalidCapability", message=message))
-    for node_id, message in loaded.invalid_nodes.items():
-        last = (
-            Event.objects.filter(kind="NodeInvalid", node_id=node_id)
+            Event.objects.filter(
+                kind=EventKind.QUEUE_INVALID, message__startswith=f'queue "{name}" '
+            )
             .order_by("-id")
             .values_list("message", flat=True)
             .first()
@@ -365,6 +358,25 @@ def _invalid_row_events(loaded: Loaded) -> list[Event]:
         if last != message:
             log.warning("%s", message)
             events.append(
-                Event(kind="NodeInvalid", reason="InvalidLabels", message=message, node_id=node_id)
+                Event(
+                    kind=EventKind.QUEUE_INVALID, reason=Reason.INVALID_CAPABILITY, message=message
+                )
+            )
+    for node_id, message in loaded.invalid_nodes.items():
+        last = (
+            Event.objects.filter(kind=EventKind.NODE_INVALID, node_id=node_id)
+            .order_by("-id")
+            .values_list("message", flat=True)
+            .first()
+        )
+        if last != message:
+            log.warning("%s", message)
+            events.append(
+                Event(
+                    kind=EventKind.NODE_INVALID,
+                    reason=Reason.INVALID_LABELS,
+                    message=message,
+                    node_id=node_id,
+                )
             )
     return events

@@ -33,6 +33,7 @@ from scheduler.intake.specs import array_max_elements
 from scheduler.jobs.events import record
 from scheduler.models import Event, Job, Queue, Task
 from scheduler.sql import insert_array_elements, update_rows
+from scheduler.states.codes import EventKind, Reason
 from scheduler.states.job import JobEvent, event_into, next_state, sources, target
 from scheduler.states.names import (
     JOB_ACTIVE,
@@ -99,7 +100,7 @@ def submit_array(owner: Any, spec: dict[str, Any], queue: Queue, labels: dict[st
         create_elements(element, parsed.indices, limit, groups)
         shown = f", at most {limit} at once" if limit is not None else ""
         record(
-            "JobSubmitted", "Submitted",
+            EventKind.JOB_SUBMITTED, Reason.SUBMITTED,
             f"array {parsed.text}: {size} elements of {per_element} task(s){shown},"
             f" in queue {queue.name}",
             job=parent,
@@ -160,9 +161,17 @@ def request_cancel(parent: Job, user: Any) -> bool:
         )
         who = getattr(user, "username", "") or "system"
         parent.requested_at = now
-        parent.reason, parent.message = "CancelRequested", f"by {who}: {asked} elements to stop"
+        parent.reason, parent.message = (
+            Reason.CANCEL_REQUESTED,
+            f"by {who}: {asked} elements to stop",
+        )
         parent.save(update_fields=["requested_at", "reason", "message"])
-        record("JobCancelRequested", "UserRequest", f"by {who}: {asked} elements", job=parent)
+        record(
+            EventKind.JOB_CANCEL_REQUESTED,
+            Reason.USER_REQUEST,
+            f"by {who}: {asked} elements",
+            job=parent,
+        )
         notify.changed(jobs=[parent.pk])
     return True
 
@@ -193,7 +202,7 @@ def cancel_requested_elements(now: datetime | None = None) -> int:
                 pk__in=chunk, requested_action=JobRequest.CANCEL,
                 state__in=sources(JobEvent.CANCEL, only=(JobState.PENDING, JobState.SUSPENDED)),
             ).update(
-                state=target(JobEvent.CANCEL), reason="Cancelled", message="cancelled by user",
+                state=target(JobEvent.CANCEL), reason=Reason.CANCELLED, message="cancelled by user",
                 finished_at=now, requested_action=JobRequest.NONE, hold_reason="",
                 terminal_state="", pending_code="", pending_message="", estimated_start_at=None,
             )  # fmt: skip
@@ -202,8 +211,8 @@ def cancel_requested_elements(now: datetime | None = None) -> int:
             by_parent[parent_id].append(index)
         Event.objects.bulk_create(
             Event(
-                kind="JobStateChanged",
-                reason="Cancelled",
+                kind=EventKind.JOB_STATE_CHANGED,
+                reason=Reason.CANCELLED,
                 job_id=parent_id,
                 message=f"{len(indices)} elements cancelled: {format_indices(indices)}"[:2000],
             )  # fmt: skip
@@ -334,17 +343,23 @@ def _move(parent: Job, state: str, counts: dict[str, Any], now: datetime) -> Non
     parent.state = next_state(old, event_into(state))
     if state == JobState.RUNNING:
         parent.started_at = parent.started_at or now
-        parent.reason, parent.message = "Started", "an element started"
+        parent.reason, parent.message = Reason.STARTED, "an element started"
     else:
         parent.finished_at = now
         parent.started_at = parent.started_at or now
-        parent.reason = {JobState.SUCCEEDED: "Completed", JobState.FAILED: "ElementFailed",
-                         JobState.CANCELLED: "Cancelled"}[JobState(state)]  # fmt: skip
+        parent.reason = {JobState.SUCCEEDED: Reason.COMPLETED,
+                         JobState.FAILED: Reason.ELEMENT_FAILED,
+                         JobState.CANCELLED: Reason.CANCELLED}[JobState(state)]  # fmt: skip
         done = ", ".join(f"{n} {s.lower()}" for s, n in sorted(states.items()) if n)
         parent.message = f"every element finished: {done}" if done else "no elements left"
     parent.pending_code = parent.pending_message = ""
     parent.estimated_start_at = None
-    record("JobStateChanged", parent.reason, f"{old} -> {state}: {parent.message}", job=parent)
+    record(
+        EventKind.JOB_STATE_CHANGED,
+        parent.reason,
+        f"{old} -> {state}: {parent.message}",
+        job=parent,
+    )
 
 
 # --- the agent's environment and the API's detail --------------------------------------------

@@ -16,6 +16,7 @@ from scheduler.jobs import arrays
 from scheduler.jobs.events import record
 from scheduler.jobs.submit import submit_job
 from scheduler.models import Flow, Job, Node
+from scheduler.states.codes import EventKind, Reason
 from scheduler.states.names import FLOW_FINAL, JOB_FINAL, JobRequest, JobState, NodeState
 
 
@@ -47,7 +48,12 @@ def request_job_action(job: Job, action: str, user: Any) -> Job:
         job.requested_at = timezone.now()
         job.save(update_fields=["requested_action", "requested_at"])
         who = getattr(user, "username", "") or "system"
-        record(f"Job{action.capitalize()}Requested", "UserRequest", f"by {who}", job=job)
+        record(
+            EventKind(f"Job{action.capitalize()}Requested"),
+            Reason.USER_REQUEST,
+            f"by {who}",
+            job=job,
+        )
         notify.changed(jobs=[job.pk])
     return job
 
@@ -71,7 +77,9 @@ def request_flow_cancel(flow: Flow, user: Any) -> Flow:
             raise OperationError(f"flow {flow.pk} is {flow.state}: nothing to cancel")
         flow.cancel_requested = True
         flow.save(update_fields=["cancel_requested"])
-        record("FlowCancelRequested", "UserRequest", f"by {user.username}", flow=flow)
+        record(
+            EventKind.FLOW_CANCEL_REQUESTED, Reason.USER_REQUEST, f"by {user.username}", flow=flow
+        )
         notify.changed(flows=[flow.pk])
     return flow
 
@@ -114,7 +122,11 @@ def delete_node(node: Node, user: Any) -> int:
         lost = lifecycle.lose_tasks_of_node(node, f"node {name} was deleted by {who}")
         if Node.objects.select_for_update().filter(pk=node_id).first() is None:
             return len(lost)  # deleted meanwhile by someone else
-        record("NodeDeleted", "Operator", f"node {name} deleted by {who}; {len(lost)} tasks lost")
+        record(
+            EventKind.NODE_DELETED,
+            Reason.OPERATOR,
+            f"node {name} deleted by {who}; {len(lost)} tasks lost",
+        )
         Node.objects.filter(pk=node_id).delete()
         notify.changed(nodes=[node_id])
     return len(lost)
@@ -128,8 +140,8 @@ def reset_node_token(node: Node, user: Any) -> Node:
         node = Node.objects.select_for_update().get(pk=node.pk)
         node.token_hash = None
         node.save(update_fields=["token_hash"])
-        record("NodeTokenReset", "Operator", f"by {getattr(user, 'username', 'system')}",
-               node=node)  # fmt: skip
+        who = getattr(user, "username", "system")
+        record(EventKind.NODE_TOKEN_RESET, Reason.OPERATOR, f"by {who}", node=node)
         notify.changed(nodes=[node.pk])
     return node
 
@@ -139,6 +151,6 @@ def resubmit_job(job: Job, user: Any) -> Job:
     of `user`, who asks for it (SpecError if the spec is no longer accepted)."""
     with transaction.atomic():  # the copy and its event together: never a copy without it
         copy = submit_job(job.owner, job.spec, requested_by=user)
-        record("JobResubmitted", "UserRequest", f"by {user.username}: a copy of job {job.pk}",
-               job=copy)  # fmt: skip
+        message = f"by {user.username}: a copy of job {job.pk}"
+        record(EventKind.JOB_RESUBMITTED, Reason.USER_REQUEST, message, job=copy)
     return copy

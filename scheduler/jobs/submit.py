@@ -40,6 +40,7 @@ from scheduler.models import (
     capability_problems,
 )
 from scheduler.sql import advisory_xact_lock, row_by, write_job
+from scheduler.states.codes import EventKind, Reason
 from scheduler.states.names import JobState
 
 M = TypeVar("M", bound=models.Model)
@@ -259,7 +260,7 @@ def create_flow(owner: Any, data: object) -> Flow:
             )
             for i, s in enumerate(spec["steps"])
         )
-        record("FlowCreated", "Created", f"{len(spec['steps'])} steps", flow=flow)
+        record(EventKind.FLOW_CREATED, Reason.CREATED, f"{len(spec['steps'])} steps", flow=flow)
         notify.changed(flows=[flow.pk])
     return flow
 

@@ -16,6 +16,7 @@ from scheduler.jobs.events import record
 from scheduler.lifecycle.transitions import now_or, release
 from scheduler.models import Node, Task
 from scheduler.ops import accounting
+from scheduler.states.codes import EventKind, Reason
 from scheduler.states.names import TASK_ON_NODE, NodeState, TaskState
 
 
@@ -53,10 +54,10 @@ def _mark_not_ready(node: Node, now: datetime) -> bool:
         if not claimed:
             return False
         why = f"node {node.name} not ready"
-        lost = _lose(Task.objects.filter(node=node), why, now, reason="NodeNotReady")
+        lost = _lose(Task.objects.filter(node=node), why, now, reason=Reason.NODE_NOT_READY)
         record(
-            "NodeNotReady",
-            "HeartbeatTimeout",
+            EventKind.NODE_NOT_READY,
+            Reason.HEARTBEAT_TIMEOUT,
             f"no heartbeat since {node.last_heartbeat}; {len(lost)} tasks lost",
             node=node,
         )
@@ -72,7 +73,7 @@ def _mark_drained(node: Node) -> bool:
         )
         if not updated:
             return False
-        record("NodeDrained", "Drained", "no task left on the node", node=node)
+        record(EventKind.NODE_DRAINED, Reason.DRAINED, "no task left on the node", node=node)
         notify.changed(nodes=[node.pk])
         return True
 
@@ -91,7 +92,7 @@ def _lose(
     )
     accounting.record_task_ends(lost, now, state=TaskState.LOST)
     for job in {t.job_id: t.job for t in lost}.values():
-        record("TaskLost", reason, why, job=job)
+        record(EventKind.TASK_LOST, reason, why, job=job)
     notify.changed(jobs={t.job_id for t in lost})
     return lost
 

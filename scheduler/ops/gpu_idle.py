@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from scheduler import notify
 from scheduler.models import Event, Job, Node, Task
+from scheduler.states.codes import EventKind, Reason
 from scheduler.states.names import JobState, TaskState
 
 IDLE_PERCENT = 1.0  # a task's GPUs below this mean utilisation are idle
@@ -115,7 +116,7 @@ def _flag(job_id: int, idle: _Idle, now: datetime) -> bool:
             f"{', '.join(idle.tasks)}: GPUs below {IDLE_PERCENT:g} % for {held}"
             f" (limit {settings.BERTH_GPU_IDLE_MINUTES:g} min)"
         )
-        Event.objects.create(kind="JobGpuIdle", reason="GpusIdle", message=message,
+        Event.objects.create(kind=EventKind.JOB_GPU_IDLE, reason=Reason.GPUS_IDLE, message=message,
                              job_id=job_id, flow_id=idle.flow_id)  # fmt: skip
         notify.changed(jobs=[job_id])
     return True
@@ -131,7 +132,7 @@ def _clear(job: Job, now: datetime, say: bool) -> bool:
             return False
         if say and job.state == JobState.RUNNING and job.gpu_idle_since is not None:
             held = _minutes((now - job.gpu_idle_since).total_seconds())
-            Event.objects.create(kind="JobGpuBusy", reason="GpusBusy",
+            Event.objects.create(kind=EventKind.JOB_GPU_BUSY, reason=Reason.GPUS_BUSY,
                                  message=f"its GPUs are in use again after {held} idle",
                                  job_id=job.pk, flow_id=job.flow_id)  # fmt: skip
         notify.changed(jobs=[job.pk])

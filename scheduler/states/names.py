@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from scheduler.states.codes import Reason
+
 
 class JobState(models.TextChoices):
     PENDING = "Pending"
@@ -18,7 +20,7 @@ class JobState(models.TextChoices):
 JOB_FINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 # The reason a job suspended by preemption carries (it resumes by itself; a user's suspend
 # waits for a resume).
-PREEMPTED = "Preempted"
+PREEMPTED = Reason.PREEMPTED
 JOB_ACTIVE = (JobState.PENDING, JobState.RUNNING, JobState.TERMINATING, JobState.SUSPENDED)
 
 
@@ -35,7 +37,7 @@ class TaskState(models.TextChoices):
 TASK_ON_NODE = (TaskState.ASSIGNED, TaskState.RUNNING)
 # The reason of a task the kernel killed at its memory limit (the agent reports it), and of
 # its job when that ends it or restarts it.
-OUT_OF_MEMORY = "OutOfMemory"
+OUT_OF_MEMORY = Reason.OUT_OF_MEMORY
 
 
 class NodeState(models.TextChoices):

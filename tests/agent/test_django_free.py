@@ -12,9 +12,9 @@ from pathlib import Path
 
 from scheduler.models import Node, Task, TaskLog
 from scheduler.states.names import TaskState
-from tests.commands.test_run_agent import JOIN, LOCK, assign, wait_for
-from tests.commands.test_run_agent import server as server  # noqa: F401 - a fixture
 from tests.factories import make_job
+from tests.management.test_run_agent import JOIN, LOCK, assign, wait_for
+from tests.management.test_run_agent import server as server  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 # Runs the agent's entry point as `python -m scheduler.agent` does, then says on stderr whether

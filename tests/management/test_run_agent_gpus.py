@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.commands.test_run_agent import (
+from scheduler.models import DeviceSample, Node, Task
+from scheduler.states.names import TaskState
+from tests.factories import make_job
+from tests.management.test_run_agent import (
     LOCK,
     assign,
     manage,
@@ -13,10 +16,6 @@ from tests.commands.test_run_agent import (
     stop,
     wait_for,
 )
-
-from scheduler.models import DeviceSample, Node, Task
-from scheduler.states.names import TaskState
-from tests.factories import make_job
 
 
 def _busy(index: int, after: Any = None) -> list[tuple[int, int]]:

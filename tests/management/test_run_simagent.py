@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 from django.core.management import CommandError, call_command
-from tests.commands.test_run_agent import LOCK, assign, manage, server, stop, wait_for
 
 from scheduler.models import Allocation, Node, Task, TaskLog
 from scheduler.states.names import TaskState
 from tests.factories import make_job
+from tests.management.test_run_agent import LOCK, assign, manage, server, stop, wait_for
 
 __all__ = ["server"]  # the fixture
 
