@@ -71,7 +71,8 @@ class MpsDaemons:
     def daemon_env(self, index: int) -> dict[str, str]:
         """The daemon's environment, from scratch: none of the agent's own variables."""
         env = {
-            "PATH": TASK_PATH,
+            # The daemon starts nvidia-cuda-mps-server, which lives beside it.
+            "PATH": f"{os.path.dirname(self.control) or '/usr/bin'}:{TASK_PATH}",
             "CUDA_VISIBLE_DEVICES": self.devices[index],
             "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(index)),
             "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir(index)),

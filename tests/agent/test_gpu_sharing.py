@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 
 from scheduler.agent import command
+from scheduler.agent.client import Http
 from scheduler.agent.fence import Fence
 from scheduler.agent.gpumodes import ISOLATION, mig_device_nodes
 from scheduler.agent.gpus import FAKE_MEMORY
 from scheduler.agent.mps import PID_FILE, thread_percentage
 from scheduler.agent.runtime import discover_gpus
+from scheduler.agent.sim import SimCluster, SimNode
 from scheduler.agent.wire import GPU_SHARING_MODES
 from tests.agent.test_runtime import RecordingAgent, run_until
 
@@ -412,3 +414,20 @@ def test_a_mig_instance_the_gpu_does_not_have_is_refused(tmp_path, monkeypatch):
 
 def test_mig_capabilities_are_read_from_the_drivers_proc_files(tmp_path):
     assert mig_device_nodes("/dev/nvidia3", 1, 0, tmp_path / "proc", tmp_path / "dev") == ()
+
+
+class RecordingCluster(SimCluster):
+    def __init__(self, gpus: int) -> None:
+        super().__init__("http://127.0.0.1:1", "join", nodes=0, gpus=gpus, cpu=1, memory=1)
+        self.sent: list[dict[str, Any]] = []
+
+    def _post(self, node: SimNode, path: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
+        self.sent.append(body)
+        return {"token": "t", "lease_seconds": 10}
+
+
+@pytest.mark.parametrize(("gpus", "offered"), [(2, ["timeslice"]), (0, [])])
+def test_simulated_nodes_offer_time_slicing_of_their_fake_gpus(gpus, offered):
+    cluster = RecordingCluster(gpus)
+    cluster.register(SimNode("sim-0000", 1000, 2**30, gpus, {}, Http("http://127.0.0.1:1")))
+    assert cluster.sent[0]["gpu_sharing"] == offered
