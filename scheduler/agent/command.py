@@ -191,7 +191,7 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         task_uids = parse_uid_range(options.get("task_uids") or "off")
     except ValueError as exc:
         raise UsageError(f"--task-uids: {exc}") from None
-    sharing, control = sharing_options(options)
+    sharing = sharing_options(options)
     join_token = join_token_from(options["join_token_file"])
     agent = Agent(
         server=options["server"],
@@ -206,8 +206,7 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         min_free_disk=min_free,
         task_uids=task_uids,
         keep_work_dirs=options.get("keep_work_dirs", DEFAULT_KEEP_WORK_DIRS),
-        gpu_sharing=sharing,
-        mps_control=control,
+        **sharing,
     )
     agent.fence = Fence(
         options.get("enforce"),
@@ -222,9 +221,9 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
     return agent
 
 
-def sharing_options(options: Mapping[str, Any]) -> tuple[tuple[str, ...] | None, str | None]:
-    """--gpu-sharing (None: auto) and the MPS control binary; UsageError when MPS is asked
-    for and there is no control binary to run."""
+def sharing_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The agent's `gpu_sharing` (--gpu-sharing; None: auto) and `mps_control` (the control
+    binary); UsageError when MPS is asked for and there is no control binary to run."""
     try:
         sharing = parse_sharing(options.get("gpu_sharing") or "auto")
     except ValueError as exc:
@@ -237,7 +236,7 @@ def sharing_options(options: Mapping[str, Any]) -> tuple[tuple[str, ...] | None,
             "--gpu-sharing mps: no nvidia-cuda-mps-control on PATH (install the CUDA"
             f" toolkit's MPS tools, or name it with --mps-control or ${CONTROL_ENV})"
         )
-    return sharing, control
+    return {"gpu_sharing": sharing, "mps_control": control}
 
 
 def allowed_devices(rules: list[str]) -> tuple[str, ...]:

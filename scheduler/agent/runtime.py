@@ -256,7 +256,6 @@ class Agent(Session):
         # When the server last renewed our lease (set by register()): partition.py.
         self.partition = PartitionGuard()
         self.pressure = PressureWatch([self.work_dir, self.state_dir], min_free_disk)
-        # The GPU sharing modes offered (--gpu-sharing; None: auto) and their MPS daemons.
         self.sharing = NodeSharing(gpu_sharing, mps_control, self.work_dir / "mps",
                                    self.state_dir / "mps")  # fmt: skip
 
@@ -369,18 +368,23 @@ class Agent(Session):
                     log.exception("agent step failed; retrying in %.1fs", wait)
                 stop.wait(self._cut_off_wait(wait))
         finally:
-            self.lease_http.abort()  # end the held lease request now
-            if leases is not None:
-                leases.join(timeout=5)
-            if self.kill_on_exit:
-                self._kill_all()
-            self._save()
-            self.fence.close()
-            self.gpus.close()
-            with self.lock:  # MPS daemons that running tasks still use are left to them
-                in_use = {i for t in self.tasks.values() if t.state == "Running"
-                          and t.gpu_mode == MPS for i in t.devices}  # fmt: skip
-            self.sharing.close(in_use)
+            self._shut_down(leases)
+
+    def _shut_down(self, leases: threading.Thread | None) -> None:
+        """The agent stops: end the held lease, stop the tasks if asked to, save the state,
+        and stop the MPS daemons no running task still uses (the next agent adopts those)."""
+        self.lease_http.abort()  # end the held lease request now
+        if leases is not None:
+            leases.join(timeout=5)
+        if self.kill_on_exit:
+            self._kill_all()
+        self._save()
+        self.fence.close()
+        self.gpus.close()
+        with self.lock:
+            in_use = {i for t in self.tasks.values() if t.state == "Running"
+                      and t.gpu_mode == MPS for i in t.devices}  # fmt: skip
+        self.sharing.close(in_use)
 
     def _kill_all(self) -> None:
         """--kill-on-exit: stop every task (SIGTERM, SIGKILL after the grace) and tell the

@@ -84,8 +84,8 @@ def run_task(agent: RecordingAgent, order: dict[str, Any]) -> dict[str, Any]:
      ("mps,timeslice", ["mps", "timeslice"]), ("mig,timeslice", ["timeslice"])],
 )  # fmt: skip
 def test_fake_gpus_offer_the_modes_their_flags_allow(tmp_path, control, flag, offered):
-    sharing, found = command.sharing_options({"gpu_sharing": flag, "mps_control": control})
-    agent = sharing_agent(tmp_path, gpu_sharing=sharing, mps_control=found)
+    options = command.sharing_options({"gpu_sharing": flag, "mps_control": control})
+    agent = sharing_agent(tmp_path, **options)
     body = registered(agent)
     # mig is asked for but fake GPUs have no MIG instances: left out, not claimed.
     assert body["gpu_sharing"] == offered
@@ -419,10 +419,10 @@ def test_mig_capabilities_are_read_from_the_drivers_proc_files(tmp_path):
 class RecordingCluster(SimCluster):
     def __init__(self, gpus: int) -> None:
         super().__init__("http://127.0.0.1:1", "join", nodes=0, gpus=gpus, cpu=1, memory=1)
-        self.sent: list[dict[str, Any]] = []
+        self.bodies: list[dict[str, Any]] = []
 
     def _post(self, node: SimNode, path: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
-        self.sent.append(body)
+        self.bodies.append(body)
         return {"token": "t", "lease_seconds": 10}
 
 
@@ -430,4 +430,14 @@ class RecordingCluster(SimCluster):
 def test_simulated_nodes_offer_time_slicing_of_their_fake_gpus(gpus, offered):
     cluster = RecordingCluster(gpus)
     cluster.register(SimNode("sim-0000", 1000, 2**30, gpus, {}, Http("http://127.0.0.1:1")))
-    assert cluster.sent[0]["gpu_sharing"] == offered
+    assert cluster.bodies[0]["gpu_sharing"] == offered
+
+
+def test_the_docs_state_the_isolation_the_agent_holds():
+    text = (Path(__file__).parents[2] / "docs" / "gpus.md").read_text()
+    section = text[text.index("## Sharing modes and their isolation") :].split("\n### ")[0]
+    rows = {cells[0].strip("` "): [c.strip() for c in cells[1:4]]
+            for line in section.splitlines() if line.startswith("| `")
+            for cells in [line.strip("|").split("|")]}  # fmt: skip
+    for mode, isolation in ISOLATION.items():
+        assert rows[mode] == [isolation["memory"], isolation["faults"], isolation["compute"]]
