@@ -199,6 +199,12 @@ class NodeSharing:
         self.modes = [m for m in wanted if not possible[m]]
         served = {i: self._cuda_name(i) for i, d in self.devices.items() if not d.get("mig")}
         self.mps.ensure(served if MPS in self.modes else {})
+        down = [i for i in self.mps.devices if self.mps.pid(i) is None]
+        if down:  # the node claims MPS only where it can give it: on every GPU it shares
+            log.error("--gpu-sharing mps: not offered: the MPS control daemon of GPU %s did not"
+                      " start (its log is in %s)", down[0], self.mps.log_dir(down[0]))  # fmt: skip
+            self.modes.remove(MPS)
+            self.mps.ensure({})
         return list(self.modes)
 
     def _cuda_name(self, index: int) -> str:

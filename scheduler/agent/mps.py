@@ -109,8 +109,8 @@ class MpsDaemons:
             log.error("GPU %s: could not start the MPS control daemon: %s", index, exc)
             return False
         deadline = time.monotonic() + START_SECONDS
-        while self.pid(index) is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        while done.returncode == 0 and self.pid(index) is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # `-d` returns once it forked; the daemon writes its pid file
         if self.pid(index) is None:
             text = (done.stderr or done.stdout).decode(errors="replace").strip()[:300]
             log.error("GPU %s: the MPS control daemon did not start (exit %s) %s",

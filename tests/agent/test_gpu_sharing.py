@@ -441,3 +441,29 @@ def test_the_docs_state_the_isolation_the_agent_holds():
             for cells in [line.strip("|").split("|")]}  # fmt: skip
     for mode, isolation in ISOLATION.items():
         assert rows[mode] == [isolation["memory"], isolation["faults"], isolation["compute"]]
+
+
+def test_a_node_whose_mps_daemon_cannot_start_does_not_claim_mps(tmp_path):
+    broken = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    broken.parent.mkdir()
+    broken.write_text("#!/bin/sh\necho 'cannot open the GPU' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    agent = sharing_agent(tmp_path, gpu_sharing=("mps", "timeslice"), mps_control=str(broken))
+    assert registered(agent)["gpu_sharing"] == ["timeslice"]
+    assert agent.sharing.mps.devices == {}  # nothing left to watch or restart
+
+
+def test_an_mps_daemon_a_running_task_uses_outlives_the_agent(tmp_path, control):
+    agent = sharing_agent(tmp_path, gpu_sharing=("mps",), mps_control=control)
+    agent.answers = [{"start": [{"id": 1, "attempt": 0, "command": "sleep 30", "devices": [1],
+                                 "shares": [0.5]}]}]  # fmt: skip
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+    run_until_true(lambda: 1 in agent.tasks and agent.tasks[1].state == "Running")
+    stop.set()
+    runner.join(timeout=30)
+    # The task goes on after the agent (no --kill-on-exit): its GPU's daemon stays for it.
+    assert agent.tasks[1].gpu_mode == "mps"
+    assert agent.sharing.mps.pid(0) is None and agent.sharing.mps.pid(1) is not None
+    os.killpg(agent.tasks[1].pid, signal.SIGKILL)
