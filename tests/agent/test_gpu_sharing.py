@@ -467,3 +467,19 @@ def test_an_mps_daemon_a_running_task_uses_outlives_the_agent(tmp_path, control)
     assert agent.tasks[1].gpu_mode == "mps"
     assert agent.sharing.mps.pid(0) is None and agent.sharing.mps.pid(1) is not None
     os.killpg(agent.tasks[1].pid, signal.SIGKILL)
+
+
+def test_on_real_gpus_mps_names_the_gpu_by_uuid_and_leaves_mig_gpus_alone(
+    tmp_path, monkeypatch, control
+):
+    agent = mig_agent(tmp_path, monkeypatch, gpu_sharing=("mig", "mps"), mps_control=control)
+    assert registered(agent)["gpu_sharing"] == ["mig", "mps"]
+    assert sorted(agent.sharing.mps.devices) == [1]  # GPU 0 is in MIG mode: no daemon
+    assert control_log(agent, 1)[0]["env"]["CUDA_VISIBLE_DEVICES"] == "GPU-1"
+    order = {"devices": [1], "shares": [0.5], "env": {"CUDA_VISIBLE_DEVICES": "1"}}
+    assert run_task(agent, order)["state"] == "Succeeded"
+    env = env_of(agent, 1)
+    # The MPS server renumbers what it sees: the UUID names the same GPU for the client.
+    assert (env["CUDA_VISIBLE_DEVICES"], env["BERTH_GPU_SHARING"]) == ("GPU-1", "mps")
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={40 * 1024}M"  # half of 80 GiB
+    agent.sharing.close(set())
