@@ -10,8 +10,10 @@
    `--clients` percentage at once, each with the environment the agent gives a task holding
    that share with a `--limit-mib` GPU memory limit. A client is the CUDA driver API through
    ctypes (no nvcc needed): it reports the devices and multiprocessors it sees, the memory
-   `cuMemGetInfo` shows it, and the result codes of one allocation under its limit and one
-   over it (0 = success, 2 = out of memory). The daemon's server list is read
+   `cuMemGetInfo` shows it, the result codes of one allocation under its limit and one over
+   it (0 = success, 2 = out of memory), and how long a spin kernel (hand-written PTX that
+   the driver compiles) took: beside the baseline's, that shows the share of the GPU it got
+   (a measurement, not a pass/fail). The daemon's server list is read
    while they run; then the daemon is sent `quit` and must be gone.
 3. nvcc's version when it is installed (nothing here needs it).
 
@@ -41,12 +43,49 @@ from scheduler.agent.mps import MpsDaemons, find_control  # noqa: E402
 
 MIB = 2**20
 HOLD_SECONDS = 3.0  # how long each client keeps its context, so that they overlap
-CLIENT_TIMEOUT = 60.0
+CLIENT_TIMEOUT = 120.0
+SPIN_ITERATIONS = 100_000  # per thread: about a second on a whole H100 (one chain of FMAs)
+SPIN_BLOCKS = 1024  # of 256 threads
+# A kernel every thread of which runs a chain of `iters` dependent FMAs, then stores its
+# result: its time shows how much of the GPU a client gets. Plain PTX, compiled by the driver
+# (no nvcc needed); sm_70 PTX runs on every GPU since Volta.
+SPIN_PTX = r"""
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry spin(.param .u64 out, .param .u32 iters)
+{
+    .reg .pred %p<2>;
+    .reg .u32 %r<7>;
+    .reg .f32 %f<2>;
+    .reg .u64 %rd<4>;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r1, [iters];
+    mov.u32 %r2, %tid.x;
+    mov.u32 %r3, %ctaid.x;
+    mov.u32 %r4, %ntid.x;
+    mad.lo.u32 %r5, %r3, %r4, %r2;
+    cvt.rn.f32.u32 %f1, %r5;
+    mov.u32 %r6, 0;
+LOOP:
+    fma.rn.f32 %f1, %f1, 0f3F7FFFFF, 0f3F800000;
+    add.u32 %r6, %r6, 1;
+    setp.lt.u32 %p1, %r6, %r1;
+    @%p1 bra LOOP;
+    cvta.to.global.u64 %rd2, %rd1;
+    mul.wide.u32 %rd3, %r5, 4;
+    add.u64 %rd2, %rd2, %rd3;
+    st.global.f32 [%rd2], %f1;
+    ret;
+}
+"""
 # One MPS (or plain) client: the CUDA driver API through ctypes. argv: bytes under the limit,
-# bytes over it, seconds to hold the context.
+# bytes over it, seconds to hold the context, the spin kernel's iterations and blocks (of
+# 256 threads). Each driver call's result code is reported (0: success, 2: out of memory).
 CLIENT = r"""
 import ctypes as c, json, sys, time
-under, over, hold = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+under, over, hold, iters, blocks = (int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]),
+                                    int(sys.argv[4]), int(sys.argv[5]))
 try:
     cuda = c.CDLL("libcuda.so.1")
 except OSError as exc:
@@ -68,9 +107,21 @@ if out["init"] == 0 and n.value > 0:
     first, second = c.c_uint64(), c.c_uint64()
     out["alloc_under_limit"] = cuda.cuMemAlloc_v2(c.byref(first), c.c_size_t(under))
     out["alloc_over_limit"] = cuda.cuMemAlloc_v2(c.byref(second), c.c_size_t(over))
+    module, function = c.c_void_p(), c.c_void_p()
+    out["module_load"] = cuda.cuModuleLoadData(c.byref(module), c.c_char_p(PTX.encode()))
+    if out["module_load"] == 0 and out["alloc_under_limit"] == 0 and under >= blocks * 1024:
+        cuda.cuModuleGetFunction(c.byref(function), module, b"spin")
+        count = c.c_uint32(iters)
+        params = (c.c_void_p * 2)(c.cast(c.byref(first), c.c_void_p),
+                                  c.cast(c.byref(count), c.c_void_p))
+        began = time.perf_counter()
+        out["launch"] = cuda.cuLaunchKernel(function, blocks, 1, 1, 256, 1, 1, 0, None,
+                                            params, None)
+        out["synchronize"] = cuda.cuCtxSynchronize()
+        out["kernel_ms"] = round((time.perf_counter() - began) * 1000, 1)
     time.sleep(hold)
 print(json.dumps(out))
-"""
+""".replace("PTX.encode()", repr(SPIN_PTX) + ".encode()")
 
 
 def nvml_devices(nvml: Any) -> list[dict[str, Any]]:
@@ -119,8 +170,9 @@ def client_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def start_client(env: dict[str, str], limit: int) -> subprocess.Popen[str]:
+    argv = [limit // 2, limit * 2, HOLD_SECONDS, SPIN_ITERATIONS, SPIN_BLOCKS]
     return subprocess.Popen(
-        [sys.executable, "-c", CLIENT, str(limit // 2), str(limit * 2), str(HOLD_SECONDS)],
+        [sys.executable, "-c", CLIENT, *map(str, argv)],
         env=client_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
