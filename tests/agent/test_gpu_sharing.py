@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import types
@@ -483,3 +484,56 @@ def test_on_real_gpus_mps_names_the_gpu_by_uuid_and_leaves_mig_gpus_alone(
     assert (env["CUDA_VISIBLE_DEVICES"], env["BERTH_GPU_SHARING"]) == ("GPU-1", "mps")
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={40 * 1024}M"  # half of 80 GiB
     agent.sharing.close(set())
+
+
+# --- bench/gpu_device_check.py ------------------------------------------------------------
+
+CHECK = Path(__file__).parents[2] / "bench" / "gpu_device_check.py"
+NO_NVML = """
+class NVMLError(Exception):
+    pass
+def nvmlInit():
+    raise NVMLError("NVML Shared Library Not Found")
+"""
+ONE_GPU = """
+NVML_DEVICE_MIG_ENABLE = 1
+class _Memory:
+    total = 80 * 2**30
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlSystemGetDriverVersion(): return "580.00"
+def nvmlDeviceGetCount(): return 1
+def nvmlDeviceGetHandleByIndex(index): return index
+def nvmlDeviceGetUUID(handle): return "GPU-check"
+def nvmlDeviceGetName(handle): return b"NVIDIA H100 80GB HBM3"
+def nvmlDeviceGetMemoryInfo(handle): return _Memory()
+def nvmlDeviceGetMigMode(handle): return [0, 0]
+def nvmlDeviceGetComputeMode(handle): return 0
+"""
+
+
+def device_check(tmp_path: Path, nvml: str, *args: str) -> dict[str, Any]:
+    fake = tmp_path / "fake-nvml"
+    fake.mkdir(exist_ok=True)
+    (fake / "pynvml.py").write_text(nvml)
+    env = {**os.environ, "PYTHONPATH": str(fake), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, str(CHECK), *args], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_device_check_says_no_gpu_where_there_is_none(tmp_path):
+    report = device_check(tmp_path, NO_NVML)
+    assert report["gpu"] is False and report["reason"].startswith("no GPU: NVML is not available")
+
+
+def test_the_device_check_runs_the_agents_mps_daemon_and_two_clients(tmp_path, control):
+    report = device_check(tmp_path, ONE_GPU, "--mps-control", control, "--clients", "50,25")
+    assert report["gpu"] is True
+    assert report["devices"][0]["uuid"] == "GPU-check" and report["devices"][0]["mig"] == []
+    mps = report["mps"]
+    assert (mps["daemon_started"], mps["daemon_stopped"]) == (True, True)
+    percentages = [c["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for c in mps["clients"]]
+    assert percentages == ["50", "25"]
+    assert json.loads(mps["control_log"][-1])["command"] == "quit"
