@@ -382,7 +382,7 @@ class Agent(Session):
         self.fence.close()
         self.gpus.close()
         with self.lock:
-            in_use = {i for t in self.tasks.values() if t.state == "Running"
+            in_use = {i for t in self.tasks.values() if t.state == TaskState.RUNNING
                       and t.gpu_mode == MPS for i in t.devices}  # fmt: skip
         self.sharing.close(in_use)
 
