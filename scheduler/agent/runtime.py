@@ -24,7 +24,7 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from scheduler.agent.cleanup import (
 )
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
 from scheduler.agent.fence import OUT_OF_MEMORY, Fence, oom_message, usage_report
+from scheduler.agent.gpumodes import MPS, NodeSharing, TaskGpus, mig_instances
 from scheduler.agent.gpus import FAKE_MEMORY, GpuSampler, fake_level, task_utilization
 from scheduler.agent.isolation import (
     DEFAULT_TASK_UIDS,
@@ -129,6 +130,9 @@ def discover_gpus(fake: int, name: str) -> list[dict[str, Any]]:
                     "memory": int(memory),
                     "healthy": True,
                 })  # fmt: skip
+                instances = mig_instances(pynvml, handle)  # read only (agent/gpumodes.py)
+                if instances:
+                    gpus[-1]["mig"] = instances
             if gpus:
                 return gpus
         finally:
@@ -177,6 +181,7 @@ class RunningTask:
     usage: dict[str, Any] | None = None  # what its cgroup says it used, once it ended
     gpu_util: list[float] = field(default_factory=lambda: [0.0, 0.0])  # NVML: sum, samples
     fake_level: int | None = None  # what its fake GPUs report (gpus.FAKE_LEVEL_ENV), if fixed
+    gpu_mode: str = ""  # the GPU sharing mode its share runs under (agent/gpumodes.py)
     proc: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -219,6 +224,8 @@ class Agent(Session):
         fence: Fence | None = None,
         task_uids: tuple[int, int] | None = DEFAULT_TASK_UIDS,
         keep_work_dirs: float = DEFAULT_KEEP_WORK_DIRS,
+        gpu_sharing: tuple[str, ...] | None = None,
+        mps_control: str | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         self.join_token = join_token
@@ -249,6 +256,8 @@ class Agent(Session):
         # When the server last renewed our lease (set by register()): partition.py.
         self.partition = PartitionGuard()
         self.pressure = PressureWatch([self.work_dir, self.state_dir], min_free_disk)
+        self.sharing = NodeSharing(gpu_sharing, mps_control, self.work_dir / "mps",
+                                   self.state_dir / "mps")  # fmt: skip
 
     def _init_protocol(self, timeout: float) -> None:
         """What the agent knows of the server before register() tells it more."""
@@ -277,8 +286,9 @@ class Agent(Session):
         devices = discover_gpus(self.fake_gpus, self.name)
         self.gpus.close()
         self.gpus = GpuSampler(devices, fake=any(d["model"] == "fake" for d in devices))
+        modes = self.sharing.configure(devices)
         body = Registration(self.name, cpu, memory, self.labels, devices, socket.gethostname(),
-                            VERSION, self.fence.describe()).to_json()  # fmt: skip
+                            VERSION, self.fence.describe(), modes).to_json()  # fmt: skip
         answer: dict[str, Any] | None = None
         sent = self.partition.clock()
         if self.token:
@@ -358,14 +368,23 @@ class Agent(Session):
                     log.exception("agent step failed; retrying in %.1fs", wait)
                 stop.wait(self._cut_off_wait(wait))
         finally:
-            self.lease_http.abort()  # end the held lease request now
-            if leases is not None:
-                leases.join(timeout=5)
-            if self.kill_on_exit:
-                self._kill_all()
-            self._save()
-            self.fence.close()
-            self.gpus.close()
+            self._shut_down(leases)
+
+    def _shut_down(self, leases: threading.Thread | None) -> None:
+        """The agent stops: end the held lease, stop the tasks if asked to, save the state,
+        and stop the MPS daemons no running task still uses (the next agent adopts those)."""
+        self.lease_http.abort()  # end the held lease request now
+        if leases is not None:
+            leases.join(timeout=5)
+        if self.kill_on_exit:
+            self._kill_all()
+        self._save()
+        self.fence.close()
+        self.gpus.close()
+        with self.lock:
+            in_use = {i for t in self.tasks.values() if t.state == TaskState.RUNNING
+                      and t.gpu_mode == MPS for i in t.devices}  # fmt: skip
+        self.sharing.close(in_use)
 
     def _kill_all(self) -> None:
         """--kill-on-exit: stop every task (SIGTERM, SIGKILL after the grace) and tell the
@@ -391,6 +410,7 @@ class Agent(Session):
         self._take_orders()
         self._poll()
         self._stop_if_cut_off()
+        self.sharing.check()  # an MPS daemon that died is started again
         if self.pressure.check():
             log.warning("disk pressure: %s", self.pressure.now or "cleared")
             self.dirty = True  # the server must know at once: it places tasks on us
@@ -626,13 +646,17 @@ class Agent(Session):
         devices = _indices(order.get("devices"))
         limits = self.fence.limits(order, devices)
         group = ""
+        gpus = TaskGpus({})
         try:
             accounts = self.prepare()
             if self.fence.refuses:
                 raise ValueError(self.fence.problem)
+            gpus = self.sharing.task(order, devices, self.fence.gpu_nodes)
+            limits = replace(limits, devices=limits.devices + gpus.device_nodes)
+            start_env = {**(order.get("env") or {}), **gpus.env}  # the agent's word is last
             account = accounts.for_owner(order.get("owner"))
-            env = build_env(order.get("env") or {}, account, workdir if self.homes else None)
-            shell, script = self._shell(str(order["command"]), order.get("env") or {})
+            env = build_env(start_env, account, workdir if self.homes else None)
+            shell, script = self._shell(str(order["command"]), start_env)
             private_dir(directory)
             task_workdir(workdir, account, accounts.switching)
             path = write_script(workdir, script, account, accounts.switching)
@@ -655,6 +679,7 @@ class Agent(Session):
             task_id, attempt, proc.pid, str(directory), workdir=str(workdir), proc=proc,
             started=_start_time(proc.pid), devices=devices, started_at=time.time(),
             cgroup=group, memory=limits.memory, fake_level=fake_level(order.get("env")),
+            gpu_mode=gpus.mode,
         )  # fmt: skip
         log.info("started task %s (attempt %s) as pid %s, user %s",
                  task_id, attempt, proc.pid, account.name)  # fmt: skip

@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any
 
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
+from scheduler.agent.gpumodes import TIMESLICE
 from scheduler.agent.gpus import FAKE_MEMORY, fake_level, fake_samples, task_utilization
 from scheduler.agent.runtime import AWAIT_OUTPUT_SECONDS, LOG_CHUNK
 from scheduler.agent.session import Session
@@ -186,8 +187,10 @@ class SimCluster:
     def register(self, node: SimNode) -> None:
         devices = [{"index": i, "uuid": f"sim-{node.name}-{i}", "model": "sim",
                     "memory": FAKE_MEMORY} for i in range(node.gpus)]  # fmt: skip
+        # Fake GPUs offer plain time-slicing, as a real agent's --fake-gpus do (gpumodes.py).
         body = Registration(node.name, node.cpu, node.memory, node.labels, devices, node.name,
-                            f"berth-simagent/{PROTOCOL}")  # fmt: skip
+                            f"berth-simagent/{PROTOCOL}",
+                            gpu_sharing=[TIMESLICE] if devices else [])  # fmt: skip
         answer = self._post(node, "register/", body.to_json(), f"Bearer {self.join_token}")
         with node.lock:
             node.registered(answer, LOG_CHUNK)

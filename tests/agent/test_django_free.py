@@ -31,6 +31,7 @@ AGENT_UNIT_TESTS = [
     "tests/agent/test_task_shell.py",
     "tests/agent/test_backpressure.py",
     "tests/agent/test_gpu_samples.py",
+    "tests/agent/test_gpu_sharing.py",
 ]
 
 
