@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from scheduler.agent.times import parse_unix_time
 
 PROTOCOL = 3  # the agent protocol version this code speaks
+GPU_SHARING_MODES = ("mig", "mps", "timeslice")  # a registration's `gpu_sharing`
 PROTOCOL_HEADER = "Berth-Agent-Protocol"
 MAX_OUTPUT_BYTES = 2**62  # a bound for `output_bytes`, far above any real output
 OUT_OF_MEMORY = "OutOfMemory"  # a task end's `reason` when its cgroup ran out of memory
@@ -233,6 +234,10 @@ class Registration:
     hostname: str
     version: str
     enforcement: dict[str, Any] | None = None  # what the agent enforces (fence.describe())
+    # The GPU sharing modes this node offers (GPU_SHARING_MODES; agent/gpumodes.py says what
+    # each isolates). MIG instances ride in their device's dict: `mig`, a list of
+    # {"profile", "uuid", "memory", "gpu_instance", "compute_instance"}.
+    gpu_sharing: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         body = {
@@ -246,6 +251,7 @@ class Registration:
         }
         if self.enforcement is not None:
             body["enforcement"] = self.enforcement
+        body["gpu_sharing"] = list(self.gpu_sharing)
         return body
 
 
@@ -368,7 +374,11 @@ class LogChunk:
 @dataclass
 class StartOrder:
     """Start this attempt: what it runs, as whom, with which environment, GPUs and limits
-    (`resources`: millicores, bytes and, when its spec sets one, a pids limit)."""
+    (`resources`: millicores, bytes and, when its spec sets one, a pids limit). `shares`: the
+    part of each device of `devices` it holds, in the same order (1.0: the whole device;
+    empty: all whole); `gpu_memory`: the GPU memory (bytes) a share may use, if the job set
+    it; `mig`: per device of `devices`, the UUID of the MIG instance it holds there ("": the
+    device itself or a share of it; empty: none)."""
 
     id: int
     attempt: int
@@ -382,13 +392,15 @@ class StartOrder:
     devices: list[int]
     walltime: int | None
     resources: dict[str, int]
+    shares: list[float] = field(default_factory=list)
+    gpu_memory: int | None = None
+    mig: list[str] = field(default_factory=list)
     # The job's app (`http`, `jupyter`) when this task runs it: the agent picks a free port
     # for it, puts it in $BERTH_APP_PORT and reports it (TaskReport.app_port). "": none.
     app: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "app": self.app,
             "id": self.id,
             "attempt": self.attempt,
             "job_id": self.job_id,
@@ -401,6 +413,10 @@ class StartOrder:
             "devices": self.devices,
             "walltime": self.walltime,
             "resources": self.resources,
+            "shares": self.shares,
+            "gpu_memory": self.gpu_memory,
+            "mig": self.mig,
+            "app": self.app,
         }
 
     @classmethod
@@ -413,5 +429,21 @@ class StartOrder:
             str(order.get("job_name", "")), str(order.get("group", "")),
             int(order.get("index", 0)), str(order.get("command", "")),
             str(order.get("owner", "")), dict(order.get("env") or {}), devices,
-            order.get("walltime"), dict(order.get("resources") or {}), str(order.get("app") or ""),
+            order.get("walltime"), dict(order.get("resources") or {}),
+            _shares(order.get("shares")), _gpu_memory(order.get("gpu_memory")),
+            [str(u) for u in order.get("mig") or [] if isinstance(u, str)],
+            str(order.get("app") or ""),
         )  # fmt: skip
+
+
+def _shares(raw: object) -> list[float]:
+    """A start order's `shares`: numbers in (0, 1], one per device ([]: any other value, which
+    the agent refuses to start with: agent/gpumodes.py)."""
+    if not isinstance(raw, list):
+        return []
+    good = [s for s in raw if isinstance(s, int | float) and not isinstance(s, bool) and 0 < s <= 1]
+    return [float(s) for s in good] if len(good) == len(raw) else []
+
+
+def _gpu_memory(raw: object) -> int | None:
+    return raw if is_int(raw) and isinstance(raw, int) and raw > 0 else None

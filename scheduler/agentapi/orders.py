@@ -10,11 +10,11 @@ from django.conf import settings
 
 from scheduler.agent import wire
 from scheduler.agent.wire import TaskReport
-from scheduler.arrays import array_env
+from scheduler.intake.specs import job_app
+from scheduler.jobs.arrays import array_env
+from scheduler.jobs.webapps import app_env
 from scheduler.models import Allocation, Node, Task
-from scheduler.specs import job_app
-from scheduler.states import TASK_ON_NODE, TaskState
-from scheduler.webapps import app_env
+from scheduler.states.names import TASK_ON_NODE, TaskState
 
 
 def wanted(task: Task | TaskRow | None, report: TaskReport, node: Node) -> bool:
@@ -117,7 +117,7 @@ def _start_message(
         task.pk, task.attempt, job.pk, job.name, task.group, task.index,
         group.get("command", ""), job.owner.username, env, devices, job.walltime,
         # What the agent holds the task to (its cgroup): millicores, bytes, processes.
-        {"cpu": task.cpu, "memory": task.memory, **_pids(group)}, app,
+        {"cpu": task.cpu, "memory": task.memory, **_pids(group)}, app=app,
     ).to_json()  # fmt: skip
 
 

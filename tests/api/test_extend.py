@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from berth.cli import main
 from scheduler.models import Event, Job, Queue
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 from tests.factories import make_job, make_node, place
 
 pytestmark = pytest.mark.django_db

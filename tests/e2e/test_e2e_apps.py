@@ -21,9 +21,9 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from bench.processes import free_port
+from scheduler.jobs.webapps import app_token
 from scheduler.models import Job, Task
-from scheduler.states import JobState, TaskState
-from scheduler.webapps import app_token
+from scheduler.states.names import JobState, TaskState
 from tests.e2e.conftest import ROOT, Cluster, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e]
