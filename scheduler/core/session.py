@@ -52,6 +52,12 @@ class Plugin:
     # True if `predicate` only says what the node index already guarantees of the nodes it
     # offers for placing (Ready, labels matching the selector): not asked when placing.
     implied_by_index = False
+    # True if `overused` says None for every job of a queue without a capability or per-user
+    # limits, and elsewhere the same for alike jobs (same pending task shape, gang size,
+    # queue and owner, each ending before the reservation's start or both not) as long as
+    # nothing is bound or evicted: backfill then refuses such jobs together
+    # (`scheduler.core.backfill`).
+    alike_overused = False
 
     def open(self, session: Session) -> None:
         """Called once when the session opens."""
@@ -123,6 +129,9 @@ class Session:
         # A job's alike tasks without devices placed in one scan rather than one by one (the
         # same binds; False only to compare the two in tests).
         self.alike_at_once = True
+        # Backfill refuses a job as the last alike job was refused when nothing that decides
+        # it changed since (the same refusals; False only to compare the two in tests).
+        self.alike_refusals = all(p.alike_overused for p in self.hooks["overused"])
         self.nodes = [NodeView(n) for n in snapshot.nodes]
         self.node_by_name = {n.name: n for n in self.nodes}
         self.all_ready = all(n.ready for n in self.nodes)
