@@ -175,6 +175,7 @@ class Session:
         self._eligible: dict[Shape, list[NodeView]] = {}
         self._eligible_names: dict[Shape, list[str]] = {}
         self._static: dict[Shape, tuple[tuple[Counter[str], dict[str, int]], list[int]]] = {}
+        self._node_kinds: dict[str, tuple[object, ...]] | None = None  # `_reasons_by_kind`
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
         # The backfill's quick refusals, with the state they were made in (what is free and
@@ -602,8 +603,9 @@ class Session:
             counts: Counter[str] = Counter()
             first: dict[str, int] = {}
             positions = []
+            reasons = self._reasons_by_kind(job, task)
             for position, node in enumerate(self.nodes):
-                reason = self.node_reason(job, task, node)
+                reason = reasons(node)
                 if reason is None:
                     positions.append(position)
                     continue
@@ -611,6 +613,29 @@ class Session:
                 counts[reason] += 1
             known = self._static[shape] = ((counts, first), positions)
         return known
+
+    def _reasons_by_kind(self, job: JobInfo, task: TaskInfo) -> Callable[[NodeView], str | None]:
+        """`node_reason` for the task, asked once per kind of node (state, labels and
+        capacity, all it depends on when every predicate only says what the index does:
+        `Plugin.implied_by_index`), else once per node."""
+        if self.placing_predicates:
+            return lambda node: self.node_reason(job, task, node)
+        if self._node_kinds is None:
+            self._node_kinds = {
+                node.name: (node.state, node.label_key, node.allocatable, node.healthy_devices)
+                for node in self.nodes
+            }
+        kinds = self._node_kinds
+        by_kind: dict[tuple[object, ...], str | None] = {}
+
+        def reason(node: NodeView) -> str | None:
+            kind = kinds[node.name]
+            known = by_kind.get(kind, _UNKNOWN)
+            if known is _UNKNOWN:
+                known = by_kind[kind] = self.node_reason(job, task, node)
+            return known  # type: ignore[no-any-return]
+
+        return reason
 
     def node_reason(self, job: JobInfo, task: TaskInfo, node: NodeView) -> str | None:
         """Why the node can never take this task as it stands (None: only resources)."""
