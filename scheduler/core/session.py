@@ -126,12 +126,7 @@ class Session:
         self.placing_predicates = [p for p in self.hooks["predicate"] if not p.implied_by_index]
         self.static_node_order = all(p.static_node_order for p in self.hooks["node_order"])
         self.gang_decides = any(p.name == "gang" for p in self.hooks["job_ready"])
-        # A job's alike tasks without devices placed in one scan rather than one by one (the
-        # same binds; False only to compare the two in tests).
-        self.alike_at_once = True
-        # Backfill refuses a job as the last alike job was refused when nothing that decides
-        # it changed since (the same refusals; False only to compare the two in tests).
-        self.alike_refusals = all(p.alike_overused for p in self.hooks["overused"])
+        self._open_shortcuts()
         self.nodes = [NodeView(n) for n in snapshot.nodes]
         self.node_by_name = {n.name: n for n in self.nodes}
         self.all_ready = all(n.ready for n in self.nodes)
@@ -161,6 +156,15 @@ class Session:
         self.begin_cycle(snapshot.now)
         for plugin in self.plugins:
             plugin.open(self)
+
+    def _open_shortcuts(self) -> None:
+        """Shortcuts that decide as the long way does (False only to compare the two in
+        tests)."""
+        # A job's alike tasks without devices placed in one scan rather than one by one.
+        self.alike_at_once = True
+        # Backfill refuses a job as the last alike job was refused when nothing that decides
+        # it changed since (`scheduler.core.backfill`).
+        self.alike_refusals = all(p.alike_overused for p in self.hooks["overused"])
 
     def _open_caches(self) -> None:
         """What is worked out once per job or task shape and kept."""
