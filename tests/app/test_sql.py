@@ -12,7 +12,7 @@ from django.utils import timezone
 from scheduler.models import Job, Task
 from scheduler.sql import update_rows
 from scheduler.states.names import TaskState
-from tests.factories import make_job
+from tests.factories import make_job, seed
 
 pytestmark = pytest.mark.django_db
 
@@ -21,6 +21,7 @@ COLUMNS = ["state", "exit_code", "started_at", "finished_at", "message"]
 
 def test_each_row_takes_its_own_values_in_one_statement(owner):
     tasks = list(make_job(owner, replicas=3).tasks.order_by("pk"))
+    seed(Task.objects.filter(pk__in=[t.pk for t in tasks[:2]]), state=TaskState.RUNNING)
     now = timezone.now()
     wanted = {
         tasks[0].pk: (TaskState.SUCCEEDED, 0, now - timedelta(seconds=5), now, ""),
@@ -43,6 +44,7 @@ def test_a_column_of_nulls_only_keeps_its_type(owner):
     tasks that all end without an exit code (lost, killed before they ran) must still be
     written."""
     tasks = list(make_job(owner, replicas=2).tasks.order_by("pk"))
+    seed(Task.objects.filter(pk__in=[t.pk for t in tasks]), state=TaskState.RUNNING)
     now = timezone.now()
     rows = {t.pk: (TaskState.LOST, None, None, now, "agent no longer runs it") for t in tasks}
     assert update_rows(Task, rows, per_row=COLUMNS) == set(rows)
@@ -183,9 +185,9 @@ def test_lease_rows_reads_the_tasks_the_orm_reads(owner):
 
     node, other = make_node("n1"), make_node("n2")
     tasks = list(make_job(owner, replicas=4).tasks.order_by("pk"))
-    Task.objects.filter(pk=tasks[0].pk).update(node=node, state=TaskState.RUNNING)
-    Task.objects.filter(pk=tasks[1].pk).update(node=node, state=TaskState.SUCCEEDED)
-    Task.objects.filter(pk=tasks[2].pk).update(node=other, state=TaskState.RUNNING)
+    seed(Task.objects.filter(pk=tasks[0].pk), node=node, state=TaskState.RUNNING)
+    seed(Task.objects.filter(pk=tasks[1].pk), node=node, state=TaskState.SUCCEEDED)
+    seed(Task.objects.filter(pk=tasks[2].pk), node=other, state=TaskState.RUNNING)
     for reported in ([], [tasks[1].pk], [tasks[2].pk, tasks[3].pk]):
         orm = Task.objects.filter(node=node, state__in=TASK_ON_NODE) | Task.objects.filter(
             pk__in=reported

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from scheduler.models import Job, Task, TaskLog
 from scheduler.states.names import JobState
-from tests.factories import make_job, make_node, place
+from tests.factories import make_job, make_node, place, seed
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +61,7 @@ def test_actions_are_post_forms_with_csrf_and_match_the_state(owner, signed_in):
     Job.objects.filter(pk=job.pk).update(state=JobState.SUSPENDED)
     html = signed_in(owner).get(f"/jobs/{job.pk}/").content.decode()
     assert f'action="/jobs/{job.pk}/resume/"' in html and "/suspend/" not in html
-    Job.objects.filter(pk=job.pk).update(state=JobState.SUCCEEDED)
+    seed(Job.objects.filter(pk=job.pk), state=JobState.SUCCEEDED)
     html = signed_in(owner).get(f"/jobs/{job.pk}/").content.decode()
     assert "/cancel/" not in html and f'action="/jobs/{job.pk}/resubmit/"' in html
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from scheduler import lifecycle
 from scheduler.models import Allocation, Event, Flow, Job, Node, Task
 from scheduler.states.names import JobRequest, JobState, NodeState, TaskState
-from tests.factories import finish_task, make_job, make_node, place
+from tests.factories import finish_task, make_job, make_node, place, seed
 
 pytestmark = pytest.mark.django_db
 
@@ -39,14 +39,12 @@ def test_it_marks_a_job_running_once_min_available_tasks_run(owner):
     job = make_job(owner, replicas=3, min_available=2)
     tasks = list(job.tasks.all())
     for task in tasks[:1]:
-        task.state, task.node = TaskState.RUNNING, node
-        task.save()
+        seed(Task.objects.filter(pk=task.pk), state=TaskState.RUNNING, node=node)
     lifecycle.sync_jobs()
     job.refresh_from_db()
     assert job.state == JobState.PENDING  # 1 of 2 needed
 
-    tasks[1].state, tasks[1].node = TaskState.RUNNING, node
-    tasks[1].save()
+    seed(Task.objects.filter(pk=tasks[1].pk), state=TaskState.RUNNING, node=node)
     lifecycle.sync_jobs()
     job.refresh_from_db()
     assert job.state == JobState.RUNNING
