@@ -197,7 +197,10 @@ if REDIS_URL:
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
-                "hosts": [REDIS_URL],
+                # redis-py 8 reads with a 5 s socket timeout by default, as long as the
+                # layer's own blocking pop (5 s): an idle socket's consumer then died with
+                # "Timeout reading" now and then. Longer than the pop, still bounded.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
                 "prefix": os.environ.get("BERTH_CHANNEL_PREFIX", "berth"),
             },
         }
