@@ -499,6 +499,16 @@ def shell(command: tuple[str, ...], persist: bool, **options: Any) -> None:
     sys.exit(attach_terminal(api.settings, job_id, _command_line(command)))
 
 
+@cli.command()
+@click.argument("job_ref", metavar="JOB_ID", type=JOB_ID)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def attach(job_ref: JobRef, command: tuple[str, ...]) -> None:
+    """Open another terminal in a running job of yours: a shell, or COMMAND after `--`.
+    Exits with the remote command's exit status."""
+    api = client()
+    sys.exit(attach_terminal(api.settings, resolve(api, job_ref), _command_line(command)))
+
+
 def _command_line(command: tuple[str, ...]) -> str:
     return command[0] if len(command) == 1 else shlex.join(command)
 

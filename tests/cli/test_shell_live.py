@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,3 +117,26 @@ def test_a_resize_reaches_the_remote_and_ctrl_c_interrupts_the_remote_program(
     child.expect("sleeping")
     child.sendcontrol("c")  # the byte goes to the remote terminal: SIGINT to `sleep` there
     assert finish(child) == 130
+
+
+def test_attach_opens_another_terminal_in_your_running_job_and_never_in_anothers(
+    shell_cluster: Cluster,
+) -> None:
+    alice, bob = user_token("alice"), user_token("bob")
+    env = {**os.environ, "BERTH_URL": shell_cluster.url, "BERTH_TOKEN": alice}
+    out = subprocess.run([BERTH, "submit", "--cpu", "0.1", "--mem", "64Mi", "--", "sleep",
+                          "300"], env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    job_id = int(out.stdout.split()[-1])
+    wait_for(lambda: Job.objects.get(pk=job_id).state == JobState.RUNNING, what="job to run")
+
+    refused = spawn(shell_cluster, bob, "attach", str(job_id), "--", "echo", "intruder")
+    assert finish(refused) == 1
+    assert b"intruder" not in refused.before and b"refused" in refused.before
+
+    mine = spawn(shell_cluster, alice, "attach", str(job_id), "--", "sh", "-c",
+                 "echo in-job-$BERTH_JOB_ID; exit 3")  # fmt: skip
+    mine.expect(f"in-job-{job_id}")
+    assert finish(mine) == 3
+    # A batch job is not interactive: it keeps running after a session in it ends.
+    assert Job.objects.get(pk=job_id).state == JobState.RUNNING
+    assert not ShellSession.objects.filter(job_id=job_id, user__username="bob").exists()
