@@ -205,8 +205,18 @@ if REDIS_URL:
             },
         }
     }
+    # Terminal sessions relay through a layer of their own (dashboard/shell.py): a layer
+    # instance pops one Redis key at a time for all of a process's channels, and the held
+    # leases' waiter (scheduler/notify.py) blocks there on a channel of another prefix, so
+    # keystrokes on the default layer waited for its pop to end (about a second each).
+    CHANNEL_LAYERS["shell"] = {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {**CHANNEL_LAYERS["default"]["CONFIG"],
+                   "prefix": os.environ.get("BERTH_CHANNEL_PREFIX", "berth") + "-shell"},
+    }  # fmt: skip
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"},
+                      "shell": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}  # fmt: skip
 
 # Rate limits (sign-in, token creation) count in the cache: shared by every worker process.
 if REDIS_URL:

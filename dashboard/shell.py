@@ -48,6 +48,7 @@ def token_user(scope: dict[str, Any]) -> Any:
 
 
 class ShellConsumer(AsyncWebsocketConsumer):
+    channel_layer_alias = "shell"  # a layer of its own: berth/settings.py says why
     key = ""
     peer = ""  # the agent's socket's channel, once it joined
     ended = False

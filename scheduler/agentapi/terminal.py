@@ -42,6 +42,7 @@ def group_name(key: str) -> str:
 
 
 class AgentTerminalConsumer(AsyncWebsocketConsumer):
+    channel_layer_alias = "shell"  # a layer of its own: berth/settings.py says why
     key = ""
     peer = ""  # the user's socket's channel
     closed = False  # the session's row is closed

@@ -175,3 +175,19 @@ async def test_an_oversized_frame_ends_the_session_and_nothing_else():
     job = await database_sync_to_async(Job.objects.get)(pk=rows["job"])
     assert job.state == "Running"  # a batch job: its session's end is not its end
     await _close(user, agent)
+
+
+async def test_keystrokes_typed_fast_all_arrive_in_order():
+    rows = await database_sync_to_async(_setup)()
+    user, _, _ = await _user(rows["job"], rows["keys"]["alice"])
+    key = await _open(user, rows["job"])
+    agent, _, _ = await _agent(key, "token-of-node-a")
+    await user.receive_from(timeout=5)  # ready
+    typed = b"echo typed-$((6 * 7)) $BERTH_JOB_ID\r"
+    for byte in typed:
+        await user.send_to(bytes_data=bytes([byte]))
+    got = b""
+    while len(got) < len(typed):
+        got += await agent.receive_from(timeout=5)
+    assert got == typed
+    await _close(user, agent)
