@@ -191,3 +191,28 @@ async def test_keystrokes_typed_fast_all_arrive_in_order():
         got += await agent.receive_from(timeout=5)
     assert got == typed
     await _close(user, agent)
+
+
+@pytest.mark.parametrize("persist", [False, True])
+async def test_an_idle_session_ends_by_the_queues_policy_and_its_job_unless_it_persists(persist):
+    rows = await database_sync_to_async(_setup)()
+
+    def interactive() -> None:
+        Queue.objects.filter(name="default").update(interactive_idle_minutes=0.02)  # 1.2 s
+        job = Job.objects.get(pk=rows["job"])
+        job.spec = {**job.spec, "interactive": {"persist": persist}}
+        job.save(update_fields=["spec"])
+
+    await database_sync_to_async(interactive)()
+    user, _, _ = await _user(rows["job"], rows["keys"]["alice"])
+    key = await _open(user, rows["job"])
+    agent, _, _ = await _agent(key, "token-of-node-a")
+    await user.receive_from(timeout=5)  # ready; then no input at all
+    message = json.loads(await user.receive_from(timeout=10))
+    assert message["type"] == "error" and "no input for 0.02 minutes" in message["message"]
+    assert json.loads(await agent.receive_from(timeout=5)) == {"type": "hangup", "reason": "Idle"}
+    session = await _wait_session(rows["job"], "Closed")
+    assert session.reason == "Idle"
+    job = await database_sync_to_async(Job.objects.get)(pk=rows["job"])
+    assert job.requested_action == ("" if persist else "cancel")
+    await _close(user, agent)
