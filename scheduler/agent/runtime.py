@@ -260,7 +260,6 @@ class Agent(Session):
         self.pressure = PressureWatch([self.work_dir, self.state_dir], min_free_disk)
         self.sharing = NodeSharing(gpu_sharing, mps_control, self.work_dir / "mps",
                                    self.state_dir / "mps")  # fmt: skip
-        self.terminals = Terminals()  # open terminal sessions (terminal.py)
 
     def _init_protocol(self, timeout: float) -> None:
         """What the agent knows of the server before register() tells it more."""
@@ -273,6 +272,7 @@ class Agent(Session):
         self.http = Http(self.server, timeout)
         self.lease_http = Http(self.server, timeout)
         self.backoff = Backoff()
+        self.terminals = Terminals()  # terminal sessions open with the server (terminal.py)
 
     # --- HTTP ------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from scheduler.agent.wire import TERMINAL_COMMAND_BYTES, TerminalOrder, terminal
 from scheduler.jobs.events import record
 from scheduler.jobs.operations import OperationError, request_job_action
 from scheduler.models import Job, Node, ShellSession, Task
+from scheduler.states.codes import EventKind, Reason
 from scheduler.states.names import JobRequest, JobState, TaskState
 
 REORDER_SECONDS = 10.0  # a session asked for but not opened is ordered again after this
@@ -117,8 +118,8 @@ def claim(key: str, node: Node) -> ShellSession | None:
             return None
         session = ShellSession.objects.select_related("job", "user", "job__queue").get(key=key)
         what = f": {session.command[:200]}" if session.command else ""
-        record("ShellOpened", "UserRequest", f"by {session.user.username} on {node.name}{what}",
-               job=session.job)  # fmt: skip
+        who = f"by {session.user.username} on {node.name}{what}"
+        record(EventKind.SHELL_OPENED, Reason.USER_REQUEST, who, job=session.job)
         notify.changed(jobs=[session.job_id])
     return session
 
@@ -142,7 +143,7 @@ def close_session(key: str, reason: str, message: str = "",
         session.save(update_fields=["state", "closed_at", "reason", "exit_status"])
         status = "" if exit_status is None else f", exit status {exit_status}"
         text = f"{reason}{status}" + (f": {message[:300]}" if message else "")
-        record("ShellClosed", reason[:50], f"{session.user.username}'s session: {text}",
+        record(EventKind.SHELL_CLOSED, reason[:50], f"{session.user.username}'s session: {text}",
                job=session.job)  # fmt: skip
         notify.changed(jobs=[session.job_id])
         _end_job_with_session(session)
