@@ -193,17 +193,28 @@ DATABASES = _databases()
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if REDIS_URL:
+    _prefix = os.environ.get("BERTH_CHANNEL_PREFIX", "berth")
+    # redis-py 8 reads with a 5 s socket timeout by default, as long as the layer's own
+    # blocking pop (5 s): an idle socket's consumer then died with "Timeout reading" now and
+    # then. Longer than the pop, still bounded.
+    _hosts = [{"address": REDIS_URL, "socket_timeout": 30}]
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {
-                "hosts": [REDIS_URL],
-                "prefix": os.environ.get("BERTH_CHANNEL_PREFIX", "berth"),
-            },
-        }
+            "CONFIG": {"hosts": _hosts, "prefix": _prefix},
+        },
+        # Terminal sessions relay through a layer of their own (dashboard/shell.py): a layer
+        # instance pops one Redis key at a time for all of a process's channels, and the held
+        # leases' waiter (scheduler/notify.py) blocks there on a channel of another prefix,
+        # so keystrokes on the default layer waited for its pop to end (about a second each).
+        "shell": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": _hosts, "prefix": f"{_prefix}-shell"},
+        },
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"},
+                      "shell": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}  # fmt: skip
 
 # Rate limits (sign-in, token creation) count in the cache: shared by every worker process.
 if REDIS_URL:

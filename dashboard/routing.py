@@ -3,7 +3,8 @@ from __future__ import annotations
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.urls import URLPattern, path, re_path
 
-from dashboard import consumers
+from dashboard import consumers, shell
+from scheduler.agentapi.terminal import AgentTerminalConsumer
 
 # Close code for a socket path Berth does not serve (4000-4999 are the application's).
 UNKNOWN_PATH_CLOSE_CODE = 4404
@@ -23,6 +24,9 @@ websocket_urlpatterns: list[URLPattern] = [
     path("ws/jobs/<int:job_id>/", consumers.JobConsumer.as_asgi()),
     path("ws/flows/", consumers.FlowListConsumer.as_asgi()),
     path("ws/flows/<int:flow_id>/", consumers.FlowConsumer.as_asgi()),
+    # Terminal sessions (docs/interactive.md): the user's end and the node agent's end.
+    path("ws/jobs/<int:job_id>/shell/", shell.ShellConsumer.as_asgi()),
+    path("ws/agent/sessions/<str:session>/", AgentTerminalConsumer.as_asgi()),
     # Last: whatever the routes above did not match.
     re_path(r"", UnknownPathConsumer.as_asgi()),
 ]

@@ -17,7 +17,7 @@ from dashboard.arrays import element_page
 from scheduler.flows.rerun import resubmit_flow, retry_flow
 from scheduler.intake.inputs import BadInput, load_yaml
 from scheduler.intake.specs import SpecError
-from scheduler.jobs import operations
+from scheduler.jobs import operations, terminals
 from scheduler.jobs.logs import parse_attempt
 from scheduler.jobs.submit import create_flow, submit_job
 from scheduler.models import Flow, Job, JobTemplate, Node, Queue, Task
@@ -89,6 +89,9 @@ def job(request: HttpRequest, job_id: int) -> HttpResponse:
         context.update(element_page(the_job, request.GET))
     # Its GPUs' utilisation is charted (static/berth/gpu-chart.js polls the API).
     context["uses_gpus"] = any(t.gpu for t in context["tasks"])
+    # A terminal in it (docs/interactive.md): its owner's, or staff's where its queue allows.
+    context["can_shell"] = (the_job.state == JobState.RUNNING and not the_job.is_array
+                            and terminals.may_open(the_job, request.user))  # fmt: skip
     return render(request, "dashboard/job.html", context)
 
 

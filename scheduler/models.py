@@ -138,6 +138,17 @@ class Queue(models.Model):
         validators=[MinValueValidator(0), MaxValueValidator(2**60)],
         help_text="bytes of memory a task gets when its spec names no memory",
     )
+    # Terminal sessions (docs/interactive.md): one with no input for this long ends, and an
+    # interactive job whose last session ended with it unless it asked to persist; 0: never.
+    interactive_idle_minutes = models.FloatField(
+        default=60.0,
+        validators=[MinValueValidator(0), MaxValueValidator(10**6)],
+        help_text="a terminal session with no input for this long ends (0: never)",
+    )
+    staff_shell = models.BooleanField(
+        default=False,
+        help_text="staff may open terminal sessions in other users' running jobs here",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -991,3 +1002,40 @@ class FinishedJobCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}/{self.state}: {self.count}"
+
+
+class ShellSession(models.Model):
+    """A terminal session in a running task (docs/interactive.md): asked for by a user's
+    socket, opened by the task's agent over a socket of its own, closed by either end. `key`
+    names it on the agent's socket: random, never guessable from the job."""
+
+    class State(models.TextChoices):
+        REQUESTED = "Requested"
+        OPEN = "Open"
+        CLOSED = "Closed"
+
+    key = models.CharField(max_length=64, unique=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="shell_sessions")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="+")
+    attempt = models.IntegerField(default=0)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    client_channel = models.CharField(max_length=200, default="")  # the user's socket's
+    command = models.TextField(blank=True, default="")
+    rows = models.IntegerField(default=24)
+    cols = models.IntegerField(default=80)
+    term = models.CharField(max_length=64, default="xterm-256color")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.REQUESTED)
+    exit_status = models.IntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    ordered_at = models.DateTimeField(null=True, blank=True)  # last put in a lease's answer
+    opened_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        # The leases' question: sessions asked for on this node, not yet opened.
+        indexes = [models.Index(fields=["node", "state"], name="shell_node_state")]
+
+    def __str__(self) -> str:
+        return f"shell {self.key[:8]} in job {self.job_id}"

@@ -39,6 +39,7 @@ from berth.cli.specs import (
     load_spec_file,
     safe_name,
 )
+from berth.cli.terminal import attach as attach_terminal
 
 JOB_FINAL = ("Succeeded", "Failed", "Cancelled")
 FLOW_FINAL = ("Succeeded", "Failed", "Cancelled")
@@ -487,6 +488,40 @@ def _remaining(ends_at: str) -> str:
     return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s left (until {ends_at})"
 
 
+# --- interactive -----------------------------------------------------------------------
+
+SHELL_HOLD = "exec sleep infinity"  # an interactive job's task: it holds the allocation
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@job_options
+@click.option("--persist", is_flag=True,
+              help="keep the job when the session ends idle or disconnected (berth attach"
+                   " to it again; berth cancel ends it)")  # fmt: skip
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def shell(command: tuple[str, ...], persist: bool, **options: Any) -> None:
+    """Get an allocation like `submit` does and open a terminal in it: a shell, or COMMAND
+    after `--`. Exits with the remote command's exit status; the job ends with the session.
+
+    \b
+      berth shell --gpus 1 --time 2h
+      berth shell --cpu 4 --mem 8Gi -- python -i
+    """
+    if options.get("array"):
+        raise click.UsageError("--array: an interactive job is one task")
+    spec = job_from_options(SHELL_HOLD, {**options, "name": options.get("name") or "shell"})
+    spec["interactive"] = {"persist": persist}
+    api = client()
+    job_id = int(api.post("jobs/", spec)["id"])
+    click.echo(f"Submitted interactive job {job_id}", err=True)
+    try:
+        _wait_until_running(api, job_id)
+    except KeyboardInterrupt:
+        api.post(f"jobs/{job_id}/cancel/")
+        fail(f"cancelled job {job_id} before it started")
+    sys.exit(attach_terminal(api.settings, job_id, _command_line(command)))
+
+
 @cli.command()
 @click.argument("job_ref", metavar="JOB_ID", type=JOB_ID)
 @click.option("--by", "by", required=True, metavar="DURATION",
@@ -502,6 +537,40 @@ def extend(job_ref: JobRef, by: str, as_json: bool) -> None:
         emit_json(job)
     else:
         click.echo(f"Job {job['id']}: walltime now {job['walltime']} s")
+
+
+@cli.command()
+@click.argument("job_ref", metavar="JOB_ID", type=JOB_ID)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def attach(job_ref: JobRef, command: tuple[str, ...]) -> None:
+    """Open another terminal in a running job of yours: a shell, or COMMAND after `--`.
+    Exits with the remote command's exit status."""
+    api = client()
+    sys.exit(attach_terminal(api.settings, resolve(api, job_ref), _command_line(command)))
+
+
+def _command_line(command: tuple[str, ...]) -> str:
+    return command[0] if len(command) == 1 else shlex.join(command)
+
+
+def _wait_until_running(api: Client, job_id: int) -> None:
+    """Poll while the job waits, saying its place and estimate when they change."""
+    said = None
+    while True:
+        job = api.get(f"jobs/{job_id}/")
+        if job["state"] == "Running":
+            return
+        if job["state"] in JOB_FINAL:
+            fail(f"job {job_id} is {job['state']}" + (f": {job.get('message')}"
+                                                      if job.get("message") else ""))  # fmt: skip
+        line = (f"job {job_id}: {job['state']}, position {job_position(job) or '-'},"
+                f" start {job_start(job) or 'unknown'}")  # fmt: skip
+        why = job_reason(job)
+        line += f" ({why})" if why else ""
+        if line != said:
+            click.echo(line, err=True)
+            said = line
+        time.sleep(POLL_SECONDS)
 
 
 # --- flows ------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ from scheduler.agent.partition import PartitionGuard
 from scheduler.agent.pressure import DEFAULT_MIN_FREE, PressureWatch
 from scheduler.agent.session import FORGET_ENDED_SECONDS as FORGET_ENDED_SECONDS
 from scheduler.agent.session import Session
+from scheduler.agent.terminal import TaskContext, Terminals, TerminalSession
 from scheduler.agent.wire import (
     InlineOutput,
     KillOrder,
@@ -68,6 +69,7 @@ from scheduler.agent.wire import (
     Registration,
     TaskReport,
     TaskState,
+    TerminalOrder,
 )
 
 __all__ = ["Agent", "RunningTask", "ServerError", "Unavailable", "parse_labels"]
@@ -271,6 +273,7 @@ class Agent(Session):
         self.http = Http(self.server, timeout)
         self.lease_http = Http(self.server, timeout)
         self.backoff = Backoff()
+        self.terminals = Terminals()  # terminal sessions open with the server (terminal.py)
 
     # --- HTTP ------------------------------------------------------------------------
 
@@ -535,7 +538,7 @@ class Agent(Session):
             if answer is None:
                 continue
             self.partition.heard(sent)
-            if answer.get("start") or answer.get("kill"):
+            if answer.get("start") or answer.get("kill") or answer.get("terminals"):
                 done = threading.Event()
                 self.inbox.put((answer, done))
                 self.wake.set()
@@ -562,7 +565,8 @@ class Agent(Session):
                 value = recent[item.id]  # None: its GPUs could not be read (said as null)
                 item.gpu_utilization = None if value is None else round(value, 1)
                 item.gpu_unmeasured = value is None
-        return {"tasks": [t.to_json() for t in tasks], "usage": {"gpus": samples}}
+        return {"tasks": [t.to_json() for t in tasks], "usage": {"gpus": samples},
+                "terminals": self.terminals.ids()}  # fmt: skip
 
     def _lease_refused(self, exc: ServerError, token: str) -> None:
         if exc.status == 401 and token == self.token:
@@ -607,6 +611,23 @@ class Agent(Session):
                 started = self.tasks.get(key[0])
                 if not by_lease or started is None or started.state != TaskState.RUNNING:
                     self.dirty = True
+            for item in answer.get("terminals", []):
+                self._open_terminal(TerminalOrder.from_json(item))
+
+    def _open_terminal(self, order: TerminalOrder) -> None:
+        """A terminal session in a running task of ours (under the lock): its own threads
+        and websocket; one that cannot open says why on that socket."""
+        task = self.tasks.get(order.task)
+        context, problem = None, ""
+        if task is None or task.attempt != order.attempt or task.state != TaskState.RUNNING:
+            problem = f"task {order.task} (attempt {order.attempt}) does not run on this node"
+        elif task.pid <= 0 or not task.workdir:
+            problem = f"task {order.task} has no process to join"
+        else:
+            context = TaskContext(task.pid, task.cgroup, task.workdir, self.tmp_tools is not None)
+        session = TerminalSession(self.server, self.token, order, context, problem,
+                                  self.fence.add)  # fmt: skip
+        self.terminals.open(session)
 
     # --- processes -------------------------------------------------------------------
 

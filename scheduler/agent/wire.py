@@ -340,12 +340,15 @@ class Orders:
     kill: list[KillOrder] = field(default_factory=list)
     awaiting_output: list[AwaitingOutput] | None = None  # a report's answer only
     lease_seconds: float | None = None
+    terminals: list[TerminalOrder] = field(default_factory=list)  # a lease's answer only
 
     def to_json(self) -> dict[str, Any]:
         answer: dict[str, Any] = {"start": self.start, "kill": [k.to_json() for k in self.kill]}
         if self.awaiting_output is not None:
             answer["awaiting_output"] = [a.to_json() for a in self.awaiting_output]
         answer["lease_seconds"] = self.lease_seconds
+        if self.terminals:
+            answer["terminals"] = [t.to_json() for t in self.terminals]
         return answer
 
     @classmethod
@@ -356,7 +359,55 @@ class Orders:
             [KillOrder.from_json(k) for k in answer.get("kill") or []],
             [AwaitingOutput.from_json(a) for a in answer.get("awaiting_output") or []],
             None if lease is None else float(lease),
+            [TerminalOrder.from_json(t) for t in answer.get("terminals") or []],
         )
+
+
+# Terminal sessions (docs/interactive.md): a lease's answer orders the agent to open one for
+# a running task; the agent opens a websocket of its own to TERMINAL_PATH (outbound, with its
+# node token) and relays a pseudo-terminal in the task's context. On that socket a binary
+# frame is terminal bytes (at most TERMINAL_FRAME_BYTES); a text frame is a JSON control
+# message: from the server `resize` {rows, cols}, `ack` {n} (output frames delivered) and
+# `hangup` {reason}; from the agent `exit` {status}. The agent keeps at most
+# TERMINAL_WINDOW output frames unacknowledged, so a slow reader holds the program back
+# (its writes block on the full pseudo-terminal) instead of losing output.
+TERMINAL_PATH = "/ws/agent/sessions/{session}/"
+TERMINAL_FRAME_BYTES = 16 * 1024
+TERMINAL_WINDOW = 64
+TERMINAL_COMMAND_BYTES = 64 * 1024
+MAX_TERMINAL_SIZE = 1000  # rows or columns
+
+
+class TerminalOrder(NamedTuple):
+    """Open terminal session `session` in this attempt of a task: `command` in a pseudo-terminal
+    of `rows` x `cols` ("" runs the account's interactive shell)."""
+
+    session: str
+    task: int
+    attempt: int
+    command: str = ""
+    rows: int = 24
+    cols: int = 80
+    term: str = "xterm-256color"
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_json(cls, item: dict[str, Any]) -> TerminalOrder:
+        return cls(
+            str(item["session"]), int(item["task"]), int(item["attempt"]),
+            str(item.get("command") or "")[:TERMINAL_COMMAND_BYTES],
+            terminal_size(item.get("rows"), 24), terminal_size(item.get("cols"), 80),
+            str(item.get("term") or "xterm-256color")[:64],
+        )  # fmt: skip
+
+
+def terminal_size(value: object, default: int) -> int:
+    """A terminal's rows or columns: a whole number from 1 to MAX_TERMINAL_SIZE, else `default`."""
+    if is_int(value) and 1 <= value <= MAX_TERMINAL_SIZE:  # type: ignore[operator]
+        return int(value)  # type: ignore[call-overload]
+    return default
 
 
 @dataclass

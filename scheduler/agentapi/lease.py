@@ -25,6 +25,7 @@ from scheduler.agentapi.orders import (
     wanted,
 )
 from scheduler.agentapi.tasks import parse_tasks
+from scheduler.jobs import terminals
 from scheduler.models import Event, Node, Task, hash_token
 from scheduler.ops import gpu_history, gpu_idle
 from scheduler.sql import lease_rows, row_by, update_rows
@@ -70,7 +71,8 @@ def renew_lease(token: str, data: object) -> tuple[Node, list[TaskReport], dict[
     # After the lease's transaction, which locks the node's row after its tasks' rows: task
     # rows are written here only when one goes idle or busy, each statement on its own.
     gpu_idle.observe(node, recent, now)
-    return node, reports, lease_orders(node, reports)
+    handling = data.get("terminals") if isinstance(data, dict) else None
+    return node, reports, lease_orders(node, reports, handling)
 
 
 def _confirm_started(token_hash: str, reports: list[TaskReport], now: Any) -> list[Task]:
@@ -97,10 +99,12 @@ def _confirm_started(token_hash: str, reports: list[TaskReport], now: Any) -> li
     return started
 
 
-def lease_orders(node: Node, reports: list[TaskReport]) -> dict[str, Any]:
-    """Orders for the agent whose tasks are `reports`, read only: tasks placed here it does
-    not know yet, and tasks it runs that must stop. The tasks are read as plain rows; only
-    those to start are loaded as models, with what a start order says of their jobs."""
+def lease_orders(node: Node, reports: list[TaskReport], handling: object = None) -> dict[str, Any]:
+    """Orders for the agent whose tasks are `reports`: tasks placed here it does not know
+    yet, tasks it runs that must stop, and terminal sessions to open in them (`handling`: the
+    sessions its lease says it has open; scheduler/terminals.py). The tasks are read as plain
+    rows; only those to start are loaded as models, with what a start order says of their
+    jobs."""
     known = {(r.id, r.attempt) for r in reports}
     rows = {row[0]: TaskRow(*row) for row in lease_rows(node.pk, [r.id for r in reports])}
     kill = []
@@ -128,4 +132,8 @@ def lease_orders(node: Node, reports: list[TaskReport]) -> dict[str, Any]:
             start.append(task.pk)
     orders = wire.Orders(start_messages(to_start(start, node), node), kill,
                          lease_seconds=settings.BERTH_HEARTBEAT_INTERVAL)  # fmt: skip
-    return orders.to_json()
+    answer = orders.to_json()
+    opening = terminals.terminal_orders(node, handling)
+    if opening:
+        answer["terminals"] = opening
+    return answer

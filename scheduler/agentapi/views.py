@@ -224,10 +224,10 @@ async def lease_view(request: HttpRequest) -> JsonResponse:
         try:
             node, reports, answer = await _db(lease.renew_lease, token, data)
             deadline = time.monotonic() + hold
-            while not (answer["start"] or answer["kill"]):
+            while not (answer["start"] or answer["kill"] or answer.get("terminals")):
                 if not await waiter.wait(node.pk, deadline - time.monotonic()):
                     break
-                answer = await _db(lease.lease_orders, node, reports)
+                answer = await _db(lease.lease_orders, node, reports, data.get("terminals"))
         except ProtocolError as exc:
             return _json_error(exc)
         except DatabaseError as exc:

@@ -27,7 +27,7 @@ ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 JOB_FIELDS = {
     "name", "queue", "priority", "preemptible", "min_available", "walltime",
     "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry", "labels", "tasks",
-    "array", "notify", "apps",
+    "array", "notify", "apps", "interactive",
 }  # fmt: skip
 TASK_FIELDS = {"name", "replicas", "command", "env", "resources", "node_selector"}
 RESOURCE_FIELDS = {"cpu", "memory", "gpu", "pids"}
@@ -285,6 +285,8 @@ def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str,
         spec["notify"] = _notify(errors, data["notify"], "notify")
     if data.get("apps") not in (None, []):  # as `array`: other specs are unchanged
         spec["apps"] = _apps(errors, data["apps"], "apps")
+    if data.get("interactive") not in (None, False):  # as `array`: other specs are unchanged
+        spec["interactive"] = _interactive(errors, data["interactive"])
     spec["tasks"], total = _task_groups(errors, data.get("tasks"))
     min_available = _int(errors, data, "min_available", "min_available", default=None, minimum=1,
                          maximum=MAX_INT)  # fmt: skip
@@ -372,6 +374,22 @@ def webhook_url_problem(url: object) -> str | None:
             return None
     shown = host if port is None else f"{host}:{port}"
     return f"host {shown!r} is not allowed for webhooks (BERTH_WEBHOOK_ALLOWED_HOSTS)"
+
+
+def _interactive(errors: _Errors, value: object) -> dict[str, Any]:
+    """`interactive`: true, or {persist: bool} (docs/interactive.md): the job ends with its
+    last terminal session (when it persists, only when the session's command exited)."""
+    if value is True:
+        return {"persist": False}
+    if not isinstance(value, dict):
+        errors.add("interactive", "must be true, false or {persist: true|false}")
+        return {"persist": False}
+    _unknown(errors, value, {"persist"}, "interactive")
+    persist = value.get("persist", False)
+    if not isinstance(persist, bool):
+        errors.add("interactive.persist", "must be true or false")
+        persist = False
+    return {"persist": persist}
 
 
 def _notify(errors: _Errors, value: object, path: str) -> dict[str, Any]:

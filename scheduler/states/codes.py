@@ -46,6 +46,8 @@ class EventKind(StrEnum):
     FLOW_STATE_CHANGED = "FlowStateChanged"
     FLOW_CANCEL_REQUESTED = "FlowCancelRequested"
     STEP_STATE_CHANGED = "StepStateChanged"
+    SHELL_OPENED = "ShellOpened"  # a terminal session in a job (docs/interactive.md)
+    SHELL_CLOSED = "ShellClosed"  # its reason: Exited, Idle, Disconnected, Failed, ...
 
     @classmethod
     def task_ended(cls, state: str) -> EventKind:

@@ -1,0 +1,218 @@
+"""Terminal sessions' websockets (docs/interactive.md): the user's end (`/ws/jobs/<id>/shell/`)
+and the node agent's (`/ws/agent/sessions/<key>/`), relayed through the channel layer; who
+may open either end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
+from django.db import connections
+from rest_framework.authtoken.models import Token
+
+from berth.asgi import application
+from scheduler.jobs import terminals
+from scheduler.models import Event, Job, Node, Queue, ShellSession, hash_token
+from tests.factories import make_job, make_node, place
+
+ORIGIN = (b"origin", b"http://127.0.0.1")
+PROTOCOL = (b"berth-agent-protocol", b"3")
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+
+def _setup() -> dict[str, Any]:
+    alice = User.objects.create_user("alice")
+    carol = User.objects.create_user("carol")
+    admin = User.objects.create_user("admin", is_staff=True)
+    node_a = make_node("node-a", token_hash=hash_token("token-of-node-a"))
+    make_node("node-b", token_hash=hash_token("token-of-node-b"))
+    job = make_job(alice, "work")
+    place(job, node_a)
+    pending = make_job(alice, "waiting")
+    keys = {u.username: Token.objects.create(user=u).key for u in (alice, carol, admin)}
+    return {"job": job.pk, "pending": pending.pk, "keys": keys, "node": node_a.pk}
+
+
+async def _user(job_id: int, key: str | None) -> tuple[WebsocketCommunicator, Any, Any]:
+    headers = [ORIGIN] + ([(b"authorization", f"Token {key}".encode())] if key else [])
+    socket = WebsocketCommunicator(application, f"/ws/jobs/{job_id}/shell/", headers=headers)
+    connected, code = await socket.connect()
+    return socket, connected, code
+
+
+async def _agent(session: str, token: str | None) -> tuple[WebsocketCommunicator, Any, Any]:
+    headers = [ORIGIN, PROTOCOL] + ([(b"authorization", f"Node {token}".encode())] if token else [])
+    path = f"/ws/agent/sessions/{session}/"
+    socket = WebsocketCommunicator(application, path, headers=headers)
+    connected, code = await socket.connect()
+    return socket, connected, code
+
+
+async def _open(socket: WebsocketCommunicator, job_id: int) -> str:
+    await socket.send_json_to({"type": "open", "command": "bash", "rows": 30, "cols": 100})
+    session = await _wait_session(job_id)
+    return session.key
+
+
+async def _wait_session(job_id: int, state: str | None = None) -> ShellSession:
+    """The job's session once the consumer made it (in `state`, when given)."""
+    for _ in range(500):
+        found = await database_sync_to_async(
+            lambda: ShellSession.objects.filter(job_id=job_id).first()
+        )()
+        if found is not None and (state is None or found.state == state):
+            return found
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no session of job {job_id} in state {state}")
+
+
+async def _close(*sockets: WebsocketCommunicator) -> None:
+    for socket in sockets:
+        await socket.disconnect()
+    await sync_to_async(connections.close_all)()
+
+
+async def test_frames_go_both_ways_and_the_session_ends_with_the_remote_exit_status():
+    rows = await database_sync_to_async(_setup)()
+    user, ok, _ = await _user(rows["job"], rows["keys"]["alice"])
+    assert ok
+    key = await _open(user, rows["job"])
+    # The node's lease orders it once (not again while it opens), and no other node's.
+    node = await database_sync_to_async(Node.objects.get)(pk=rows["node"])
+    orders = await database_sync_to_async(terminals.terminal_orders)(node, [])
+    assert [(o["session"], o["rows"], o["cols"], o["command"]) for o in orders] == [
+        (key, 30, 100, "bash")
+    ]
+    assert await database_sync_to_async(terminals.terminal_orders)(node, []) == []
+
+    agent, ok, _ = await _agent(key, "token-of-node-a")
+    assert ok
+    assert json.loads(await user.receive_from(timeout=5))["type"] == "ready"
+    await user.send_to(bytes_data=b"ls\r")
+    assert await agent.receive_from(timeout=5) == b"ls\r"
+    await user.send_json_to({"type": "resize", "rows": 40, "cols": 120})
+    assert json.loads(await agent.receive_from(timeout=5)) == {"type": "resize", "rows": 40,
+                                                               "cols": 120}  # fmt: skip
+    await agent.send_to(bytes_data=b"file.txt\r\n")
+    assert await user.receive_from(timeout=5) == b"file.txt\r\n"
+    # Delivered output is acknowledged to the agent, which holds back past its window.
+    assert json.loads(await agent.receive_from(timeout=5)) == {"type": "ack", "n": 1}
+    await agent.send_json_to({"type": "exit", "status": 7})
+    assert json.loads(await user.receive_from(timeout=5)) == {"type": "exit", "status": 7}
+    session = await _wait_session(rows["job"], "Closed")
+    assert (session.state, session.reason, session.exit_status) == ("Closed", "Exited", 7)
+    kinds = await database_sync_to_async(
+        lambda: list(Event.objects.filter(job_id=rows["job"]).values_list("kind", flat=True))
+    )()
+    assert kinds.count("ShellOpened") == 1 and kinds.count("ShellClosed") == 1
+    await _close(user, agent)
+
+
+async def test_the_users_end_is_refused_to_anyone_but_the_owner():
+    rows = await database_sync_to_async(_setup)()
+    _, ok, code = await _user(rows["job"], None)  # no cookie, no token
+    assert (ok, code) == (False, 4401)
+    _, ok, code = await _user(rows["job"], "not-a-token")
+    assert (ok, code) == (False, 4401)
+    _, ok, code = await _user(rows["job"], rows["keys"]["carol"])
+    assert (ok, code) == (False, 4404)  # as if the job did not exist
+    _, ok, code = await _user(rows["job"], rows["keys"]["admin"])
+    assert (ok, code) == (False, 4404)  # staff only where the queue allows it
+    await database_sync_to_async(Queue.objects.filter(name="default").update)(staff_shell=True)
+    staff, ok, _ = await _user(rows["job"], rows["keys"]["admin"])
+    assert ok
+    await _close(staff)
+
+
+async def test_a_job_that_does_not_run_gets_no_session():
+    rows = await database_sync_to_async(_setup)()
+    user, ok, _ = await _user(rows["pending"], rows["keys"]["alice"])
+    assert ok
+    await user.send_json_to({"type": "open"})
+    message = json.loads(await user.receive_from(timeout=5))
+    assert message["type"] == "error" and "running job" in message["message"]
+    assert (await user.receive_output(timeout=5))["code"] == 4409
+    await _close(user)
+
+
+async def test_the_agents_end_is_refused_without_the_sessions_own_nodes_token():
+    rows = await database_sync_to_async(_setup)()
+    user, _, _ = await _user(rows["job"], rows["keys"]["alice"])
+    key = await _open(user, rows["job"])
+    _, ok, code = await _agent(key, None)
+    assert (ok, code) == (False, 4401)
+    _, ok, code = await _agent(key, "no-such-node-token")
+    assert (ok, code) == (False, 4401)
+    _, ok, code = await _agent(key, "token-of-node-b")  # a node, but not this session's
+    assert (ok, code) == (False, 4404)
+    _, ok, code = await _agent("0" * 48, "token-of-node-a")  # no such session
+    assert (ok, code) == (False, 4404)
+    agent, ok, _ = await _agent(key, "token-of-node-a")
+    assert ok
+    _, ok, code = await _agent(key, "token-of-node-a")  # opened once only
+    assert (ok, code) == (False, 4404)
+    await _close(user, agent)
+
+
+async def test_an_oversized_frame_ends_the_session_and_nothing_else():
+    rows = await database_sync_to_async(_setup)()
+    user, _, _ = await _user(rows["job"], rows["keys"]["alice"])
+    key = await _open(user, rows["job"])
+    agent, _, _ = await _agent(key, "token-of-node-a")
+    await user.receive_from(timeout=5)  # ready
+    await user.send_to(bytes_data=b"x" * (64 * 1024))
+    message = json.loads(await user.receive_from(timeout=5))
+    assert message["type"] == "error" and "at most" in message["message"]
+    assert json.loads(await agent.receive_from(timeout=5))["type"] == "hangup"
+    session = await _wait_session(rows["job"], "Closed")
+    assert (session.state, session.reason) == ("Closed", "Failed")
+    job = await database_sync_to_async(Job.objects.get)(pk=rows["job"])
+    assert job.state == "Running"  # a batch job: its session's end is not its end
+    await _close(user, agent)
+
+
+async def test_keystrokes_typed_fast_all_arrive_in_order():
+    rows = await database_sync_to_async(_setup)()
+    user, _, _ = await _user(rows["job"], rows["keys"]["alice"])
+    key = await _open(user, rows["job"])
+    agent, _, _ = await _agent(key, "token-of-node-a")
+    await user.receive_from(timeout=5)  # ready
+    typed = b"echo typed-$((6 * 7)) $BERTH_JOB_ID\r"
+    for byte in typed:
+        await user.send_to(bytes_data=bytes([byte]))
+    got = b""
+    while len(got) < len(typed):
+        got += await agent.receive_from(timeout=5)
+    assert got == typed
+    await _close(user, agent)
+
+
+@pytest.mark.parametrize("persist", [False, True])
+async def test_an_idle_session_ends_by_the_queues_policy_and_its_job_unless_it_persists(persist):
+    rows = await database_sync_to_async(_setup)()
+
+    def interactive() -> None:
+        Queue.objects.filter(name="default").update(interactive_idle_minutes=0.02)  # 1.2 s
+        job = Job.objects.get(pk=rows["job"])
+        job.spec = {**job.spec, "interactive": {"persist": persist}}
+        job.save(update_fields=["spec"])
+
+    await database_sync_to_async(interactive)()
+    user, _, _ = await _user(rows["job"], rows["keys"]["alice"])
+    key = await _open(user, rows["job"])
+    agent, _, _ = await _agent(key, "token-of-node-a")
+    await user.receive_from(timeout=5)  # ready; then no input at all
+    message = json.loads(await user.receive_from(timeout=10))
+    assert message["type"] == "error" and "no input for 0.02 minutes" in message["message"]
+    assert json.loads(await agent.receive_from(timeout=5)) == {"type": "hangup", "reason": "Idle"}
+    session = await _wait_session(rows["job"], "Closed")
+    assert session.reason == "Idle"
+    job = await database_sync_to_async(Job.objects.get)(pk=rows["job"])
+    assert job.requested_action == ("" if persist else "cancel")
+    await _close(user, agent)
