@@ -199,7 +199,7 @@ def _reconcile_devices(node: Node, devices: list[dict[str, Any]]) -> None:
         info = present.pop(device.index, None)
         if info is None:
             # Gone from the machine: keep a held device (unhealthy) until its task stops.
-            if Allocation.objects.filter(device=device).exists():
+            if Allocation.objects.filter(device=device).exists():  # (a share of it too)
                 device.healthy = False
                 device.save(update_fields=["healthy"])
             else:

@@ -164,9 +164,16 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
                 "uuid": d.uuid,
                 "model": d.model,
                 "healthy": d.healthy,
-                "job": d.allocation.task.job_id if hasattr(d, "allocation") else None,
+                "job": holders[0].task.job_id if holders else None,
+                # Each task on it with its share (1 for a whole device): a shared GPU's
+                # occupants.
+                "occupants": [
+                    {"job": a.task.job_id, "task": a.task_id, "share": a.share / 1000}
+                    for a in holders
+                ],
             }
             for d in node.devices.all()
+            for holders in [list(d.allocations.all())]
         ]
 
     @extend_schema_field(OpenApiTypes.OBJECT)
