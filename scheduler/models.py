@@ -17,6 +17,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models import Q, QuerySet
 
+from scheduler.agent.wire import GPU_SHARING_MODES
 from scheduler.core.status import Code
 from scheduler.specs import NAME_RE
 from scheduler.states import (
@@ -169,9 +170,6 @@ class Queue(models.Model):
             errors["gpu_sharing"] = problems
         if errors:
             raise ValidationError(errors)
-
-
-GPU_SHARING_MODES = ("mig", "mps", "timeslice")
 
 
 def sharing_problems(value: object, *, allow_null: bool = False) -> list[str]:
@@ -705,7 +703,7 @@ class Allocation(models.Model):
 
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="allocations")
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="allocations")
-    share = models.PositiveSmallIntegerField(default=1000)
+    share = models.PositiveSmallIntegerField(default=1000, db_default=1000)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -277,8 +277,11 @@ class Agent(Session):
         devices = discover_gpus(self.fake_gpus, self.name)
         self.gpus.close()
         self.gpus = GpuSampler(devices, fake=any(d["model"] == "fake" for d in devices))
+        # Fake GPUs offer plain time-slicing, so fractions can be tried without a GPU.
+        fake = bool(devices) and all(d["model"] == "fake" for d in devices)
         body = Registration(self.name, cpu, memory, self.labels, devices, socket.gethostname(),
-                            VERSION, self.fence.describe()).to_json()  # fmt: skip
+                            VERSION, self.fence.describe(),
+                            ["timeslice"] if fake else []).to_json()  # fmt: skip
         answer: dict[str, Any] | None = None
         sent = self.partition.clock()
         if self.token:

@@ -185,8 +185,10 @@ class SimCluster:
     def register(self, node: SimNode) -> None:
         devices = [{"index": i, "uuid": f"sim-{node.name}-{i}", "model": "sim",
                     "memory": FAKE_MEMORY} for i in range(node.gpus)]  # fmt: skip
+        # Simulated GPUs offer plain time-slicing: fractions of a GPU place on them.
         body = Registration(node.name, node.cpu, node.memory, node.labels, devices, node.name,
-                            f"berth-simagent/{PROTOCOL}")  # fmt: skip
+                            f"berth-simagent/{PROTOCOL}", None,
+                            ["timeslice"] if devices else [])  # fmt: skip
         answer = self._post(node, "register/", body.to_json(), f"Bearer {self.join_token}")
         with node.lock:
             node.registered(answer, LOG_CHUNK)

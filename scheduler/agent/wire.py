@@ -219,9 +219,12 @@ class Registration:
     hostname: str
     version: str
     enforcement: dict[str, Any] | None = None  # what the agent enforces (fence.describe())
+    # The GPU sharing modes the node offers: "mig", "mps", "timeslice" (GPU_SHARING_MODES);
+    # fractions of a GPU are placed only on a node offering one.
+    gpu_sharing: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        body = {
+        body: dict[str, Any] = {
             "name": self.name,
             "cpu": f"{self.cpu}m",  # the protocol reads cpu as users write it
             "memory": self.memory,
@@ -232,6 +235,8 @@ class Registration:
         }
         if self.enforcement is not None:
             body["enforcement"] = self.enforcement
+        if self.gpu_sharing:
+            body["gpu_sharing"] = list(self.gpu_sharing)
         return body
 
 
@@ -351,6 +356,18 @@ class LogChunk:
         return {"attempt": self.attempt, "offset": self.offset, "data": self.data}
 
 
+GPU_SHARING_MODES = ("mig", "mps", "timeslice")
+
+
+def _shares(raw: object, devices: int) -> list[float]:
+    """An order's per-device shares, each in (0, 1]; anything else reads as whole devices."""
+    if isinstance(raw, list) and len(raw) == devices:
+        shares = [float(s) for s in raw if isinstance(s, int | float) and not isinstance(s, bool)]
+        if len(shares) == devices and all(0 < s <= 1 for s in shares):
+            return shares
+    return [1.0] * devices
+
+
 @dataclass
 class StartOrder:
     """Start this attempt: what it runs, as whom, with which environment, GPUs and limits
@@ -368,9 +385,14 @@ class StartOrder:
     devices: list[int]
     walltime: int | None
     resources: dict[str, int]
+    # What the task holds of each of `devices`, in the same order: 1.0 for a whole GPU, a
+    # fraction (0.25) of a shared one; and, for a fraction, the GPU memory it asked for
+    # (bytes; None: unsaid). Older servers send neither: every device is then whole.
+    shares: list[float] = field(default_factory=list)
+    gpu_memory: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "id": self.id,
             "attempt": self.attempt,
             "job_id": self.job_id,
@@ -383,7 +405,11 @@ class StartOrder:
             "devices": self.devices,
             "walltime": self.walltime,
             "resources": self.resources,
+            "shares": list(self.shares) or [1.0] * len(self.devices),
         }
+        if self.gpu_memory is not None:
+            body["gpu_memory"] = self.gpu_memory
+        return body
 
     @classmethod
     def from_json(cls, order: dict[str, Any]) -> StartOrder:
@@ -396,4 +422,6 @@ class StartOrder:
             int(order.get("index", 0)), str(order.get("command", "")),
             str(order.get("owner", "")), dict(order.get("env") or {}), devices,
             order.get("walltime"), dict(order.get("resources") or {}),
+            _shares(order.get("shares"), len(devices)),
+            order["gpu_memory"] if is_int(order.get("gpu_memory")) else None,
         )  # fmt: skip
