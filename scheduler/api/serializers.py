@@ -85,7 +85,7 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
         fields = ["name", "weight", "capability", "reclaimable", "priority", "max_user_priority",
                   "open", "default_cpu", "default_memory", "max_user_running_gpus",
                   "max_user_running_cpus", "max_user_running_jobs", "max_user_pending_jobs",
-                  "user_limits_exempt_staff", "created_at"]  # fmt: skip
+                  "user_limits_exempt_staff", "gpu_sharing", "created_at"]  # fmt: skip
         read_only_fields = ["created_at"]
 
     def validate_capability(self, value: Any) -> Any:
