@@ -35,8 +35,8 @@ def test_four_quarters_share_a_device_and_a_whole_gpu_waits(cluster: Cluster, ap
     shares = list(Allocation.objects.values_list("task__job_id", "device__index", "share"))
     assert sorted(shares) == [(j, 0, 250) for j in sorted(quarters)]
 
-    whole = submit(client, one_task("whole", "echo whole on $CUDA_VISIBLE_DEVICES",
-                                    resources={"cpu": "0.1", "memory": "16Mi", "gpu": 1}))  # fmt: skip
+    gpu = {"cpu": "0.1", "memory": "16Mi", "gpu": 1}
+    whole = submit(client, one_task("whole", "echo whole on $CUDA_VISIBLE_DEVICES", resources=gpu))
     wait_for(lambda: Job.objects.get(pk=whole).pending_code, what="the whole-GPU job's status")
     assert job_state(whole) == JobState.PENDING
     assert all(job_state(q) == JobState.RUNNING for q in quarters)
