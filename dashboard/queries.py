@@ -104,7 +104,8 @@ def cluster_summary() -> dict[str, Any]:
     nodes = list(Node.objects.only("id", "cpu", "memory", "state"))
     gpus = Device.objects.filter(healthy=True).count()
     # Shared GPUs count what their fractions hold: 4 tasks of 0.25 are 1 GPU in use.
-    used_gpus = round((Allocation.objects.aggregate(s=Sum("share"))["s"] or 0) / 1000, 2)
+    held = Allocation.objects.aggregate(s=Sum("share"))["s"] or 0
+    used_gpus: float = held // 1000 if held % 1000 == 0 else round(held / 1000, 2)
     states = Counter(n.state for n in nodes)
     jobs: Counter[str] = Counter()
     by_queue: dict[str, Counter[str]] = defaultdict(Counter)
