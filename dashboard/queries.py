@@ -104,8 +104,8 @@ def cluster_summary() -> dict[str, Any]:
     nodes = list(Node.objects.only("id", "cpu", "memory", "state"))
     gpus = Device.objects.filter(healthy=True).count()
     # Shared GPUs count what their fractions hold: 4 tasks of 0.25 are 1 GPU in use.
-    held = Allocation.objects.aggregate(s=Sum("share"))["s"] or 0
-    used_gpus: float = held // 1000 if held % 1000 == 0 else round(held / 1000, 2)
+    shares = Allocation.objects.aggregate(s=Sum("share"))["s"] or 0
+    used_gpus: float = shares // 1000 if shares % 1000 == 0 else round(shares / 1000, 2)
     states = Counter(n.state for n in nodes)
     jobs: Counter[str] = Counter()
     by_queue: dict[str, Counter[str]] = defaultdict(Counter)
@@ -119,14 +119,15 @@ def cluster_summary() -> dict[str, Any]:
         jobs[state] += n
         by_queue[name][state] += n
     held: dict[str, Counter[str]] = defaultdict(Counter)
-    for queue, cpu, memory, gpu in Task.objects.filter(state__in=TASK_ON_NODE).values_list(
-        "job__queue__name", "cpu", "memory", "gpu"
+    # GPUs in thousandths: a fraction of one counts as what it is, as the scheduler's DRF does.
+    for queue, cpu, memory, gpu, share in Task.objects.filter(state__in=TASK_ON_NODE).values_list(
+        "job__queue__name", "cpu", "memory", "gpu", "gpu_share"
     ):
-        held[queue].update({"cpu": cpu, "memory": memory, "gpu": gpu})
+        held[queue].update({"cpu": cpu, "memory": memory, "gpu": share or gpu * 1000})
     total_cpu = sum(n.cpu for n in nodes)
     total_memory = sum(n.memory for n in nodes)
     used_cpu = sum(h["cpu"] for h in held.values())
-    totals = {"cpu": total_cpu, "memory": total_memory, "gpu": gpus}
+    totals = {"cpu": total_cpu, "memory": total_memory, "gpu": gpus * 1000}
     queues = _queue_rows(held, by_queue, totals)
     return {"nodes": len(nodes), "ready": states.get(NodeState.READY, 0), "states": dict(states),
             "not_ready": states.get(NodeState.NOT_READY, 0),
@@ -182,7 +183,7 @@ def _queue_rows(
         holds = Resources(cpu=h["cpu"], memory=h["memory"], gpu=h["gpu"])
         share = round(100 * holds.dominant_share(cluster))
         fair = round(100 * fair_share(weights, counted, q.name))
-        rows.append({"queue": q, "gpu": h["gpu"], "cpu": format_cpu(h["cpu"]),
+        rows.append({"queue": q, "gpu": f"{h['gpu'] / 1000:g}", "cpu": format_cpu(h["cpu"]),
                      "share": share, "fair": fair, "share_bar": min(share, 100),
                      "fair_bar": min(fair, 100), "running": by_queue[q.name]["Running"],
                      "pending": by_queue[q.name]["Pending"]})  # fmt: skip
