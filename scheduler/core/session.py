@@ -751,9 +751,13 @@ class NodeScan:
             )
             scan = (n for n in order if n.free_cpu >= cpu and n.free_memory >= memory)
         if task.gpu_share:  # a fraction: the node the placement policy scores best
-            takers = [n for n in scan if session.accepts(job, task, n, fits)]
             self._scan = None
-            return sharing.best_node(session.gpu_policy, takers, task)
+            takers = [n for n in scan if session.accepts(job, task, n, None)]
+            # `fits` (backfill's spare) is asked of the chosen node only: it keeps count.
+            for node in sharing.ranked(session.gpu_policy, takers, task):
+                if fits is None or fits(node, task):
+                    return node
+            return None
         self._scan, self._last_task, self._last_node = scan, task, None
         for node in scan:
             if session.accepts(job, task, node, fits):

@@ -123,20 +123,18 @@ def score(
     return value, devices[chosen[0]]
 
 
-def best_node(
-    policy: gpushare.Policy, nodes: Iterable[NodeView], task: TaskInfo
-) -> NodeView | None:
-    """The node of `nodes` (each able to take the fraction, in the session's order) that the
-    policy scores highest; the first of equals."""
-    best: NodeView | None = None
-    best_value = float("-inf")
+def ranked(policy: gpushare.Policy, nodes: list[NodeView], task: TaskInfo) -> list[NodeView]:
+    """`nodes` (each able to take the fraction, in the session's order) best first as the
+    policy scores them; equals keep their order."""
+    if isinstance(policy, gpushare.FirstFit):
+        return nodes
+    scores = []
     for position, node in enumerate(nodes):
-        if isinstance(policy, gpushare.FirstFit):
-            return node
         scored = score(policy, node, position, task)
-        if scored is not None and scored[0] > best_value:
-            best, best_value = node, scored[0]
-    return best
+        if scored is not None:
+            scores.append((-scored[0], position, node))
+    scores.sort(key=lambda s: (s[0], s[1]))
+    return [node for _, _, node in scores]
 
 
 def pick_device(policy: gpushare.Policy, node: NodeView, task: TaskInfo) -> int:
