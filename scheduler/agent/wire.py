@@ -391,6 +391,10 @@ class StartOrder:
     shares: list[float] = field(default_factory=list)
     gpu_memory: int | None = None
 
+    def __post_init__(self) -> None:
+        if not self.shares:  # none said: every device is whole
+            self.shares = [1.0] * len(self.devices)
+
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": self.id,
@@ -405,7 +409,7 @@ class StartOrder:
             "devices": self.devices,
             "walltime": self.walltime,
             "resources": self.resources,
-            "shares": list(self.shares) or [1.0] * len(self.devices),
+            "shares": list(self.shares),
         }
         if self.gpu_memory is not None:
             body["gpu_memory"] = self.gpu_memory
