@@ -172,7 +172,7 @@ def place(node_id: int, per_lease: int, duration: float) -> None:
     from django.utils import timezone
 
     from scheduler.models import Allocation, Device, Job, Queue, Task
-    from scheduler.states import JobState, TaskState
+    from scheduler.states.names import JobState, TaskState
 
     owner, queue, now = User.objects.get(), Queue.objects.get(name="default"), timezone.now()
     spec = {"name": "bench", "queue": "default", "tasks": [{

@@ -5,7 +5,7 @@
 
 Creates a fresh database (`--database-name`, dropped at the end), fills it with `--nodes`
 Ready nodes of `--gpus` devices each and `--jobs` pending one-task, one-GPU jobs, and runs
-full cycles through `scheduler.loop.run_scheduler_cycle`:
+full cycles through `scheduler.cycle.loop.run_scheduler_cycle`:
 
 - `place`: the first cycle, which places the backlog (as many jobs as there are GPUs);
 - `steady`: the median of `--steady` cycles in which nothing changes;
@@ -129,7 +129,7 @@ def measure(meter: QueryMeter) -> dict[str, Any]:
     from django.db import connection
     from django.utils import timezone
 
-    from scheduler.loop import run_scheduler_cycle
+    from scheduler.cycle.loop import run_scheduler_cycle
     from scheduler.models import Node
 
     Node.objects.update(last_heartbeat=timezone.now())  # the agents are alive, as in a cluster
@@ -238,7 +238,7 @@ def main() -> None:
     from django.db import connection
 
     from scheduler.models import Allocation, Task
-    from scheduler.states import TaskState
+    from scheduler.states.names import TaskState
 
     meter = QueryMeter()
     result: dict[str, Any] = {"nodes": args.nodes, "gpus": args.gpus, "jobs": args.jobs}

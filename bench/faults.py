@@ -243,7 +243,7 @@ class Stack:
 
     def up(self, nodes: int = 4, gpus: int = 2, schedulers: int = 2) -> None:
         subprocess.run([*MANAGE, "migrate", "-v0"], env=self.env(), cwd=ROOT, check=True)
-        self.start("web", [sys.executable, "-m", "berth.serve", "--no-migrate", "--host",
+        self.start("web", [sys.executable, "-m", "berth.web.serve", "--no-migrate", "--host",
                            self.host, "--port", str(self.port), "--workers", "2"])  # fmt: skip
         _wait(lambda: httpx.get(f"{self.url}/healthz", timeout=2).status_code in (200, 503),
               60, "the web tier")  # fmt: skip

@@ -72,7 +72,7 @@ def main() -> None:
     django.setup()
     from django.contrib.auth.models import User
 
-    from scheduler.submit import submit_job
+    from scheduler.jobs.submit import submit_job
 
     User.objects.create_user("bench", password="bench-pass-123")
     spec = {"name": "latency", "tasks": [{"name": "main", "command": "true"}]}

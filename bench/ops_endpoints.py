@@ -57,7 +57,7 @@ def main() -> None:
     from django.test import Client
     from django.utils import timezone
 
-    from scheduler.heartbeat import record_cycle
+    from scheduler.cycle.liveness import record_cycle
     from scheduler.models import Device, Job, Node, Queue, Task, UsageRecord
 
     staff = User.objects.create_user("staff", is_staff=True)

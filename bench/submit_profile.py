@@ -57,7 +57,7 @@ def make_token(kind: str) -> str:
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
 
-    from scheduler.tokens import create_token
+    from scheduler.ops.tokens import create_token
 
     user = User.objects.create_user("bench")
     if kind == "api":

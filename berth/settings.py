@@ -94,10 +94,10 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "berth.metrics.HttpMetricsMiddleware",  # first, so it times everything below it
+    "berth.web.metrics.HttpMetricsMiddleware",  # first, so it times everything below it
     "scheduler.middleware.refuse_nul_in_urls",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "berth.throttle.SignInThrottleMiddleware",
+    "berth.web.throttle.SignInThrottleMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -105,7 +105,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "berth.overload.DatabaseOverloadMiddleware",
+    "berth.web.overload.DatabaseOverloadMiddleware",
 ]
 
 ROOT_URLCONF = "berth.urls"
@@ -130,7 +130,7 @@ TEMPLATES = [
 
 # Each worker process keeps a pool of at most BERTH_DB_POOL_MAX connections; a request that
 # finds none free waits BERTH_DB_POOL_TIMEOUT seconds, then gets 503 + Retry-After (see
-# berth/overload.py). Django returns a pooled connection at the end of every request, so
+# berth/web/overload.py). Django returns a pooled connection at the end of every request, so
 # the number a deployment opens is bounded: workers x max + the scheduler's own.
 # `./run serve` sets min = max for web workers: each opens its connections at start and keeps
 # exactly those, so the count is the same at rest and under load. Elsewhere (the scheduler,
@@ -209,7 +209,7 @@ else:
 if REDIS_URL:
     CACHES = {
         "default": {
-            "BACKEND": "berth.cache.SharedRedisCache",  # one client per process
+            "BACKEND": "berth.web.cache.SharedRedisCache",  # one client per process
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": os.environ.get("BERTH_CHANNEL_PREFIX", "berth") + "-cache",
         }
@@ -217,14 +217,14 @@ if REDIS_URL:
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
-# Request bodies: larger ones are answered 413 before Django reads them (berth/limits.py).
+# Request bodies: larger ones are answered 413 before Django reads them (berth/web/limits.py).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("BERTH_MAX_BODY_BYTES", 2 * 1024 * 1024, minimum=1024)
 # In-flight HTTP requests per worker process; more are answered 503 + Retry-After at once.
 # Agents' held lease requests count too (one per node for up to ~12 s), hence the headroom.
 BERTH_MAX_INFLIGHT = env_int("BERTH_MAX_INFLIGHT", 1000, minimum=0)
 BERTH_RETRY_AFTER_SECONDS = env_int("BERTH_RETRY_AFTER_SECONDS", 1, minimum=1)
 # Requests that run Django's middleware and views at once per worker process, each on a
-# thread kept for the process's life (berth/handler.py); the others wait their turn, first
+# thread kept for the process's life (berth/web/handler.py); the others wait their turn, first
 # come first served, up to BERTH_DB_POOL_TIMEOUT seconds, then get 503 + Retry-After.
 # Default: the database pool's size. The agents' threads and the leases' shared threads
 # draw on the same pool, so under load a request may still wait for a connection, up to
@@ -308,11 +308,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
-        "JobStateEnum": "scheduler.states.JobState",
-        "TaskStateEnum": "scheduler.states.TaskState",
-        "NodeStateEnum": "scheduler.states.NodeState",
-        "FlowStateEnum": "scheduler.states.FlowState",
-        "StepStateEnum": "scheduler.states.StepState",
+        "JobStateEnum": "scheduler.states.names.JobState",
+        "TaskStateEnum": "scheduler.states.names.TaskState",
+        "NodeStateEnum": "scheduler.states.names.NodeState",
+        "FlowStateEnum": "scheduler.states.names.FlowState",
+        "StepStateEnum": "scheduler.states.names.StepState",
     },
 }
 
@@ -343,7 +343,7 @@ if BERTH_HEARTBEAT_TIMEOUT <= 1.25 * BERTH_HEARTBEAT_INTERVAL:
     )
 BERTH_AGENT_MAX_TASKS = env_int("BERTH_AGENT_MAX_TASKS", 10_000, minimum=1)
 # The scheduler leader's lock is a lease of this many seconds: a leader frozen or cut off from
-# the database that long loses it to a standby (scheduler/leader.py).
+# the database that long loses it to a standby (scheduler/cycle/leader.py).
 BERTH_LEADER_TIMEOUT = env_float("BERTH_LEADER_TIMEOUT", 15.0, minimum=2.0)
 BERTH_KILL_GRACE_SECONDS = env_float("BERTH_KILL_GRACE_SECONDS", 10.0, minimum=0.0)
 BERTH_SCHEDULER_INTERVAL = env_float("BERTH_SCHEDULER_INTERVAL", 1.0, minimum=0.01)
@@ -418,7 +418,7 @@ BERTH_FAIRSHARE_REFRESH_SECONDS = env_float("BERTH_FAIRSHARE_REFRESH_SECONDS", 6
 BERTH_GPU_HISTORY_SECONDS = env_int("BERTH_GPU_HISTORY_SECONDS", 24 * 3600, minimum=60)
 BERTH_GPU_SAMPLE_SECONDS = env_float("BERTH_GPU_SAMPLE_SECONDS", 5.0, minimum=1.0)
 # A running job whose GPU task stays below 1 % for this many minutes is flagged (an event, the
-# job's `gpu_idle_since`, berth_jobs_gpu_idle: scheduler/gpu_idle.py); 0 turns it off.
+# job's `gpu_idle_since`, berth_jobs_gpu_idle: scheduler/ops/gpu_idle.py); 0 turns it off.
 BERTH_GPU_IDLE_MINUTES = env_float("BERTH_GPU_IDLE_MINUTES", 30.0, minimum=0.0)
 # Token creation (POST /api/v1/tokens/, what `berth login` calls): per address or user.
 BERTH_TOKEN_CREATE_RATE = env_rate("BERTH_TOKEN_CREATE_RATE", "20/minute")

@@ -4,11 +4,11 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from berth.metrics import metrics
-from scheduler.health import healthz
+from berth.web.metrics import metrics
+from scheduler.ops.health import healthz
 
 # A request starved of database connections gets 503 + Retry-After, wherever it failed.
-handler500 = "berth.overload.server_error"
+handler500 = "berth.web.overload.server_error"
 
 urlpatterns = [
     path("admin/", admin.site.urls),

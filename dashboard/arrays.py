@@ -7,7 +7,7 @@ from typing import Any
 from django.http import QueryDict
 
 from scheduler.models import Job
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 
 ELEMENTS_PAGE = 100
 

@@ -11,11 +11,11 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from scheduler.accounting import UsageQueryError, parse_usage_query, usage_rows
-from scheduler.fairshare import share_rows, weights
+from scheduler.cycle.fairshare import share_rows, weights
+from scheduler.intake.specs import NOTIFY_EVENTS, notify_events, webhook_url_problem
 from scheduler.models import ApiToken, NotifyPreference, UsageRecord
-from scheduler.specs import NOTIFY_EVENTS, notify_events, webhook_url_problem
-from scheduler.tokens import TokenError, create_token, revoke_token
+from scheduler.ops.accounting import UsageQueryError, parse_usage_query, usage_rows
+from scheduler.ops.tokens import TokenError, create_token, revoke_token
 
 
 def _htmx(request: HttpRequest) -> bool:

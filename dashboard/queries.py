@@ -10,15 +10,15 @@ from django.conf import settings
 from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 
 from dashboard.dag import layout
-from scheduler import logs
-from scheduler.accounting import usage_by_attempt, usage_view
 from scheduler.core.plugins import fair_share
 from scheduler.core.quantity import format_cpu
 from scheduler.core.resources import Resources
 from scheduler.flows.explain import step_wait_reasons
+from scheduler.jobs import logs
 from scheduler.lifecycle import PREEMPTED
 from scheduler.models import Allocation, Device, Event, Flow, Job, Node, Queue, Task
-from scheduler.states import TASK_ON_NODE, JobRequest, JobState, NodeState, StepState
+from scheduler.ops.accounting import usage_by_attempt, usage_view
+from scheduler.states.names import TASK_ON_NODE, JobRequest, JobState, NodeState, StepState
 
 LOG_TAIL_CHARS = logs.TAIL_CHARS
 LEGEND = [s.value for s in StepState]
@@ -142,7 +142,7 @@ def cluster_summary() -> dict[str, Any]:
 
 
 def gpu_idle_jobs(limit: int = 50) -> list[Job]:
-    """Running jobs flagged for holding GPUs idle (scheduler/gpu_idle.py), longest first."""
+    """Running jobs flagged for holding GPUs idle (scheduler/ops/gpu_idle.py), longest first."""
     return list(
         Job.objects.filter(state=JobState.RUNNING, gpu_idle_since__isnull=False)
         .select_related("owner", "queue")

@@ -14,14 +14,14 @@ from django.views.decorators.http import require_POST
 
 from dashboard import queries
 from dashboard.arrays import element_page
-from scheduler import operations
 from scheduler.flows.rerun import resubmit_flow, retry_flow
-from scheduler.inputs import BadInput, load_yaml
-from scheduler.logs import parse_attempt
+from scheduler.intake.inputs import BadInput, load_yaml
+from scheduler.intake.specs import SpecError
+from scheduler.jobs import operations
+from scheduler.jobs.logs import parse_attempt
+from scheduler.jobs.submit import create_flow, submit_job
 from scheduler.models import Flow, Job, JobTemplate, Node, Queue, Task
-from scheduler.specs import SpecError
-from scheduler.states import JobState
-from scheduler.submit import create_flow, submit_job
+from scheduler.states.names import JobState
 
 PAGE = 50
 

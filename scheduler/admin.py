@@ -1,5 +1,5 @@
 """The operator's console: every model, with the columns, filters and actions an operator
-needs. State changes go through scheduler/operations.py, as they do from the API."""
+needs. State changes go through scheduler/jobs/operations.py, as they do from the API."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from scheduler import operations
 from scheduler.core.quantity import format_cpu, format_memory
+from scheduler.jobs import operations
 from scheduler.models import (
     Allocation,
     ApiToken,

@@ -19,8 +19,8 @@ from django.db.models import Q, QuerySet
 
 from scheduler.agent.wire import GPU_SHARING_MODES
 from scheduler.core.status import Code
-from scheduler.specs import NAME_RE
-from scheduler.states import (
+from scheduler.intake.specs import NAME_RE
+from scheduler.states.names import (
     JOB_FINAL,
     PREEMPTED,
     FlowState,
@@ -36,7 +36,7 @@ NAME_HELP = (
     " at most 63 characters"
 )
 name_validator = RegexValidator(NAME_RE.pattern, f"must be {NAME_HELP}")  # the specs' rule
-# The range a job's priority may take (scheduler/specs.py refuses anything outside it).
+# The range a job's priority may take (scheduler/intake/specs.py refuses anything outside it).
 PRIORITY_LIMIT = 1_000_000
 priority_validators = [MinValueValidator(-PRIORITY_LIMIT), MaxValueValidator(PRIORITY_LIMIT)]
 
@@ -46,7 +46,7 @@ CAPABILITY_UNITS = {"cpu": "millicores", "memory": "bytes", "gpu": "devices"}
 CAPABILITY_MAX = 2**62
 MAX_QUEUE_WEIGHT = 1e6
 # What a task gets when its spec names no cpu or memory (docs/spec.md), and their bounds (those
-# of a task's own request, scheduler/specs.py RESOURCE_MAX).
+# of a task's own request, scheduler/intake/specs.py RESOURCE_MAX).
 DEFAULT_TASK_CPU = 1000  # millicores: 1 cpu
 DEFAULT_TASK_MEMORY = 2**30  # bytes: 1Gi
 
@@ -216,7 +216,7 @@ class Node(models.Model):
     # of a GPU go only to nodes offering one (docs/gpus.md).
     gpu_sharing = models.JSONField(default=list, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
-    # When the agent's GPU samples were last kept (scheduler/gpu_history.py keeps at most one
+    # When the agent's GPU samples were last kept (scheduler/ops/gpu_history.py keeps at most one
     # per BERTH_GPU_SAMPLE_SECONDS, however often the agent renews its lease).
     gpu_sampled_at = models.DateTimeField(null=True, blank=True, editable=False)
 
@@ -232,7 +232,7 @@ class Node(models.Model):
         return self.name
 
     def clean(self) -> None:
-        from scheduler.specs import label_problems
+        from scheduler.intake.specs import label_problems
 
         if problems := label_problems(self.labels):
             raise ValidationError(
@@ -279,7 +279,7 @@ class Device(models.Model):
 class DeviceSample(models.Model):
     """One GPU's utilisation and memory in use at one time (server time), as its agent sent
     them with a lease renewal. Kept for BERTH_GPU_HISTORY_SECONDS: the scheduler loop deletes
-    older ones (scheduler/gpu_history.py)."""
+    older ones (scheduler/ops/gpu_history.py)."""
 
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="samples")
     time = models.DateTimeField()
@@ -323,7 +323,7 @@ class JobTemplate(models.Model):
     def clean(self) -> None:
         """The spec must make a valid job (the flow controller builds step jobs from it) in a
         queue that exists; it is stored normalized, as REST stores it."""
-        from scheduler.specs import SpecError, normalize_template_spec
+        from scheduler.intake.specs import SpecError, normalize_template_spec
 
         # The name is checked by its own field; a fixed one keeps it out of these errors.
         data = {"name": "template", "description": self.description or "", "spec": self.spec}
@@ -453,12 +453,12 @@ class Job(models.Model):
     pending_message = models.TextField(blank=True)
     pending_node_reasons = models.JSONField(default=dict, blank=True)
     # The pending job's priority and its named factors as the scheduler last ordered it
-    # (scheduler/fairshare.py): {"priority", "factors": {...}, "weighted": {...}}; null when
+    # (scheduler/cycle/fairshare.py): {"priority", "factors": {...}, "weighted": {...}}; null when
     # not waiting or the factors are off.
     priority_factors = models.JSONField(null=True, blank=True)
     # When a pending job should start: written by the planner, not by the status writer.
     estimated_start_at = models.DateTimeField(null=True, blank=True)
-    # 1 = next in its queue, in the scheduler's order (scheduler/planning.py); null when the
+    # 1 = next in its queue, in the scheduler's order (scheduler/cycle/planning.py); null when the
     # job does not wait in a queue (held, placed, running, finished).
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     requested_action = models.CharField(
@@ -484,7 +484,7 @@ class Job(models.Model):
         JobTemplate, on_delete=models.SET_NULL, null=True, blank=True, related_name="jobs"
     )
     # Job arrays (docs/arrays.md). A parent has array_size set and no tasks: it is held, never
-    # scheduled, and its state and array_counts summarise its elements (scheduler/arrays.py).
+    # scheduled, and its state and array_counts summarise its elements (scheduler/jobs/arrays.py).
     # An element is a real job with array_parent and its array_index.
     array_parent = models.ForeignKey(
         "self", on_delete=models.CASCADE, null=True, blank=True, related_name="array_elements"
@@ -495,7 +495,7 @@ class Job(models.Model):
         null=True, blank=True, help_text="parents only: at most this many elements active"
     )
     array_counts = models.JSONField(default=dict, blank=True, help_text="elements per state")
-    # Set while the running job is flagged for holding GPUs idle (scheduler/gpu_idle.py): since
+    # Set while the running job is flagged for holding GPUs idle (scheduler/ops/gpu_idle.py): since
     # when its idle task's GPUs have stayed below GPU_IDLE_PERCENT. Null: not flagged.
     gpu_idle_since = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -521,7 +521,8 @@ class Job(models.Model):
         indexes = [
             # The store adapter loads active jobs by state every cycle.
             models.Index(fields=["state", "queue"], name="job_state_queue"),
-            # Per-user pending limits (scheduler/submit.py): one owner's waiting jobs in a queue.
+            # Per-user pending limits (scheduler/jobs/submit.py): one owner's waiting jobs in a
+            # queue.
             models.Index(
                 fields=["owner", "queue"], condition=Q(state="Pending"), name="job_pending_owner"
             ),
@@ -572,8 +573,8 @@ class Job(models.Model):
         return f"{self.name} ({self.pk})"
 
     def clean(self) -> None:
-        """What a spec may ask (scheduler/specs.py), for the fields the admin edits too."""
-        from scheduler.specs import job_field_problems, job_int_bounds
+        """What a spec may ask (scheduler/intake/specs.py), for the fields the admin edits too."""
+        from scheduler.intake.specs import job_field_problems, job_int_bounds
 
         errors = job_field_problems({key: getattr(self, key) for key in job_int_bounds()})
         if self.pk and not self.is_array and "min_available" not in errors:
@@ -662,7 +663,7 @@ class Task(models.Model):
     device_indices = models.JSONField(default=list, blank=True)
     # Since when this running attempt's GPUs have been idle (below GPU_IDLE_PERCENT in every
     # lease since), by the server's clock; null while busy or not measured. Written by the
-    # lease (scheduler/gpu_idle.py) only when it changes, cleared when an attempt starts.
+    # lease (scheduler/ops/gpu_idle.py) only when it changes, cleared when an attempt starts.
     gpu_idle_since = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
@@ -825,7 +826,8 @@ class NotifyPreference(models.Model):
 
 class Outbox(models.Model):
     """One notification to deliver on one channel, written in the transaction of the state
-    change it tells of; `run_notifier` delivers it at least once (scheduler/delivery.py).
+    change it tells of; `run_notifier` delivers it at least once
+    (scheduler/notifications/delivery.py).
     `next_attempt_at` is both the retry time and the claim's lease: a worker that dies while
     sending leaves the row to be claimed again once the lease passes."""
 

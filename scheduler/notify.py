@@ -132,7 +132,7 @@ def _wake_agents(node_ids: set[int], job_ids: set[int]) -> None:
     try:
         if job_ids:
             from scheduler.models import Task
-            from scheduler.states import TASK_ON_NODE
+            from scheduler.states.names import TASK_ON_NODE
 
             node_ids |= set(
                 Task.objects.filter(job_id__in=job_ids, state__in=TASK_ON_NODE)

@@ -1,12 +1,13 @@
 """Notifications enter the outbox here, in the transaction of what they tell of.
 
 Every job state change is written with a `JobStateChanged` event whose message starts with
-`OLD -> NEW` (scheduler/lifecycle/transitions.py, scheduler/store.py, scheduler/arrays.py,
-scheduler/lifecycle/sync.py); `Event.save` and `Event.objects.bulk_create` hand every new
-event to `enqueue_for_events`, so the outbox is fed from one place whichever writer moved the
-job, and a transaction that rolls back leaves no notification behind. Time-limit warnings
-are not state changes: `enqueue_time_limits` finds running jobs past N % of their walltime
-(run by the notifier, scheduler/delivery.py); a partial unique index makes each fire once.
+`OLD -> NEW` (scheduler/lifecycle/transitions.py, scheduler/cycle/store.py,
+scheduler/jobs/arrays.py, scheduler/lifecycle/sync.py); `Event.save` and
+`Event.objects.bulk_create` hand every new event to `enqueue_for_events`, so the outbox is
+fed from one place whichever writer moved the job, and a transaction that rolls back leaves
+no notification behind. Time-limit warnings are not state changes: `enqueue_time_limits`
+finds running jobs past N % of their walltime (run by the notifier,
+scheduler/notifications/delivery.py); a partial unique index makes each fire once.
 
 What a job's owner is told of: the job's own `notify` (its spec) or else the user's defaults
 (NotifyPreference). Array elements are not notified one by one: the array's parent is (it
@@ -23,9 +24,9 @@ from django.db.models import Q
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
+from scheduler.intake.specs import NOTIFY_EVENTS, notify_events
 from scheduler.models import Event, Job, Outbox
-from scheduler.specs import NOTIFY_EVENTS, notify_events
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 
 STATE_CHANGE = re.compile(r"(\w+) -> (\w+)")
 # The new state -> the notification kinds it may send, the first one wanted wins (a failed

@@ -1,6 +1,6 @@
 """Every statement Berth writes by hand, in one module: nothing else opens a cursor
-(tests/test_layers.py refuses `connection.cursor` elsewhere), and tests/test_sql.py proves
-each statement writes or reads the same rows as the ORM would.
+(tests/architecture/test_layers.py refuses `connection.cursor` elsewhere), and
+tests/app/test_sql.py proves each statement writes or reads the same rows as the ORM would.
 
 Why by hand: the ORM has no cheap way to give each row its own value (a CASE WHEN per row
 costs Django more to build than the database to run), to say which rows an insert skipped,
@@ -36,7 +36,7 @@ from django.db import connection, models, transaction
 from django.db.models import Field, Model
 
 from scheduler.models import Event, Job, Task
-from scheduler.states import TASK_ON_NODE
+from scheduler.states.names import TASK_ON_NODE
 
 T = TypeVar("T")
 CHUNK = 1000  # rows per statement: well inside every backend's parameter limit
@@ -430,7 +430,7 @@ def advisory_xact_lock(first: int, second: int) -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s::int, %s::int)", [first, second])
 
 
-# The leader's lock, on a psycopg connection of its own (scheduler/leader.py): a session-level
+# The leader's lock, on a psycopg connection of its own (scheduler/cycle/leader.py): a session-level
 # advisory lock, kept busy while it leads, asked about, and let go.
 LEADER_TRY_LOCK = "SELECT pg_try_advisory_lock(%s), pg_backend_pid()"
 PING = "SELECT 1"
@@ -457,3 +457,43 @@ def limit_idle_transactions(db: Any, milliseconds: int) -> None:
     if db.vendor == "postgresql":
         with db.cursor() as cursor:
             cursor.execute(f"SET idle_in_transaction_session_timeout = {int(milliseconds)}")
+
+
+def guard_state_moves(db: Any) -> list[str]:
+    """On the Django connection `db` (PostgreSQL), make the database refuse every state move
+    that no state machine allows (scheduler/states/), whichever code writes it: one BEFORE
+    UPDATE trigger per state column. The test suite installs it in its database, so every
+    writer the tests reach, set-based or not, is checked against the tables. Returns the
+    guarded columns."""
+    from scheduler.models import Flow, FlowStep, Node
+    from scheduler.states import flow, job, node, task
+    from scheduler.states.machine import Machine
+
+    guarded: list[tuple[type[Model], str, Machine[Any, Any]]] = [
+        (Job, "state", job.MACHINE),
+        (Task, "state", task.MACHINE),
+        (Flow, "state", flow.FLOW),
+        (FlowStep, "state", flow.STEP),
+        (Node, "state", node.SHOWN),
+        (Node, "admin_state", node.ADMIN),
+    ]
+    names = []
+    with db.cursor() as cursor:
+        for model, column, machine in guarded:
+            table = model._meta.db_table
+            name = f"berth_guard_{table}_{column}"
+            moves = ", ".join(f"'{old}>{new}'" for old, new in sorted(machine.allowed_moves()))
+            cursor.execute(
+                f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger AS $$ BEGIN"
+                f" IF NEW.{column} IS DISTINCT FROM OLD.{column}"
+                f" AND NOT (OLD.{column} || '>' || NEW.{column} = ANY (ARRAY[{moves}])) THEN"
+                f" RAISE EXCEPTION 'illegal {machine.kind} move: % -> % (id %)',"
+                f" OLD.{column}, NEW.{column}, OLD.id; END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
+            )
+            cursor.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+            cursor.execute(
+                f"CREATE TRIGGER {name} BEFORE UPDATE OF {column} ON {table}"
+                f" FOR EACH ROW EXECUTE FUNCTION {name}()"
+            )
+            names.append(f"{table}.{column}")
+    return names

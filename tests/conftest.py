@@ -41,6 +41,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"skipped in CI, which must run it: {report.longrepr}"
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
+    """The test database refuses every state move no state machine allows (scheduler/states/),
+    whoever writes it: the whole suite, e2e processes included, checks the tables."""
+    from django.db import connection
+
+    from scheduler import sql
+
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            sql.guard_state_moves(connection)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_task_cgroups_left() -> Generator[None]:
     """Agents run as root (here and as subprocesses: run_agent, up, the e2e clusters) make
@@ -71,7 +84,7 @@ def _agent_cgroups() -> set[str]:
 def _plan_every_cycle(settings: Any) -> None:
     """The scheduler makes a full plan at most every BERTH_PLAN_INTERVAL seconds and keeps
     the last estimates in between: tests see each cycle's own plan unless they say otherwise
-    (tests/test_plan_store.py tests the interval)."""
+    (tests/cycle/test_plan_store.py tests the interval)."""
     settings.BERTH_PLAN_INTERVAL = 0
 
 
@@ -87,8 +100,8 @@ def _forget_sign_in_attempts() -> None:
 @pytest.fixture(autouse=True)
 def _forget_recent_offers() -> None:
     """Submissions accept on the nodes' capacities read up to a second ago in this process
-    (scheduler/submit.py): each test starts from its own nodes, not the previous test's."""
-    from scheduler.submit import forget_recent_offers
+    (scheduler/jobs/submit.py): each test starts from its own nodes, not the previous test's."""
+    from scheduler.jobs.submit import forget_recent_offers
 
     forget_recent_offers()
 

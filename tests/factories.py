@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from scheduler.models import Allocation, Device, Job, Node, Queue, Task, UsageRecord
-from scheduler.states import JobState, TaskState
+from scheduler.states.names import JobState, TaskState
 
 GI = 1024**3
 
@@ -73,6 +73,10 @@ def place(job: Job, node: Node, *, state: str = TaskState.RUNNING, devices: int 
     now = timezone.now()
     for task in job.tasks.all():
         held = [free.pop(0) for _ in range(devices)]
+        if task.state == TaskState.PENDING and state != TaskState.ASSIGNED:
+            # Through Assigned, as the scheduler and the agent move it (the test database
+            # refuses a move no state machine allows: scheduler/states/).
+            Task.objects.filter(pk=task.pk).update(state=TaskState.ASSIGNED)
         task.state = state
         task.node = node
         task.device_indices = [d.index for d in held]
@@ -89,6 +93,8 @@ def place(job: Job, node: Node, *, state: str = TaskState.RUNNING, devices: int 
 
 def finish_task(task: Task, state: str, exit_code: int | None = None) -> None:
     """What an agent's heartbeat does when a task stops: final state, devices released."""
+    if task.state == TaskState.PENDING and state != TaskState.KILLED:
+        Task.objects.filter(pk=task.pk).update(state=TaskState.ASSIGNED)  # placed first
     task.state = state
     task.exit_code = exit_code
     task.finished_at = timezone.now()

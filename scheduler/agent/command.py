@@ -17,7 +17,9 @@ from typing import Any
 from scheduler.agent import devicebpf
 from scheduler.agent.cleanup import DEFAULT_KEEP_WORK_DIRS
 from scheduler.agent.fence import DEFAULT_PIDS_LIMIT, MODES, Fence
+from scheduler.agent.gpumodes import MPS, parse_sharing
 from scheduler.agent.isolation import DEFAULT_TASK_UIDS, DEFAULT_TASK_USER, parse_uid_range
+from scheduler.agent.mps import CONTROL_ENV, find_control
 from scheduler.agent.runtime import Agent, parse_labels
 from scheduler.agent.signals import stop_on_signals
 from scheduler.core.quantity import parse_memory
@@ -101,6 +103,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " and says why (default %(default)s)",
     )
     _add_enforcement_arguments(parser)
+    _add_sharing_arguments(parser)
+
+
+def _add_sharing_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that say which GPU sharing modes the node offers (docs/gpus.md)."""
+    parser.add_argument(
+        "--gpu-sharing",
+        default="auto",
+        metavar="auto|none|MODES",
+        help="how tasks may share this node's GPUs: none (whole GPUs only), or some of mig,mps,"
+        "timeslice separated by commas. auto (the default): the MIG instances an"
+        " administrator made, and timeslice on fake GPUs; MPS and time-slicing of real GPUs"
+        " only when named, since neither keeps one task's faults from the others",
+    )
+    parser.add_argument(
+        "--mps-control",
+        default=None,
+        metavar="PATH",
+        help=f"the nvidia-cuda-mps-control binary (default: ${CONTROL_ENV}, else the one on"
+        " PATH); the agent runs one MPS control daemon per GPU it shares through MPS",
+    )
 
 
 def _add_enforcement_arguments(parser: argparse.ArgumentParser) -> None:
@@ -168,6 +191,7 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         task_uids = parse_uid_range(options.get("task_uids") or "off")
     except ValueError as exc:
         raise UsageError(f"--task-uids: {exc}") from None
+    sharing = sharing_options(options)
     join_token = join_token_from(options["join_token_file"])
     agent = Agent(
         server=options["server"],
@@ -182,6 +206,7 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
         min_free_disk=min_free,
         task_uids=task_uids,
         keep_work_dirs=options.get("keep_work_dirs", DEFAULT_KEEP_WORK_DIRS),
+        **sharing,
     )
     agent.fence = Fence(
         options.get("enforce"),
@@ -194,6 +219,24 @@ def make_agent(options: Mapping[str, Any]) -> Agent:
     except (ValueError, OSError) as exc:
         raise UsageError(f"--task-user/--work-dir/--state-dir: {exc}") from None
     return agent
+
+
+def sharing_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The agent's `gpu_sharing` (--gpu-sharing; None: auto) and `mps_control` (the control
+    binary); UsageError when MPS is asked for and there is no control binary to run."""
+    try:
+        sharing = parse_sharing(options.get("gpu_sharing") or "auto")
+    except ValueError as exc:
+        raise UsageError(f"--gpu-sharing: {exc}") from None
+    control = find_control(options.get("mps_control"))
+    if options.get("mps_control") and control is None:
+        raise UsageError(f"--mps-control: {options['mps_control']} is not an executable file")
+    if sharing and MPS in sharing and control is None:
+        raise UsageError(
+            "--gpu-sharing mps: no nvidia-cuda-mps-control on PATH (install the CUDA"
+            f" toolkit's MPS tools, or name it with --mps-control or ${CONTROL_ENV})"
+        )
+    return {"gpu_sharing": sharing, "mps_control": control}
 
 
 def allowed_devices(rules: list[str]) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from scheduler.agent.cleanup import (
 )
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
 from scheduler.agent.fence import OUT_OF_MEMORY, Fence, oom_message, usage_report
+from scheduler.agent.gpumodes import MPS, NodeSharing, TaskGpus, mig_instances
 from scheduler.agent.gpus import FAKE_MEMORY, GpuSampler, fake_level, task_utilization
 from scheduler.agent.isolation import (
     DEFAULT_TASK_UIDS,
@@ -129,6 +130,9 @@ def discover_gpus(fake: int, name: str) -> list[dict[str, Any]]:
                     "memory": int(memory),
                     "healthy": True,
                 })  # fmt: skip
+                instances = mig_instances(pynvml, handle)  # read only (agent/gpumodes.py)
+                if instances:
+                    gpus[-1]["mig"] = instances
             if gpus:
                 return gpus
         finally:
@@ -161,7 +165,7 @@ class RunningTask:
     workdir: str = ""  # the task's own work dir (its cwd)
     shipped: int = 0  # bytes of output the server has
     exit_code: int | None = None
-    state: str = "Running"  # Running | Succeeded | Failed | Killed | Lost (cut off)
+    state: str = TaskState.RUNNING  # Running | Succeeded | Failed | Killed | Lost (cut off)
     kill_at: float | None = None  # when SIGKILL follows the SIGTERM
     killed: bool = False
     cut_off: bool = False  # stopped because the agent was cut off from the server (partition.py)
@@ -177,6 +181,7 @@ class RunningTask:
     usage: dict[str, Any] | None = None  # what its cgroup says it used, once it ended
     gpu_util: list[float] = field(default_factory=lambda: [0.0, 0.0])  # NVML: sum, samples
     fake_level: int | None = None  # what its fake GPUs report (gpus.FAKE_LEVEL_ENV), if fixed
+    gpu_mode: str = ""  # the GPU sharing mode its share runs under (agent/gpumodes.py)
     proc: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -219,6 +224,8 @@ class Agent(Session):
         fence: Fence | None = None,
         task_uids: tuple[int, int] | None = DEFAULT_TASK_UIDS,
         keep_work_dirs: float = DEFAULT_KEEP_WORK_DIRS,
+        gpu_sharing: tuple[str, ...] | None = None,
+        mps_control: str | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         self.join_token = join_token
@@ -249,6 +256,8 @@ class Agent(Session):
         # When the server last renewed our lease (set by register()): partition.py.
         self.partition = PartitionGuard()
         self.pressure = PressureWatch([self.work_dir, self.state_dir], min_free_disk)
+        self.sharing = NodeSharing(gpu_sharing, mps_control, self.work_dir / "mps",
+                                   self.state_dir / "mps")  # fmt: skip
 
     def _init_protocol(self, timeout: float) -> None:
         """What the agent knows of the server before register() tells it more."""
@@ -277,11 +286,9 @@ class Agent(Session):
         devices = discover_gpus(self.fake_gpus, self.name)
         self.gpus.close()
         self.gpus = GpuSampler(devices, fake=any(d["model"] == "fake" for d in devices))
-        # Fake GPUs offer plain time-slicing, so fractions can be tried without a GPU.
-        fake = bool(devices) and all(d["model"] == "fake" for d in devices)
+        modes = self.sharing.configure(devices)
         body = Registration(self.name, cpu, memory, self.labels, devices, socket.gethostname(),
-                            VERSION, self.fence.describe(),
-                            ["timeslice"] if fake else []).to_json()  # fmt: skip
+                            VERSION, self.fence.describe(), modes).to_json()  # fmt: skip
         answer: dict[str, Any] | None = None
         sent = self.partition.clock()
         if self.token:
@@ -361,14 +368,23 @@ class Agent(Session):
                     log.exception("agent step failed; retrying in %.1fs", wait)
                 stop.wait(self._cut_off_wait(wait))
         finally:
-            self.lease_http.abort()  # end the held lease request now
-            if leases is not None:
-                leases.join(timeout=5)
-            if self.kill_on_exit:
-                self._kill_all()
-            self._save()
-            self.fence.close()
-            self.gpus.close()
+            self._shut_down(leases)
+
+    def _shut_down(self, leases: threading.Thread | None) -> None:
+        """The agent stops: end the held lease, stop the tasks if asked to, save the state,
+        and stop the MPS daemons no running task still uses (the next agent adopts those)."""
+        self.lease_http.abort()  # end the held lease request now
+        if leases is not None:
+            leases.join(timeout=5)
+        if self.kill_on_exit:
+            self._kill_all()
+        self._save()
+        self.fence.close()
+        self.gpus.close()
+        with self.lock:
+            in_use = {i for t in self.tasks.values() if t.state == TaskState.RUNNING
+                      and t.gpu_mode == MPS for i in t.devices}  # fmt: skip
+        self.sharing.close(in_use)
 
     def _kill_all(self) -> None:
         """--kill-on-exit: stop every task (SIGTERM, SIGKILL after the grace) and tell the
@@ -378,7 +394,7 @@ class Agent(Session):
         deadline = time.monotonic() + self.grace + 2
         while time.monotonic() < deadline:
             self._poll()
-            if all(t.state != "Running" for t in self.tasks.values()):
+            if all(t.state != TaskState.RUNNING for t in self.tasks.values()):
                 break
             time.sleep(POLL_SECONDS)
         if self.token:
@@ -394,6 +410,7 @@ class Agent(Session):
         self._take_orders()
         self._poll()
         self._stop_if_cut_off()
+        self.sharing.check()  # an MPS daemon that died is started again
         if self.pressure.check():
             log.warning("disk pressure: %s", self.pressure.now or "cleared")
             self.dirty = True  # the server must know at once: it places tasks on us
@@ -447,7 +464,7 @@ class Agent(Session):
     def _inline_output(self, task: RunningTask) -> InlineOutput | None:
         """The rest of an ended task's output (`offset`, `data`) when it is short enough to
         travel in the final report instead of a log upload of its own."""
-        if task.state == "Running" or task.dropped or self.inline_bytes <= 0:
+        if task.state == TaskState.RUNNING or task.dropped or self.inline_bytes <= 0:
             return None
         size = _size(task.output)
         if not 0 < size - task.shipped <= self.inline_bytes:
@@ -530,7 +547,7 @@ class Agent(Session):
         task holding GPUs says their mean utilisation in that sample (`gpu_utilization`: the
         server flags GPUs held idle), so that costs no request either."""
         with self.lock:
-            running = [t for t in self.tasks.values() if t.state == "Running" and t.devices]
+            running = [t for t in self.tasks.values() if t.state == TaskState.RUNNING and t.devices]
         busy = {i for t in running for i in t.devices}
         levels = {i: t.fake_level for t in running if t.fake_level is not None for i in t.devices}
         samples = self.gpus.sample(busy, levels)
@@ -577,7 +594,7 @@ class Agent(Session):
                     # Stopped before it reached us: say it never ran, and never start it.
                     self.tasks[key[0]] = RunningTask(
                         key[0], key[1], 0, str(self.work_dir / f"task-{key[0]}-{key[1]}"),
-                        state="Killed", message="stopped before it started", killed=True,
+                        state=TaskState.KILLED, message="stopped before it started", killed=True,
                     )  # fmt: skip
                     self.dirty = True
             for order in answer.get("start", []):
@@ -586,7 +603,7 @@ class Agent(Session):
                     continue  # a start repeated by a request that crossed our report
                 self.start(order)
                 started = self.tasks.get(key[0])
-                if not by_lease or started is None or started.state != "Running":
+                if not by_lease or started is None or started.state != TaskState.RUNNING:
                     self.dirty = True
 
     # --- processes -------------------------------------------------------------------
@@ -629,13 +646,17 @@ class Agent(Session):
         devices = _indices(order.get("devices"))
         limits = self.fence.limits(order, devices)
         group = ""
+        gpus = TaskGpus({})
         try:
             accounts = self.prepare()
             if self.fence.refuses:
                 raise ValueError(self.fence.problem)
+            gpus = self.sharing.task(order, devices, self.fence.gpu_nodes)
+            limits = replace(limits, devices=limits.devices + gpus.device_nodes)
+            start_env = {**(order.get("env") or {}), **gpus.env}  # the agent's word is last
             account = accounts.for_owner(order.get("owner"))
-            env = build_env(order.get("env") or {}, account, workdir if self.homes else None)
-            shell, script = self._shell(str(order["command"]), order.get("env") or {})
+            env = build_env(start_env, account, workdir if self.homes else None)
+            shell, script = self._shell(str(order["command"]), start_env)
             private_dir(directory)
             task_workdir(workdir, account, accounts.switching)
             path = write_script(workdir, script, account, accounts.switching)
@@ -650,7 +671,7 @@ class Agent(Session):
             log.error("could not start task %s: %s", task_id, exc)
             self.fence.end(group)
             self.tasks[task_id] = RunningTask(
-                task_id, attempt, 0, str(directory), exit_code=127, state="Failed",
+                task_id, attempt, 0, str(directory), exit_code=127, state=TaskState.FAILED,
                 message=f"the agent could not start it: {exc}",
             )  # fmt: skip
             return
@@ -658,6 +679,7 @@ class Agent(Session):
             task_id, attempt, proc.pid, str(directory), workdir=str(workdir), proc=proc,
             started=_start_time(proc.pid), devices=devices, started_at=time.time(),
             cgroup=group, memory=limits.memory, fake_level=fake_level(order.get("env")),
+            gpu_mode=gpus.mode,
         )  # fmt: skip
         log.info("started task %s (attempt %s) as pid %s, user %s",
                  task_id, attempt, proc.pid, account.name)  # fmt: skip
@@ -725,7 +747,7 @@ class Agent(Session):
         the main loop is stuck. While they run, renew the lease with a report once a lease
         has passed without one."""
         with self.lock:
-            running = [t for t in self.tasks.values() if t.state == "Running"]
+            running = [t for t in self.tasks.values() if t.state == TaskState.RUNNING]
             if not running:
                 return
             if self.partition.renewal_due():
@@ -754,11 +776,11 @@ class Agent(Session):
         self._poll()
         self._stop_if_cut_off()
         with self.lock:
-            running = any(t.state == "Running" for t in self.tasks.values())
+            running = any(t.state == TaskState.RUNNING for t in self.tasks.values())
         return min(wait, 0.5) if running else wait
 
     def kill(self, task: RunningTask, grace: float) -> None:
-        if task.state != "Running" or task.killed:
+        if task.state != TaskState.RUNNING or task.killed:
             return
         task.killed = True
         task.kill_at = time.monotonic() + grace
@@ -777,7 +799,7 @@ class Agent(Session):
 
     def _poll(self) -> None:
         for task in self.tasks.values():
-            if task.state != "Running":
+            if task.state != TaskState.RUNNING:
                 continue
             if task.cgroup and not task.reason and self.fence.out_of_memory(task.cgroup):
                 # As memory.oom.group does on v2: the task dies whole, and says why.
@@ -797,12 +819,12 @@ class Agent(Session):
         task.ended_at = time.time() if task.proc is not None else _ended_at(task)
         self.dirty = True  # an end goes to the server at once
         if task.cut_off:
-            task.state = "Lost"  # task.message says why (_stop_if_cut_off)
+            task.state = TaskState.LOST  # task.message says why (_stop_if_cut_off)
         elif task.killed:
-            task.state = "Killed"
+            task.state = TaskState.KILLED
             task.message = "stopped on the server's request"
         else:
-            task.state = "Succeeded" if code == 0 else "Failed"
+            task.state = TaskState.SUCCEEDED if code == 0 else TaskState.FAILED
         # Nothing of the task may outlive it (a child left in the background, a daemon).
         self._signal(task, signal.SIGKILL)
         ended = self.fence.end(task.cgroup)
@@ -812,7 +834,7 @@ class Agent(Session):
         if task.usage is not None and task.gpu_util[1]:
             task.usage["gpu_utilization"] = task.gpu_util[0] / task.gpu_util[1]
         if ended.out_of_memory and not task.killed:
-            task.state, task.reason = "Failed", OUT_OF_MEMORY
+            task.state, task.reason = TaskState.FAILED, OUT_OF_MEMORY
             task.message = oom_message(ended.usage, task.memory)
         if ended.leftovers:
             log.info("task %s left %s processes behind: killed", task.id, ended.leftovers)
@@ -838,7 +860,7 @@ class Agent(Session):
         with self.lock:
             tasks = list(self.tasks.values())
         for task in tasks:
-            if task.state == "Running" and not running:
+            if task.state == TaskState.RUNNING and not running:
                 continue
             if self._inline_output(task) is not None:
                 continue  # short: it travels in the final report
@@ -866,7 +888,7 @@ class Agent(Session):
                 chunk = handle.read(min(self.log_chunk, size - task.shipped))
             if not chunk:
                 return
-            if task.state == "Running" or len(chunk) == self.log_chunk:
+            if task.state == TaskState.RUNNING or len(chunk) == self.log_chunk:
                 # Never split a character between two chunks (the rest may still be written).
                 chunk = _whole_utf8(chunk)
             text = chunk.decode(errors="replace")
@@ -913,7 +935,7 @@ class Agent(Session):
         self._read_state()
         # A task's cgroup outlives an agent that stops: those of running tasks are theirs
         # again; any other (its task ended or was forgotten meanwhile) is killed and removed.
-        live = {t.cgroup for t in self.tasks.values() if t.state == "Running" and t.cgroup}
+        live = {t.cgroup for t in self.tasks.values() if t.state == TaskState.RUNNING and t.cgroup}
         for name in self.fence.reap(live):
             log.info("killed what was left of %s in its cgroup", name)
 
@@ -936,7 +958,7 @@ class Agent(Session):
         for item in data.get("tasks", []):
             task = RunningTask(**{k: v for k, v in item.items() if k in known})
             self.tasks[task.id] = task
-            if task.state == "Running":
+            if task.state == TaskState.RUNNING:
                 log.info(
                     "re-adopted task %s (pid %s) after a restart: it is no longer our child, so"
                     " its exit code comes from its exit file; its output file is still shipped",
@@ -948,7 +970,7 @@ def add_gpu_samples(tasks: list[RunningTask], samples: list[dict[str, Any]]) -> 
     """Add each running task's GPUs' mean utilisation now to its running total."""
     for task in tasks:
         mean = task_utilization(task.devices, samples)
-        if task.state == "Running" and mean is not None:
+        if task.state == TaskState.RUNNING and mean is not None:
             task.gpu_util[0] += mean
             task.gpu_util[1] += 1
 

@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any
 
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
+from scheduler.agent.gpumodes import TIMESLICE
 from scheduler.agent.gpus import FAKE_MEMORY, fake_level, fake_samples, task_utilization
 from scheduler.agent.runtime import AWAIT_OUTPUT_SECONDS, LOG_CHUNK
 from scheduler.agent.session import Session
@@ -51,7 +52,7 @@ class SimTask:
     attempt: int
     ends_at: float
     exit_code: int | None
-    state: str = "Running"
+    state: str = TaskState.RUNNING
     output: str = ""  # shipped before the final report
     logged: bool = False
     devices: list[int] = field(default_factory=list)  # GPU indices the server gave it
@@ -102,12 +103,12 @@ class SimNode(Session):
     def travels_inline(self, task: SimTask) -> bool:
         """An ended task's output short enough for its final report (else a log upload)."""
         size = len(task.output.encode())
-        return task.state != "Running" and not task.logged and 0 < size <= self.inline_bytes
+        return task.state != TaskState.RUNNING and not task.logged and 0 < size <= self.inline_bytes
 
     def gpu_samples(self) -> list[dict[str, int]]:
         """Fake utilisation for the lease: busy while a running task holds the GPU."""
         self.ticks += 1
-        running = [t for t in self.tasks.values() if t.state == "Running"]
+        running = [t for t in self.tasks.values() if t.state == TaskState.RUNNING]
         busy = [i for t in running for i in t.devices]
         levels = {i: t.level for t in running if t.level is not None for i in t.devices}
         return fake_samples(range(self.gpus), busy, self.ticks, levels)
@@ -118,7 +119,8 @@ class SimNode(Session):
         samples = self.gpu_samples()
         tasks = self.task_reports()
         for item, task in zip(tasks, self.tasks.values(), strict=True):
-            mean = task_utilization(task.devices, samples) if task.state == "Running" else None
+            running = task.state == TaskState.RUNNING
+            mean = task_utilization(task.devices, samples) if running else None
             if mean is not None:
                 item.gpu_utilization = round(mean, 1)
         return {"tasks": [t.to_json() for t in tasks], "usage": {"gpus": samples}}
@@ -185,10 +187,10 @@ class SimCluster:
     def register(self, node: SimNode) -> None:
         devices = [{"index": i, "uuid": f"sim-{node.name}-{i}", "model": "sim",
                     "memory": FAKE_MEMORY} for i in range(node.gpus)]  # fmt: skip
-        # Simulated GPUs offer plain time-slicing: fractions of a GPU place on them.
+        # Fake GPUs offer plain time-slicing, as a real agent's --fake-gpus do (gpumodes.py).
         body = Registration(node.name, node.cpu, node.memory, node.labels, devices, node.name,
-                            f"berth-simagent/{PROTOCOL}", None,
-                            ["timeslice"] if devices else [])  # fmt: skip
+                            f"berth-simagent/{PROTOCOL}",
+                            gpu_sharing=[TIMESLICE] if devices else [])  # fmt: skip
         answer = self._post(node, "register/", body.to_json(), f"Bearer {self.join_token}")
         with node.lock:
             node.registered(answer, LOG_CHUNK)
@@ -227,7 +229,8 @@ class SimCluster:
             self.register(node)
         auth = f"Node {node.token}"
         with node.lock:
-            unlogged = [t for t in node.tasks.values() if t.state != "Running" and not t.logged
+            unlogged = [t for t in node.tasks.values()
+                        if t.state != TaskState.RUNNING and not t.logged
                         and not node.travels_inline(t)]  # fmt: skip
         for task in unlogged:  # the output first: the server ends a task only once it has it
             chunk = LogChunk(task.attempt, 0, task.output)
@@ -264,11 +267,11 @@ class SimCluster:
                 key = KillOrder.from_json(kill)[:2]
                 target = node.tasks.get(key[0])
                 if target is not None and target.attempt == key[1]:
-                    if target.state == "Running":
-                        target.state, target.exit_code = "Killed", 143
+                    if target.state == TaskState.RUNNING:
+                        target.state, target.exit_code = TaskState.KILLED, 143
                         changed = True
                 elif node.is_new(*key):  # stopped before it started here
-                    node.tasks[key[0]] = SimTask(key[0], key[1], now, None, state="Killed")
+                    node.tasks[key[0]] = SimTask(key[0], key[1], now, None, state=TaskState.KILLED)
                     changed = True
             for start in answer.get("start", []):
                 order = StartOrder.from_json(start)
@@ -318,10 +321,12 @@ class SimCluster:
                 _, _, node, task_id, attempt = heapq.heappop(self.clock)
             with node.lock:
                 task = node.tasks.get(task_id)
-                ended = task is not None and task.attempt == attempt and task.state == "Running"
+                ended = (
+                    task is not None and task.attempt == attempt and task.state == TaskState.RUNNING
+                )
                 if ended:
                     assert task is not None
-                    task.state = "Succeeded" if task.exit_code == 0 else "Failed"
+                    task.state = TaskState.SUCCEEDED if task.exit_code == 0 else TaskState.FAILED
             if ended:
                 self.report_soon(node)
 

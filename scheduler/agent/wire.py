@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from scheduler.agent.times import parse_unix_time
 
 PROTOCOL = 3  # the agent protocol version this code speaks
+GPU_SHARING_MODES = ("mig", "mps", "timeslice")  # a registration's `gpu_sharing`
 PROTOCOL_HEADER = "Berth-Agent-Protocol"
 MAX_OUTPUT_BYTES = 2**62  # a bound for `output_bytes`, far above any real output
 OUT_OF_MEMORY = "OutOfMemory"  # a task end's `reason` when its cgroup ran out of memory
@@ -219,12 +220,13 @@ class Registration:
     hostname: str
     version: str
     enforcement: dict[str, Any] | None = None  # what the agent enforces (fence.describe())
-    # The GPU sharing modes the node offers: "mig", "mps", "timeslice" (GPU_SHARING_MODES);
-    # fractions of a GPU are placed only on a node offering one.
+    # The GPU sharing modes this node offers (GPU_SHARING_MODES; agent/gpumodes.py says what
+    # each isolates). MIG instances ride in their device's dict: `mig`, a list of
+    # {"profile", "uuid", "memory", "gpu_instance", "compute_instance"}.
     gpu_sharing: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
+        body = {
             "name": self.name,
             "cpu": f"{self.cpu}m",  # the protocol reads cpu as users write it
             "memory": self.memory,
@@ -235,8 +237,7 @@ class Registration:
         }
         if self.enforcement is not None:
             body["enforcement"] = self.enforcement
-        if self.gpu_sharing:
-            body["gpu_sharing"] = list(self.gpu_sharing)
+        body["gpu_sharing"] = list(self.gpu_sharing)
         return body
 
 
@@ -356,22 +357,14 @@ class LogChunk:
         return {"attempt": self.attempt, "offset": self.offset, "data": self.data}
 
 
-GPU_SHARING_MODES = ("mig", "mps", "timeslice")
-
-
-def _shares(raw: object, devices: int) -> list[float]:
-    """An order's per-device shares, each in (0, 1]; anything else reads as whole devices."""
-    if isinstance(raw, list) and len(raw) == devices:
-        shares = [float(s) for s in raw if isinstance(s, int | float) and not isinstance(s, bool)]
-        if len(shares) == devices and all(0 < s <= 1 for s in shares):
-            return shares
-    return [1.0] * devices
-
-
 @dataclass
 class StartOrder:
     """Start this attempt: what it runs, as whom, with which environment, GPUs and limits
-    (`resources`: millicores, bytes and, when its spec sets one, a pids limit)."""
+    (`resources`: millicores, bytes and, when its spec sets one, a pids limit). `shares`: the
+    part of each device of `devices` it holds, in the same order (1.0: the whole device;
+    empty: all whole); `gpu_memory`: the GPU memory (bytes) a share may use, if the job set
+    it; `mig`: per device of `devices`, the UUID of the MIG instance it holds there ("": the
+    device itself or a share of it; empty: none)."""
 
     id: int
     attempt: int
@@ -385,18 +378,12 @@ class StartOrder:
     devices: list[int]
     walltime: int | None
     resources: dict[str, int]
-    # What the task holds of each of `devices`, in the same order: 1.0 for a whole GPU, a
-    # fraction (0.25) of a shared one; and, for a fraction, the GPU memory it asked for
-    # (bytes; None: unsaid). Older servers send neither: every device is then whole.
     shares: list[float] = field(default_factory=list)
     gpu_memory: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.shares:  # none said: every device is whole
-            self.shares = [1.0] * len(self.devices)
+    mig: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
+        return {
             "id": self.id,
             "attempt": self.attempt,
             "job_id": self.job_id,
@@ -409,11 +396,10 @@ class StartOrder:
             "devices": self.devices,
             "walltime": self.walltime,
             "resources": self.resources,
-            "shares": list(self.shares),
+            "shares": self.shares,
+            "gpu_memory": self.gpu_memory,
+            "mig": self.mig,
         }
-        if self.gpu_memory is not None:
-            body["gpu_memory"] = self.gpu_memory
-        return body
 
     @classmethod
     def from_json(cls, order: dict[str, Any]) -> StartOrder:
@@ -426,6 +412,19 @@ class StartOrder:
             int(order.get("index", 0)), str(order.get("command", "")),
             str(order.get("owner", "")), dict(order.get("env") or {}), devices,
             order.get("walltime"), dict(order.get("resources") or {}),
-            _shares(order.get("shares"), len(devices)),
-            order["gpu_memory"] if is_int(order.get("gpu_memory")) else None,
+            _shares(order.get("shares")), _gpu_memory(order.get("gpu_memory")),
+            [str(u) for u in order.get("mig") or [] if isinstance(u, str)],
         )  # fmt: skip
+
+
+def _shares(raw: object) -> list[float]:
+    """A start order's `shares`: numbers in (0, 1], one per device ([]: any other value, which
+    the agent refuses to start with: agent/gpumodes.py)."""
+    if not isinstance(raw, list):
+        return []
+    good = [s for s in raw if isinstance(s, int | float) and not isinstance(s, bool) and 0 < s <= 1]
+    return [float(s) for s in good] if len(good) == len(raw) else []
+
+
+def _gpu_memory(raw: object) -> int | None:
+    return raw if is_int(raw) and isinstance(raw, int) and raw > 0 else None

@@ -7,9 +7,10 @@ import logging
 from typing import Any
 
 from scheduler.agent.wire import PROTOCOL
-from scheduler.events import record
+from scheduler.jobs.events import record
 from scheduler.models import Node, hash_token
 from scheduler.sql import row_by
+from scheduler.states.codes import EventKind, Reason
 
 log = logging.getLogger("berth.agent")
 RENEWAL_WRITE_SECONDS = 1.0  # a node's lease renewed more recently than this is not rewritten
@@ -57,7 +58,7 @@ def renew(node: Node, now: Any) -> None:
     was = node.state
     node.state = node.derive_state(alive=True)
     if was != node.state:
-        record("NodeReady", "LeaseRenewed", f"{was} -> {node.state}", node=node)
+        record(EventKind.NODE_READY, Reason.LEASE_RENEWED, f"{was} -> {node.state}", node=node)
 
 
 def protocol_error_headers(exc: ProtocolError) -> dict[str, str]:

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler import gpu_history, gpu_idle, notify
+from scheduler import notify
 from scheduler.agent import wire
 from scheduler.agent.times import process_time
 from scheduler.agent.wire import TaskReport
@@ -26,8 +26,10 @@ from scheduler.agentapi.orders import (
 )
 from scheduler.agentapi.tasks import parse_tasks
 from scheduler.models import Event, Node, Task, hash_token
+from scheduler.ops import gpu_history, gpu_idle
 from scheduler.sql import lease_rows, row_by, update_rows
-from scheduler.states import TaskState
+from scheduler.states.codes import EventKind, Reason
+from scheduler.states.names import TaskState
 
 LEASE_JITTER = 0.25  # a lease is held between 1 and 1.25 leases, so renewals spread out
 
@@ -59,8 +61,8 @@ def renew_lease(token: str, data: object) -> tuple[Node, list[TaskReport], dict[
         if sampled != node.gpu_sampled_at or was != node.state or renewal_due(beat, now):
             node.save(update_fields=["last_heartbeat", "state", "gpu_sampled_at"])
         Event.objects.bulk_create(
-            Event(kind="TaskStarted", reason="Started", job_id=t.job_id, flow_id=t.job.flow_id,
-                  node=node, message=f"{t.group}-{t.index} on {node.name}")
+            Event(kind=EventKind.TASK_STARTED, reason=Reason.STARTED, job_id=t.job_id,
+                  flow_id=t.job.flow_id, node=node, message=f"{t.group}-{t.index} on {node.name}")
             for t in started
         )  # fmt: skip
         changed = bool(started) or was != node.state

@@ -13,8 +13,8 @@ from django.db.models import Max, Q
 
 from scheduler import notify
 from scheduler.agentapi.common import ProtocolError
+from scheduler.intake.specs import UNSTORABLE
 from scheduler.models import Node, Task, TaskLog
-from scheduler.specs import UNSTORABLE
 
 TRUNCATED = "\n[berth: output truncated: the rest of this attempt's output was dropped]\n"
 INLINE_OUTPUT_BYTES = 16 * 1024  # output a report may carry inline (at most one log chunk)

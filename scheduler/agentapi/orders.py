@@ -10,9 +10,9 @@ from django.conf import settings
 
 from scheduler.agent import wire
 from scheduler.agent.wire import TaskReport
-from scheduler.arrays import array_env
+from scheduler.jobs.arrays import array_env
 from scheduler.models import Allocation, Node, Task
-from scheduler.states import TASK_ON_NODE, TaskState
+from scheduler.states.names import TASK_ON_NODE, TaskState
 
 
 def wanted(task: Task | TaskRow | None, report: TaskReport, node: Node) -> bool:

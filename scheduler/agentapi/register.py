@@ -15,9 +15,10 @@ from scheduler.agent.wire import is_int
 from scheduler.agentapi.common import ProtocolError
 from scheduler.agentapi.logs import inline_output_bytes, storable_text
 from scheduler.core.quantity import parse_cpu, parse_memory
-from scheduler.events import record
+from scheduler.intake.specs import NAME_RE, NAME_RULE, label_problems
+from scheduler.jobs.events import record
 from scheduler.models import Allocation, Device, Node, hash_token, sharing_problems
-from scheduler.specs import NAME_RE, NAME_RULE, label_problems
+from scheduler.states.codes import EventKind, Reason
 
 ENFORCEMENT_TEXT = 500  # characters kept of each string of a registration's `enforcement`
 
@@ -128,11 +129,16 @@ def register(data: object, node_token: str | None = None, address: str = "") -> 
         node.save()
         _reconcile_devices(node, devices)
         origin = f" from {address}" if address else ""
-        record("NodeRegistered", "Registered" if created else "Reregistered",
+        record(EventKind.NODE_REGISTERED, Reason.REGISTERED if created else "Reregistered",
                f"{len(devices)} GPUs, cpu {data.get('cpu')}, memory {data.get('memory')}{origin}",
                node=node)  # fmt: skip
         if node.enforcement_problem():
-            record("NodeNotReady", "CannotEnforce", node.enforcement_problem(), node=node)
+            record(
+                EventKind.NODE_NOT_READY,
+                Reason.CANNOT_ENFORCE,
+                node.enforcement_problem(),
+                node=node,
+            )
         notify.changed(nodes=[node.pk])
     return wire.Registered(
         node.name, token, settings.BERTH_HEARTBEAT_INTERVAL, settings.BERTH_HEARTBEAT_TIMEOUT,

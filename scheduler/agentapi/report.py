@@ -23,7 +23,6 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from scheduler import notify
-from scheduler.accounting import record_task_ends
 from scheduler.agent import wire
 from scheduler.agent.times import process_time
 from scheduler.agent.wire import TaskReport
@@ -31,10 +30,12 @@ from scheduler.agentapi.common import ProtocolError, renew, renewal_due
 from scheduler.agentapi.logs import kept_bytes, kept_many, store_chunk
 from scheduler.agentapi.orders import kill_order, start_messages, to_start, wanted
 from scheduler.agentapi.tasks import FINAL_REPORTS, parse_tasks
-from scheduler.events import record
+from scheduler.jobs.events import record
 from scheduler.models import Allocation, Event, Node, Task, TaskLog
+from scheduler.ops.accounting import record_task_ends
 from scheduler.sql import update_rows
-from scheduler.states import OUT_OF_MEMORY, TASK_ON_NODE, TaskState
+from scheduler.states.codes import EventKind, Reason
+from scheduler.states.names import OUT_OF_MEMORY, TASK_ON_NODE, TaskState
 
 
 @dataclass
@@ -198,7 +199,7 @@ def _mark_running(task: Task, now: Any, node: Node, started_at: float | None = N
     task.state = TaskState.RUNNING
     task.started_at = process_time(started_at, now, task.assigned_at, "start")
     task.save(update_fields=["state", "started_at"])
-    record("TaskStarted", "Started", f"{task.group}-{task.index} on {node.name}",
+    record(EventKind.TASK_STARTED, Reason.STARTED, f"{task.group}-{task.index} on {node.name}",
            job=task.job, node=node)  # fmt: skip
     return True
 
@@ -237,8 +238,8 @@ def _save_ended(ended: list[Task], node: Node,
     record_task_ends(ended, timezone.now(), measured=measured or {})
     Allocation.objects.filter(task__in=[t.pk for t in ended]).delete()
     Event.objects.bulk_create(
-        Event(kind=f"Task{t.state}", reason=t.state, message=_end_text(t), job_id=t.job_id,
-              flow_id=t.job.flow_id, node=node)
+        Event(kind=EventKind.task_ended(t.state), reason=t.state, message=_end_text(t),
+              job_id=t.job_id, flow_id=t.job.flow_id, node=node)
         for t in ended
     )  # fmt: skip
 

@@ -7,12 +7,12 @@ from typing import Any
 
 from django.conf import settings
 
-from scheduler import gpu_history
 from scheduler.agent import wire
 from scheduler.agent.wire import TaskReport
 from scheduler.agentapi.common import ProtocolError
 from scheduler.agentapi.logs import inline_output_bytes, storable_text
-from scheduler.states import TaskState
+from scheduler.ops import gpu_history
+from scheduler.states.names import TaskState
 
 # What a final report moves a task to, on the server (wire.TaskState is what agents say).
 FINAL_REPORTS = {wire.TaskState.SUCCEEDED: TaskState.SUCCEEDED,

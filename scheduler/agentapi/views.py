@@ -51,8 +51,8 @@ from scheduler.agentapi.common import (
 from scheduler.agentapi.logs import append_log
 from scheduler.agentapi.register import register
 from scheduler.agentapi.report import apply_report
-from scheduler.faults import Outage
 from scheduler.models import Node
+from scheduler.ops.faults import Outage
 
 T = TypeVar("T")
 log = logging.getLogger("berth.agent")

@@ -12,8 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from scheduler.intake.specs import NOTIFY_EVENTS, notify_events, webhook_url_problem
 from scheduler.models import NotifyPreference
-from scheduler.specs import NOTIFY_EVENTS, notify_events, webhook_url_problem
 
 
 class MeView(APIView):

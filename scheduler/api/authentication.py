@@ -9,7 +9,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
-from scheduler.tokens import KeyRefused, user_for_key
+from scheduler.ops.tokens import KeyRefused, user_for_key
 
 MAX_KEY_LENGTH = 200
 

@@ -12,9 +12,9 @@ from django.db import IntegrityError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from berth.overload import retry_after_seconds, unavailable_detail
+from berth.web.overload import retry_after_seconds, unavailable_detail
 from scheduler.agentapi.common import ProtocolError, protocol_error_headers
-from scheduler.specs import SpecError
+from scheduler.intake.specs import SpecError
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -19,8 +19,8 @@ from rest_framework.views import APIView
 from scheduler.api.serializers import FlowSerializer, JobSerializer
 from scheduler.api.views import FlowViewSet, JobViewSet, answer_submitted, conflict
 from scheduler.flows.rerun import resubmit_flow, retry_flow
+from scheduler.jobs.operations import OperationError, resubmit_job
 from scheduler.models import Flow, Job
-from scheduler.operations import OperationError, resubmit_job
 
 
 def _flow_data(request: Request, flow_id: int) -> dict[str, object]:

@@ -20,8 +20,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from scheduler import gpu_history
 from scheduler.models import Job, Node
+from scheduler.ops import gpu_history
 
 NODE_WINDOW = 3600.0  # seconds a node's chart shows unless asked otherwise
 AFTER = OpenApiParameter(

@@ -2,7 +2,7 @@
 download link).
 
 `GET /api/v1/jobs/{job}/tasks/{task}/log/?attempt=N` (default: the task's latest attempt).
-The body is read by scheduler/logs.py a few chunks at a time (keyset by offset), so a log
+The body is read by scheduler/jobs/logs.py a few chunks at a time (keyset by offset), so a log
 costs the server a bounded amount of memory however long it is; it can be no longer than what the
 server stored for the attempt (BERTH_LOG_MAX_BYTES and the truncation note). A job that is
 not the caller's own answers 404, as if it did not exist (staff see all).
@@ -22,7 +22,7 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from scheduler.logs import LogStream, parse_attempt
+from scheduler.jobs.logs import LogStream, parse_attempt
 from scheduler.models import Job, Task
 
 QUERY_PARAMETERS = {"attempt", "format"}  # format: DRF picks the error renderer

@@ -1,8 +1,8 @@
 """Request bodies (JSON, YAML with `Content-Type: application/yaml`, forms), parsed with bounds.
 
 Every parser reads at most the body limit (413 beyond it), then checks the parsed tree with
-scheduler/inputs.py (depth, keys, text, numbers; YAML without anchors or aliases): a bad value
-is a 400 naming its path (`tasks.0.env.FOO`). Limits: docs/limits.md.
+scheduler/intake/inputs.py (depth, keys, text, numbers; YAML without anchors or
+aliases): a bad value is a 400 naming its path (`tasks.0.env.FOO`). Limits: docs/limits.md.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from django.http import QueryDict
 from rest_framework import parsers, status
 from rest_framework.exceptions import APIException, ParseError, ValidationError
 
-from scheduler.inputs import BadInput, NotYAML, body_limit, check_tree, load_yaml, shorten
+from scheduler.intake.inputs import BadInput, NotYAML, body_limit, check_tree, load_yaml, shorten
 
 
 class PayloadTooLarge(APIException):

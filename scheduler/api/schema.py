@@ -43,7 +43,7 @@ class NodeTokenScheme(OpenApiAuthenticationExtension):
 
 
 # --- the job, template and flow specs (request bodies; also the stored `spec` of answers) ---
-# Used only to describe them: validation is scheduler/specs.py's, the reference docs/spec.md.
+# Used only to describe them: validation is scheduler/intake/specs.py's, the reference docs/spec.md.
 
 DURATION_SCHEMA = {
     "oneOf": [

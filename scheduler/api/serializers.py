@@ -1,5 +1,5 @@
-"""How the API shows Berth's objects. Writes go through scheduler/specs.py and submit.py, so a
-spec is validated the same way everywhere (REST, forms, flows)."""
+"""How the API shows Berth's objects. Writes go through scheduler/intake/specs.py and
+scheduler/jobs/submit.py, so a spec is validated the same way everywhere (REST, forms, flows)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from scheduler.accounting import usage_by_attempt, usage_view
 from scheduler.api.schema import FlowSpecJSON, JobSpecJSON, TemplateJobSpecJSON
-from scheduler.arrays import indices_by_state
 from scheduler.core.quantity import (
     format_cpu,
     format_memory,
@@ -25,9 +23,11 @@ from scheduler.core.quantity import (
 )
 from scheduler.core.status import Code
 from scheduler.flows.explain import step_wait_reasons
+from scheduler.intake.specs import label_problems
+from scheduler.jobs.arrays import indices_by_state
 from scheduler.models import Event, Flow, Job, JobTemplate, Node, Queue, Task
-from scheduler.specs import label_problems
-from scheduler.states import JobState
+from scheduler.ops.accounting import usage_by_attempt, usage_view
+from scheduler.states.names import JobState
 
 PARSERS = {"cpu": parse_cpu, "memory": parse_memory, "gpu": parse_gpu}
 FORMATS: dict[str, Callable[[int], Any]] = {"cpu": format_cpu, "memory": format_memory, "gpu": int}

@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from scheduler.api.filters import check_query_params
-from scheduler.fairshare import share_rows, weights
+from scheduler.cycle.fairshare import share_rows, weights
 from scheduler.models import UserShare
 
 

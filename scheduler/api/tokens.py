@@ -20,7 +20,7 @@ from rest_framework.throttling import BaseThrottle, ScopedRateThrottle
 
 from scheduler.api import schema  # noqa: F401 - registers the token auth scheme
 from scheduler.models import ApiToken
-from scheduler.tokens import TokenError, create_token, revoke_token
+from scheduler.ops.tokens import TokenError, create_token, revoke_token
 
 log = logging.getLogger("berth.api")
 

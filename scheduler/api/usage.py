@@ -19,9 +19,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from scheduler.accounting import UsageQueryError, parse_usage_query, usage_rows
 from scheduler.api.filters import check_query_params
 from scheduler.models import UsageRecord
+from scheduler.ops.accounting import UsageQueryError, parse_usage_query, usage_rows
 
 METRICS = ("jobs", "tasks", "cpu_seconds", "gpu_seconds", "wall_seconds", "gpu_hours",
            "used_cpu_seconds", "cpu_percent", "memory_percent", "gpu_percent")  # fmt: skip

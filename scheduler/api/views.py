@@ -21,7 +21,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from scheduler import logs, operations
 from scheduler.api.filters import choice_filter, query_flag
 from scheduler.api.schema import (
     FLOW_EXAMPLES,
@@ -40,7 +39,8 @@ from scheduler.api.serializers import (
     QueueSerializer,
     TemplateSerializer,
 )
-from scheduler.faults import database_down
+from scheduler.jobs import logs, operations
+from scheduler.jobs.submit import create_flow, create_template, submit_job, update_template
 from scheduler.models import (
     Allocation,
     Device,
@@ -52,8 +52,8 @@ from scheduler.models import (
     Queue,
     Task,
 )
-from scheduler.states import FLOW_FINAL, FlowState, JobState, NodeState
-from scheduler.submit import create_flow, create_template, submit_job, update_template
+from scheduler.ops.faults import database_down
+from scheduler.states.names import FLOW_FINAL, FlowState, JobState, NodeState
 
 # Names never hold NUL (PostgreSQL cannot even compare one): such a path is a 404.
 NAME_LOOKUP = r"[^/\x00]+"

@@ -54,18 +54,20 @@ def enqueue(session: Session) -> None:
             session.failures[job_id] = Failure(problem.code, problem.message, False)
         return
     for job in sorted(session.candidates, key=session.job_key):
+        try:  # `guarded`, without a closure per job
+            _admit(session, job)
+        except Exception as exc:  # noqa: BLE001 - fault isolation is the point
+            record_fault(session, job, exc)
 
-        def admit(job: JobInfo = job) -> None:
-            problem = session.job_valid(job)
-            if problem is not None:
-                session.set_pending(job, problem)
-                session.failures[job.id] = Failure(problem.code, problem.message, False)
-                return
-            if not session.pending_tasks(job):
-                return
-            session.queues[job.queue].jobs.append(job)
 
-        guarded(session, job, admit)
+def _admit(session: Session, job: JobInfo) -> None:
+    problem = session.job_valid(job)
+    if problem is not None:
+        session.set_pending(job, problem)
+        session.failures[job.id] = Failure(problem.code, problem.message, False)
+        return
+    if session.pending_tasks(job):
+        session.queues[job.queue].jobs.append(job)
 
 
 def in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[JobInfo]:
@@ -98,12 +100,16 @@ def _across_queues(session: Session, cursors: dict[str, Iterator[JobInfo]]) -> I
     heap = [(key(name), name) for name in cursors]
     heapq.heapify(heap)
     while heap:
-        _, name = heapq.heappop(heap)
-        job = next(cursors[name], None)
-        if job is None:
-            continue
-        yield job
-        heapq.heappush(heap, (key(name), name))
+        served, name = heapq.heappop(heap)
+        cursor = cursors[name]
+        for job in cursor:
+            yield job
+            now = key(name)
+            if now != served:
+                heapq.heappush(heap, (now, name))
+                break
+            # Its key is as it was, the least of all (keys end with the queue's name, so
+            # no two are equal; the others did not change): it is served again.
 
 
 # --- placing one job ---------------------------------------------------------------------

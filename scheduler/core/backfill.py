@@ -66,6 +66,9 @@ class _Backfill:
         # The status of each refusal, made once: jobs refused alike share it (statuses are
         # never changed once set). By id: a refusal stays in `session.failures` all cycle.
         self.statuses: dict[int, Status] = {}
+        # (alike key, whether it need not fit around the reservation) -> (the state it was
+        # refused in, its failure, its status): `_alike`.
+        self.alike_refused: dict[object, tuple[tuple[Any, ...], Failure, Status]] = {}
         if self.holder is not None:
             self._defer(self.holder)
 
@@ -104,6 +107,20 @@ class _Backfill:
                 return
         reservation = self.planned()
         fits = _fits_around(session, job, reservation) if reservation else None
+        alike = self._alike(job, reservation, fits)
+        if alike is not None:
+            kept_alike = self.alike_refused.get(alike)
+            if kept_alike is not None and self._unchanged(kept_alike[0], alike, reservation):
+                session.failures[job.id] = kept_alike[1]
+                session.pending[job.id] = kept_alike[2]
+                return
+        self._try(job, reservation, fits)
+        if alike is not None and job.id not in session.placed:
+            self._keep_refusal(job, alike, reservation)
+
+    def _try(self, job: JobInfo, reservation: Reservation | None, fits: Fits | None) -> None:
+        """Place the job now (around the reservation, if it must), or say why it waits."""
+        session = self.session
         if fits is not None:
             assert reservation is not None
             if self._refused(job, _refusal_by_spare(session, job, reservation)):
@@ -124,6 +141,58 @@ class _Backfill:
             self._defer(job)
             return
         _explain_wait(session, job, failure, fits, reservation, self.delays)
+
+    # --- alike jobs refused together ------------------------------------------------------
+    #
+    # A job alike another (`Session.alike_key`: the same shape of pending tasks, queue, gang
+    # size and, where per-user limits apply, owner) that either must fit around the
+    # reservation or need not, as the other, is refused as the other was when nothing that
+    # decides it changed since: the same reservation, the same memo entry for its shape in
+    # the memo it is tried with (`place` refuses it from there, with the same failure), and
+    # where its refusal may also depend on what was bound since (a queue with a capability
+    # or per-user limits, other plugins' `overused`, or totals checked without explaining:
+    # `total_refusal`), nothing bound. Its status is the same too (`_explain_wait` decides
+    # once per shape). Only jobs waiting to start (not a running job's extra tasks).
+
+    def _alike(
+        self, job: JobInfo, reservation: Reservation | None, fits: Fits | None
+    ) -> tuple[object, ...] | None:
+        session = self.session
+        if not session.alike_refusals or not job.is_candidate or session.needed(job) <= 0:
+            return None
+        key = session.alike_key(job)
+        return None if key is None else (key, fits is None)
+
+    def _state(self, alike: tuple[Any, ...], reservation: Reservation | None) -> tuple[Any, ...]:
+        """What decides the refusal of a job that is `alike`, as it stands now."""
+        session = self.session
+        shape, queue, _need, _owner = alike[0]
+        memo = self.free_memo if alike[1] else self.spare_memo
+        entry = memo.max_placeable.get((shape, queue))
+        binds_matter = (
+            not session.explain_failures
+            or queue in session.user_limited
+            or session.queues[queue].info.capability is not None
+        )
+        return (reservation, entry, session.version if binds_matter else None)
+
+    def _unchanged(
+        self, kept: tuple[Any, ...], alike: tuple[Any, ...], reservation: Reservation | None
+    ) -> bool:
+        now = self._state(alike, reservation)
+        return kept[0] is now[0] and kept[1] is now[1] and kept[2] == now[2]
+
+    def _keep_refusal(
+        self, job: JobInfo, alike: tuple[Any, ...], reservation: Reservation | None
+    ) -> None:
+        """Keep how the job was refused for the next alike job, if it left the
+        reservation as it was (it did not become its holder)."""
+        session = self.session
+        if self.deferred is not None or session.reservation is not reservation:
+            return
+        failure, status = session.failures.get(job.id), session.pending.get(job.id)
+        if failure is not None and status is not None:
+            self.alike_refused[alike] = (self._state(alike, reservation), failure, status)
 
     def _refused_quickly(self, job: JobInfo) -> bool:
         """Refuse the job without trying nodes, if that is how it fails; keep why."""

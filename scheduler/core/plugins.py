@@ -140,6 +140,7 @@ class CapabilityPlugin(Plugin):
     nothing."""
 
     name = "capability"
+    alike_overused = True  # by the job's queue and gang request alone
 
     def job_valid(self, session: Session, job: JobInfo) -> Status | None:
         queue = session.queues.get(job.queue)
@@ -183,6 +184,7 @@ class UserLimitPlugin(Plugin):
     evicts."""
 
     name = "userlimit"
+    alike_overused = True  # by the queue, owner, gang request and runtime (`_kept_for_reservation`)
 
     def open(self, session: Session) -> None:
         self._bound: list[Any] | None = None  # the cycle's bind list the counts are for

@@ -13,7 +13,7 @@ submission (`ReplayResult.estimates`, see `submission_estimate`).
 
 With `fair_share` (a `FairShare`) each owner's usage is what their jobs that finished so far
 in simulated time used, resource-weighted and decayed as the product counts it
-(`scheduler/core/priority.py`, as `scheduler/fairshare.py` uses it), put on the session
+(`scheduler/core/priority.py`, as `scheduler/cycle/fairshare.py` uses it), put on the session
 before a cycle as the product's loop puts it on its snapshot; the policy's
 `priority_weights` order the pending jobs by the same plugin as the scheduler's cycle.
 """

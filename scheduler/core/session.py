@@ -53,6 +53,12 @@ class Plugin:
     # True if `predicate` only says what the node index already guarantees of the nodes it
     # offers for placing (Ready, labels matching the selector): not asked when placing.
     implied_by_index = False
+    # True if `overused` says None for every job of a queue without a capability or per-user
+    # limits, and elsewhere the same for alike jobs (same pending task shape, gang size,
+    # queue and owner, each ending before the reservation's start or both not) as long as
+    # nothing is bound or evicted: backfill then refuses such jobs together
+    # (`scheduler.core.backfill`).
+    alike_overused = False
 
     def open(self, session: Session) -> None:
         """Called once when the session opens."""
@@ -121,9 +127,7 @@ class Session:
         self.placing_predicates = [p for p in self.hooks["predicate"] if not p.implied_by_index]
         self.static_node_order = all(p.static_node_order for p in self.hooks["node_order"])
         self.gang_decides = any(p.name == "gang" for p in self.hooks["job_ready"])
-        # A job's alike tasks without devices placed in one scan rather than one by one (the
-        # same binds; False only to compare the two in tests).
-        self.alike_at_once = True
+        self._open_shortcuts()
         self.nodes = [NodeView(n) for n in snapshot.nodes]
         self.node_by_name = {n.name: n for n in self.nodes}
         self.all_ready = all(n.ready for n in self.nodes)
@@ -154,6 +158,15 @@ class Session:
         for plugin in self.plugins:
             plugin.open(self)
 
+    def _open_shortcuts(self) -> None:
+        """Shortcuts that decide as the long way does (False only to compare the two in
+        tests)."""
+        # A job's alike tasks without devices placed in one scan rather than one by one.
+        self.alike_at_once = True
+        # Backfill refuses a job as the last alike job was refused when nothing that decides
+        # it changed since (`scheduler.core.backfill`).
+        self.alike_refusals = all(p.alike_overused for p in self.hooks["overused"])
+
     def _open_caches(self) -> None:
         """What is worked out once per job or task shape and kept."""
         # Nodes with less than this free can take none of the pending tasks (`LabelGroup`).
@@ -167,6 +180,7 @@ class Session:
         self._eligible: dict[Shape, list[NodeView]] = {}
         self._eligible_names: dict[Shape, list[str]] = {}
         self._static: dict[Shape, tuple[tuple[Counter[str], dict[str, int]], list[int]]] = {}
+        self._node_kinds: dict[str, tuple[object, ...]] | None = None  # `_reasons_by_kind`
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
         # The backfill's quick refusals, with the state they were made in (what is free and
@@ -629,8 +643,9 @@ class Session:
             counts: Counter[str] = Counter()
             first: dict[str, int] = {}
             positions = []
+            reasons = self._reasons_by_kind(job, task)
             for position, node in enumerate(self.nodes):
-                reason = self.node_reason(job, task, node)
+                reason = reasons(node)
                 if reason is None:
                     positions.append(position)
                     continue
@@ -638,6 +653,29 @@ class Session:
                 counts[reason] += 1
             known = self._static[shape] = ((counts, first), positions)
         return known
+
+    def _reasons_by_kind(self, job: JobInfo, task: TaskInfo) -> Callable[[NodeView], str | None]:
+        """`node_reason` for the task, asked once per kind of node (state, labels and
+        capacity, all it depends on when every predicate only says what the index does:
+        `Plugin.implied_by_index`), else once per node."""
+        if self.placing_predicates:
+            return lambda node: self.node_reason(job, task, node)
+        if self._node_kinds is None:
+            self._node_kinds = {
+                node.name: (node.state, node.label_key, node.allocatable, node.healthy_devices)
+                for node in self.nodes
+            }
+        kinds = self._node_kinds
+        by_kind: dict[tuple[object, ...], str | None] = {}
+
+        def reason(node: NodeView) -> str | None:
+            kind = kinds[node.name]
+            known = by_kind.get(kind, _UNKNOWN)
+            if known is _UNKNOWN:
+                known = by_kind[kind] = self.node_reason(job, task, node)
+            return known  # type: ignore[no-any-return]
+
+        return reason
 
     def node_reason(self, job: JobInfo, task: TaskInfo, node: NodeView) -> str | None:
         """Why the node can never take this task as it stands (None: only resources)."""

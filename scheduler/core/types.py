@@ -12,7 +12,7 @@ from scheduler.core.resources import Resources, tuple_new
 from scheduler.core.status import Code, Status
 
 # Task states in which a task holds resources on its node (Releasing: asked to stop, holds
-# them until the agent confirms). Not `scheduler.states.TASK_ON_NODE`, which leaves
+# them until the agent confirms). Not `scheduler.states.names.TASK_ON_NODE`, which leaves
 # Releasing out.
 HOLDS_RESOURCES = ("Assigned", "Running", "Releasing")
 

@@ -15,13 +15,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduler import notify
-from scheduler.events import record
 from scheduler.flows.graph import ACTIVE, FlowDecision, StepJob, StepView, decide
+from scheduler.intake.specs import SpecError, step_job_spec
+from scheduler.jobs.events import record
+from scheduler.jobs.submit import submit_job
 from scheduler.lifecycle import terminate_job
 from scheduler.models import Flow, FlowStep, Job
-from scheduler.specs import SpecError, step_job_spec
-from scheduler.states import FlowState, JobState
-from scheduler.submit import submit_job
+from scheduler.states.codes import EventKind, Reason
+from scheduler.states.names import FlowState, JobState
 
 log = logging.getLogger("berth.flows")
 HELD = "waiting for a parallelism slot"
@@ -65,7 +66,7 @@ def reconcile_flow(flow_id: int) -> bool:
     changed = False
     if flow.state == FlowState.PENDING:
         flow.state, flow.started_at = FlowState.RUNNING, now
-        record("FlowStateChanged", "Started", "Pending -> Running", flow=flow)
+        record(EventKind.FLOW_STATE_CHANGED, Reason.STARTED, "Pending -> Running", flow=flow)
         changed = True
     if decision.stop_all:
         _stop_all(flow, decision, jobs, now)
@@ -104,7 +105,7 @@ def _step_views(steps: list[FlowStep], jobs: list[Job]) -> list[StepView]:
 
 def _stop_all(flow: Flow, decision: FlowDecision, jobs: list[Job], now: datetime) -> None:
     """Fail-fast or cancel: every active job of the flow is stopped."""
-    reason = "FlowCancelled" if flow.cancel_requested else "FlowFailFast"
+    reason = Reason.FLOW_CANCELLED if flow.cancel_requested else Reason.FLOW_FAIL_FAST
     why = "flow cancelled" if flow.cancel_requested else _failure_text(decision, jobs)
     for job in jobs:
         if job.state in ACTIVE and job.state != JobState.TERMINATING:
@@ -140,7 +141,7 @@ def _create_jobs(flow: Flow, steps: list[FlowStep], decision: FlowDecision, now:
             # The spec and overrides make no valid job: the step fails as a job would.
             step.state, step.message = "Failed", f"cannot make its job: {exc}"
             step.save(update_fields=["state", "message"])
-            record("StepStateChanged", "InvalidJobSpec", step.message, flow=flow)
+            record(EventKind.STEP_STATE_CHANGED, Reason.INVALID_JOB_SPEC, step.message, flow=flow)
             flow.state, flow.finished_at = FlowState.FAILED, now
             flow.reason, flow.message = "InvalidJobSpec", f"step {step.name}: {exc}"
             return step.name
@@ -157,7 +158,7 @@ def _save_step_states(
         if step.name == keep:
             continue
         if step.state != new:
-            record("StepStateChanged", new, f"step {step.name}: {step.state} -> {new}",
+            record(EventKind.STEP_STATE_CHANGED, new, f"step {step.name}: {step.state} -> {new}",
                    flow=flow)  # fmt: skip
             step.state = new
             step.save(update_fields=["state"])
@@ -171,14 +172,14 @@ def _finish(flow: Flow, decision: FlowDecision, jobs: list[Job], now: datetime) 
         return False
     flow.state = decision.state
     flow.finished_at = now
-    flow.reason = {"Succeeded": "Completed", "Failed": "StepFailed",
+    flow.reason = {"Succeeded": Reason.COMPLETED, "Failed": Reason.STEP_FAILED,
                    "Cancelled": "Cancelled"}[decision.state]  # fmt: skip
     flow.message = (
         _failure_text(decision, jobs) if decision.state == FlowState.FAILED
         else "all steps succeeded" if decision.state == FlowState.SUCCEEDED
         else "cancelled by user"
     )  # fmt: skip
-    record("FlowStateChanged", flow.reason, f"Running -> {flow.state}: {flow.message}",
+    record(EventKind.FLOW_STATE_CHANGED, flow.reason, f"Running -> {flow.state}: {flow.message}",
            flow=flow)  # fmt: skip
     return True
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from scheduler.states import FlowState
+from scheduler.states.names import FlowState
 
 WAITING_TO_BE_SCHEDULED = "waiting to be scheduled"
 MAX_SHOWN = 3  # reasons shown per step; the rest are counted

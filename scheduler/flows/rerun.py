@@ -1,5 +1,5 @@
 """Run a flow again: retry a failed flow from its failed steps, or resubmit it as a fresh copy
-(jobs are resubmitted by `scheduler.operations.resubmit_job`).
+(jobs are resubmitted by `scheduler.jobs.operations.resubmit_job`).
 
 A retry (like `argo retry`) keeps every step that succeeded, and every job that succeeded in
 a fan-out step, with their outputs; the other steps start again from Pending. Their earlier
@@ -15,11 +15,12 @@ from django.db import transaction
 from django.db.models import Max
 
 from scheduler import notify
-from scheduler.events import record
+from scheduler.jobs.events import record
+from scheduler.jobs.operations import OperationError
+from scheduler.jobs.submit import create_flow
 from scheduler.models import Flow
-from scheduler.operations import OperationError
-from scheduler.states import JOB_ACTIVE, FlowState
-from scheduler.submit import create_flow
+from scheduler.states.codes import EventKind, Reason
+from scheduler.states.names import JOB_ACTIVE, FlowState
 
 FLOW_DONE = (FlowState.SUCCEEDED, FlowState.CANCELLED)  # finished, and not by failing
 
@@ -48,7 +49,7 @@ def retry_flow(flow: Flow, user: Any) -> Flow:
         flow.save(update_fields=["state", "reason", "message", "finished_at",
                                  "cancel_requested"])  # fmt: skip
         names = ", ".join(s.name for s in again)
-        record("FlowRetried", "UserRequest",
+        record(EventKind.FLOW_RETRIED, Reason.USER_REQUEST,
                f"by {user.username}: steps {names} run again", flow=flow)  # fmt: skip
         notify.changed(flows=[flow.pk])
     return flow
@@ -60,6 +61,6 @@ def resubmit_flow(flow: Flow, user: Any) -> Flow:
     is checked against the owner's priority policy (SpecError when no longer accepted)."""
     with transaction.atomic():  # the copy and its event together
         copy = create_flow(flow.owner, flow.spec)
-        record("FlowResubmitted", "UserRequest",
+        record(EventKind.FLOW_RESUBMITTED, Reason.USER_REQUEST,
                f"by {user.username}: a copy of flow {flow.pk}", flow=copy)  # fmt: skip
     return copy

@@ -9,7 +9,7 @@ from django.db import transaction
 
 from scheduler import notify
 from scheduler.models import Flow
-from scheduler.states import FLOW_FINAL
+from scheduler.states.names import FLOW_FINAL
 
 log = logging.getLogger("berth.flows")
 

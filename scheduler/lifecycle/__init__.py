@@ -1,6 +1,6 @@
 """Job lifecycle: what the scheduler loop runs after placing jobs, one concern per module.
 
-- transitions: moving one job through the state machine (scheduler/jobstate.py), stopping it;
+- transitions: moving one job through the state machine (scheduler/states/job.py), stopping it;
 - requests: the cancel/suspend/resume requests users made;
 - sync: job states from task states (started, succeeded, failed, lost);
 - deadlines: walltime and active deadlines;
@@ -19,7 +19,7 @@ from scheduler.lifecycle.requests import process_requests
 from scheduler.lifecycle.sync import JobView, TaskView, sync_jobs
 from scheduler.lifecycle.transitions import USER_SUSPENDED, terminate_job
 from scheduler.lifecycle.ttl import cleanup_ttl, ttl_expired_jobs
-from scheduler.states import PREEMPTED
+from scheduler.states.names import PREEMPTED
 
 __all__ = [
     "LATEST",

@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 from django.db import transaction
 from django.db.models import Q
 
-from scheduler.jobstate import JobEvent, sources
 from scheduler.lifecycle.transitions import now_or, terminate_job
 from scheduler.models import Job
-from scheduler.states import JobState
+from scheduler.states.job import JobEvent, sources
+from scheduler.states.names import JobState
 
 log = logging.getLogger("berth.lifecycle")
 

@@ -10,11 +10,14 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, QuerySet
 
-from scheduler import accounting, leader, notify
-from scheduler.events import record
+from scheduler import notify
+from scheduler.cycle import leader
+from scheduler.jobs.events import record
 from scheduler.lifecycle.transitions import now_or, release
 from scheduler.models import Node, Task
-from scheduler.states import TASK_ON_NODE, NodeState, TaskState
+from scheduler.ops import accounting
+from scheduler.states.codes import EventKind, Reason
+from scheduler.states.names import TASK_ON_NODE, NodeState, TaskState
 
 
 def check_nodes(now: datetime | None = None) -> int:
@@ -51,10 +54,10 @@ def _mark_not_ready(node: Node, now: datetime) -> bool:
         if not claimed:
             return False
         why = f"node {node.name} not ready"
-        lost = _lose(Task.objects.filter(node=node), why, now, reason="NodeNotReady")
+        lost = _lose(Task.objects.filter(node=node), why, now, reason=Reason.NODE_NOT_READY)
         record(
-            "NodeNotReady",
-            "HeartbeatTimeout",
+            EventKind.NODE_NOT_READY,
+            Reason.HEARTBEAT_TIMEOUT,
             f"no heartbeat since {node.last_heartbeat}; {len(lost)} tasks lost",
             node=node,
         )
@@ -70,7 +73,7 @@ def _mark_drained(node: Node) -> bool:
         )
         if not updated:
             return False
-        record("NodeDrained", "Drained", "no task left on the node", node=node)
+        record(EventKind.NODE_DRAINED, Reason.DRAINED, "no task left on the node", node=node)
         notify.changed(nodes=[node.pk])
         return True
 
@@ -89,13 +92,13 @@ def _lose(
     )
     accounting.record_task_ends(lost, now, state=TaskState.LOST)
     for job in {t.job_id: t.job for t in lost}.values():
-        record("TaskLost", reason, why, job=job)
+        record(EventKind.TASK_LOST, reason, why, job=job)
     notify.changed(jobs={t.job_id for t in lost})
     return lost
 
 
 def lose_tasks_of_node(node: Node, why: str, now: datetime | None = None) -> list[Task]:
-    """Called inside the transaction that deletes `node` (scheduler.operations.delete_node),
+    """Called inside the transaction that deletes `node` (scheduler.jobs.operations.delete_node),
     so no task stays Running or Terminating on a node that no longer exists."""
     return _lose(Task.objects.filter(node=node), why, now_or(now))
 

@@ -9,7 +9,6 @@ from datetime import datetime
 from django.db import transaction
 
 from scheduler import notify
-from scheduler.jobstate import JobEvent
 from scheduler.lifecycle.transitions import (
     USER_SUSPENDED,
     now_or,
@@ -19,7 +18,9 @@ from scheduler.lifecycle.transitions import (
     terminate_job,
 )
 from scheduler.models import Job
-from scheduler.states import JOB_FINAL, TASK_ON_NODE, JobRequest, JobState
+from scheduler.states.codes import Reason
+from scheduler.states.job import JobEvent
+from scheduler.states.names import JOB_FINAL, TASK_ON_NODE, JobRequest, JobState
 
 log = logging.getLogger("berth.lifecycle")
 
@@ -67,7 +68,9 @@ def _cancel(job: Job, now: datetime) -> bool:
         job.save(update_fields=["terminal_state", "requested_action"])
         return True
     message = "cancelled by user"
-    terminate_job(job, final_state=JobState.CANCELLED, reason="Cancelled", message=message, now=now)
+    terminate_job(
+        job, final_state=JobState.CANCELLED, reason=Reason.CANCELLED, message=message, now=now
+    )
     return True
 
 

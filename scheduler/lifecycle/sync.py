@@ -18,8 +18,7 @@ from django.db import transaction
 from django.db.models import F, Min, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 
-from scheduler import accounting, notify
-from scheduler.jobstate import JobEvent, sources, target
+from scheduler import notify
 from scheduler.lifecycle.transitions import (
     finish_terminating,
     now_or,
@@ -28,7 +27,10 @@ from scheduler.lifecycle.transitions import (
     terminate_job,
 )
 from scheduler.models import Event, Job, Task
-from scheduler.states import JOB_ACTIVE, OUT_OF_MEMORY, TASK_ON_NODE, JobState, TaskState
+from scheduler.ops import accounting
+from scheduler.states.codes import EventKind, Reason
+from scheduler.states.job import JobEvent, sources, target
+from scheduler.states.names import JOB_ACTIVE, OUT_OF_MEMORY, TASK_ON_NODE, JobState, TaskState
 
 log = logging.getLogger("berth.lifecycle")
 
@@ -129,7 +131,7 @@ def _state_events(
 ) -> None:
     Event.objects.bulk_create(
         Event(
-            kind="JobStateChanged",
+            kind=EventKind.JOB_STATE_CHANGED,
             reason=reason,
             job_id=job_id,
             flow_id=flow_id,
@@ -156,14 +158,14 @@ def _mark_running(jobs: dict[int, list[TaskView]], now: datetime) -> int:
         for message, ids in by_message.items():
             Job.objects.filter(pk__in=sorted(ids)).update(
                 state=target(JobEvent.START),
-                reason="Started",
+                reason=Reason.STARTED,
                 message=message,
                 started_at=Coalesce(F("started_at"), Value(now)),
                 pending_code="",
                 pending_message="",
                 estimated_start_at=None,
             )
-        _state_events(locked, target(JobEvent.START), "Started", messages)
+        _state_events(locked, target(JobEvent.START), Reason.STARTED, messages)
         notify.changed(jobs=locked)
     return len(locked)
 
@@ -185,7 +187,7 @@ def _mark_succeeded(jobs: dict[int, list[TaskView]], now: datetime) -> int:
         )
         Job.objects.filter(pk__in=sorted(locked)).update(
             state=target(JobEvent.SUCCEED),
-            reason="Completed",
+            reason=Reason.COMPLETED,
             message="all tasks succeeded",
             started_at=Coalesce(F("started_at"), Subquery(first_start)),
             finished_at=now,
@@ -193,7 +195,7 @@ def _mark_succeeded(jobs: dict[int, list[TaskView]], now: datetime) -> int:
             pending_message="",
             estimated_start_at=None,
         )
-        _state_events(locked, target(JobEvent.SUCCEED), "Completed",
+        _state_events(locked, target(JobEvent.SUCCEED), Reason.COMPLETED,
                       dict.fromkeys(locked, "all tasks succeeded"))  # fmt: skip
         accounting.record_jobs_end(locked, JobState.SUCCEEDED)
         notify.changed(jobs=locked)
@@ -219,14 +221,14 @@ def _sync_job(job: Job, tasks: Sequence[TaskView], now: datetime) -> bool:
     if all(t.state == TaskState.SUCCEEDED for t in tasks):
         if job.started_at is None:  # it ran and ended between two cycles
             job.started_at = min((t.started_at for t in tasks if t.started_at), default=None)
-        set_state(job, JobEvent.SUCCEED, "Completed", "all tasks succeeded", now)
+        set_state(job, JobEvent.SUCCEED, Reason.COMPLETED, "all tasks succeeded", now)
         job.save()
         return True
     started = _started(tasks)
     if job.state in sources(JobEvent.START) and started >= job.min_available:
         job.pending_code = job.pending_message = ""
         job.estimated_start_at = None
-        set_state(job, JobEvent.START, "Started", f"{started}/{len(tasks)} tasks running", now)
+        set_state(job, JobEvent.START, Reason.STARTED, f"{started}/{len(tasks)} tasks running", now)
         job.save()
         return True
     return False
@@ -238,12 +240,12 @@ def _fail_or_retry(job: Job, first: TaskView, now: datetime) -> None:
     if first.reason == OUT_OF_MEMORY:  # the kernel killed it at its memory limit
         what, reason = f"{name} {first.message}", OUT_OF_MEMORY
     elif first.state == TaskState.FAILED:
-        what, reason = f"{name} exited with code {first.exit_code}", "TaskFailed"
+        what, reason = f"{name} exited with code {first.exit_code}", Reason.TASK_FAILED
     else:
-        what, reason = f"{name} was lost ({first.message or 'node lost'})", "TaskLost"
+        what, reason = f"{name} was lost ({first.message or 'node lost'})", Reason.TASK_LOST
     if job.retries < job.max_retry:
         message = f"{what}; restarting (retry {job.retries + 1} of {job.max_retry})"
-        retry_reason = OUT_OF_MEMORY if reason == OUT_OF_MEMORY else "TaskFailed"
+        retry_reason = OUT_OF_MEMORY if reason == OUT_OF_MEMORY else Reason.TASK_FAILED
         terminate_job(
             job, final_state=JobState.PENDING, reason=retry_reason, message=message, now=now
         )

@@ -1,4 +1,4 @@
-"""Moving one job row by row: `set_state` asks the state machine (scheduler/jobstate.py)
+"""Moving one job row by row: `set_state` asks the state machine (scheduler/states/job.py)
 where an event leads, refuses the moves it does not allow and records the event;
 `terminate_job` stops a job's tasks and ends or restarts it. The set-based movers of the
 cycle (lifecycle/sync.py, store.py, arrays.py) ask the same state machine for many rows at
@@ -12,11 +12,13 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler import accounting, notify
-from scheduler.events import record
-from scheduler.jobstate import JobEvent, event_into, next_state
+from scheduler import notify
+from scheduler.jobs.events import record
 from scheduler.models import Allocation, Job, Task
-from scheduler.states import (
+from scheduler.ops import accounting
+from scheduler.states.codes import EventKind, Reason
+from scheduler.states.job import JobEvent, event_into, next_state
+from scheduler.states.names import (
     JOB_FINAL,
     TASK_ON_NODE,
     JobRequest,
@@ -26,7 +28,7 @@ from scheduler.states import (
 
 # Reasons a job is Suspended: a preempted job (states.PREEMPTED) resumes by itself, a
 # user-suspended one waits.
-USER_SUSPENDED = "UserSuspended"
+USER_SUSPENDED = Reason.USER_SUSPENDED
 
 
 def now_or(now: datetime | None) -> datetime:
@@ -48,7 +50,9 @@ def set_state(job: Job, event: JobEvent, reason: str, message: str, now: datetim
         job.finished_at = now
         job.pending_code = job.pending_message = ""
         job.estimated_start_at = None
-    record("JobStateChanged", reason, f"{old} -> {state}: {message}".rstrip(": "), job=job)
+    record(
+        EventKind.JOB_STATE_CHANGED, reason, f"{old} -> {state}: {message}".rstrip(": "), job=job
+    )
 
 
 def release(tasks: Iterable[Task]) -> None:
@@ -109,7 +113,7 @@ def restart(job: Job, now: datetime) -> None:
     set_state(
         job,
         JobEvent.RETRY,
-        "Retrying",
+        Reason.RETRYING,
         f"restart {job.retries} of {job.max_retry} after a task failure",
         now,
     )

@@ -12,7 +12,7 @@ from scheduler import notify
 from scheduler.lifecycle.deadlines import after
 from scheduler.lifecycle.transitions import now_or
 from scheduler.models import Job
-from scheduler.states import JOB_FINAL, JobRequest
+from scheduler.states.names import JOB_FINAL, JobRequest
 
 log = logging.getLogger("berth.lifecycle")
 

@@ -4,7 +4,7 @@ Every write to a table the scheduler cycle reads adds one row to the unlogged ta
 `berth_change` (statement-level triggers, so a bulk insert of 10,000 tasks adds one row; for
 nodes and devices only writes to what the cycle reads count, so lease renewals add none). The
 loop deletes the marks at the start of each cycle and skips a cycle that found none and has
-no housekeeping due (scheduler/loop.py). A mark is a row, not a counter: a writer never waits
+no housekeeping due (scheduler/cycle/loop.py). A mark is a row, not a counter: a writer never waits
 for another, and a mark whose transaction commits after the loop's DELETE stays for the next
 cycle, so no change is ever lost. Unlogged: a crash empties it, and the loop runs a full cycle
 after any failure and at least once a second anyway.

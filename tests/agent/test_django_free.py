@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 from scheduler.models import Node, Task, TaskLog
-from scheduler.states import TaskState
-from tests.commands.test_run_agent import JOIN, LOCK, assign, wait_for
-from tests.commands.test_run_agent import server as server  # noqa: F401 - a fixture
+from scheduler.states.names import TaskState
 from tests.factories import make_job
+from tests.management.test_run_agent import JOIN, LOCK, assign, wait_for
+from tests.management.test_run_agent import server as server  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 # Runs the agent's entry point as `python -m scheduler.agent` does, then says on stderr whether
@@ -31,6 +31,7 @@ AGENT_UNIT_TESTS = [
     "tests/agent/test_task_shell.py",
     "tests/agent/test_backpressure.py",
     "tests/agent/test_gpu_samples.py",
+    "tests/agent/test_gpu_sharing.py",
 ]
 
 

@@ -1,4 +1,4 @@
-"""GPUs held idle (scheduler/gpu_idle.py): agents send each running GPU task's utilisation
+"""GPUs held idle (scheduler/ops/gpu_idle.py): agents send each running GPU task's utilisation
 with their lease renewals, the server keeps since when a task has been idle (hostile values
 refused whole, naming the field; other nodes' tasks ignored), and the loop's housekeeping
 flags a running job idle for BERTH_GPU_IDLE_MINUTES once per idle stretch (an event, the
@@ -17,14 +17,14 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from berth.cli import main
-from scheduler import gpu_idle
 from scheduler.agent.client import Http
 from scheduler.agent.gpus import GpuSampler, fake_level
 from scheduler.agent.runtime import Agent, RunningTask, discover_gpus
 from scheduler.agent.sim import SimCluster, SimNode
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.models import Job, Node, Task
-from scheduler.states import JobState, TaskState
+from scheduler.ops import gpu_idle
+from scheduler.states.names import JobState, TaskState
 from tests.agentapi.test_protocol import JOIN, agent, register, rows
 from tests.factories import make_job, make_node, place
 
@@ -324,7 +324,7 @@ def test_the_simulated_node_says_it_too() -> None:
 
 
 def test_a_huge_limit_means_a_year_not_a_crash(token: str, settings: Any, owner: Any) -> None:
-    from scheduler.gpu_idle import flag_idle_jobs
+    from scheduler.ops.gpu_idle import flag_idle_jobs
 
     _, task = running(owner)
     assert lease(token, item(task, 0)).status_code == 200

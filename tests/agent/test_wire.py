@@ -79,3 +79,15 @@ def test_answers_read_back_as_they_were_sent():
 def test_a_registration_travels_cpu_as_users_write_it():
     body = Registration("n1", 4000, 2**30, {}, [], "host", "berth-agent/3").to_json()
     assert body["cpu"] == "4000m" and "enforcement" not in body
+
+
+def test_a_start_carries_its_gpu_shares_and_a_registration_its_sharing_modes():
+    start = StartOrder(5, 0, 7, "job", "main", 0, "python serve.py", "alice", {}, [1], None, {},
+                       shares=[0.25], gpu_memory=2**31, mig=[""])  # fmt: skip
+    assert StartOrder.from_json(_travel(start.to_json())) == start
+    # Shares that do not read as one number in (0, 1] per device are not guessed at.
+    bad = StartOrder.from_json({"id": 1, "attempt": 0, "devices": [0, 1], "shares": [0.5, 0]})
+    assert (bad.shares, bad.gpu_memory, bad.mig) == ([], None, [])
+    body = Registration("n1", 1000, 2**30, {}, [], "host", "v", gpu_sharing=["mps"]).to_json()
+    assert body["gpu_sharing"] == ["mps"]
+    assert Registration("n1", 1000, 2**30, {}, [], "h", "v").to_json()["gpu_sharing"] == []

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.accounting import efficiency
 from scheduler.lifecycle import sync_jobs
 from scheduler.models import Event, Node, UsageRecord
-from scheduler.states import JobState, NodeState
+from scheduler.ops.accounting import efficiency
+from scheduler.states.names import JobState, NodeState
 from tests.agentapi.test_protocol import JOIN, NODE, _assigned, beat, lease, register
 
 pytestmark = pytest.mark.django_db

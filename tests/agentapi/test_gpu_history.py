@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from scheduler import gpu_history
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.models import Device, DeviceSample, Node
+from scheduler.ops import gpu_history
 from tests.agentapi.test_protocol import JOIN, agent, register, rows
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from scheduler.agent.client import PROTOCOL
 from scheduler.models import Node, TaskLog
-from scheduler.states import NodeState, TaskState
+from scheduler.states.names import NodeState, TaskState
 from tests.factories import make_job, place
 
 pytestmark = pytest.mark.django_db

@@ -23,9 +23,9 @@ from django.utils import timezone
 
 from berth.asgi import application
 from scheduler.agent.client import PROTOCOL
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.models import Job, Node, Queue
-from scheduler.states import JobRequest, TaskState
+from scheduler.states.names import JobRequest, TaskState
 from tests.conftest import CI
 from tests.factories import make_job, make_node, place
 

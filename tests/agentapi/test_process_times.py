@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from scheduler.models import Node, Task, UsageRecord
-from scheduler.states import TaskState
+from scheduler.states.names import TaskState
 from tests.agentapi.test_protocol import _assigned, beat, join_token, register  # noqa: F401
 
 pytestmark = pytest.mark.django_db

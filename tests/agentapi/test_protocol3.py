@@ -8,7 +8,7 @@ import pytest
 
 from scheduler.lifecycle import sync_jobs
 from scheduler.models import Allocation, Event, Node, Task, TaskLog
-from scheduler.states import JobState, TaskState
+from scheduler.states.names import JobState, TaskState
 from tests.agentapi.test_protocol import (
     JOIN,
     NODE,

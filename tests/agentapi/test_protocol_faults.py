@@ -9,11 +9,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from scheduler import leader
+from scheduler.cycle import leader
+from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.lifecycle import check_nodes, sync_jobs
-from scheduler.loop import run_scheduler_cycle
 from scheduler.models import Job, Node, Task, UsageRecord
-from scheduler.states import JobState, NodeState, TaskState
+from scheduler.states.names import JobState, NodeState, TaskState
 from tests.agentapi.test_protocol import NODE, beat, register
 from tests.factories import make_job, place
 

@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from scheduler.models import Allocation, Event, Node, Task, UsageRecord
-from scheduler.states import TaskState
+from scheduler.states.names import TaskState
 from tests.agentapi.test_protocol import JOIN, NODE, beat, lease, register
 from tests.factories import make_job, place
 

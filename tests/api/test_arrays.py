@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from scheduler.models import Event, Job, Task
-from scheduler.states import JobRequest, JobState
+from scheduler.states.names import JobRequest, JobState
 
 pytestmark = pytest.mark.django_db
 

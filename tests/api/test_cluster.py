@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from scheduler.models import Event, Node, Queue
-from scheduler.states import NodeState, TaskState
+from scheduler.states.names import NodeState, TaskState
 from tests.factories import make_job, make_node, place
 
 pytestmark = pytest.mark.django_db

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.jobs.submit import submit_job
 from scheduler.models import Flow, FlowStep, Job, JobTemplate
-from scheduler.states import FlowState
-from scheduler.submit import submit_job
+from scheduler.states.names import FlowState
 
 pytestmark = pytest.mark.django_db
 

@@ -21,8 +21,8 @@ from rest_framework.authtoken.models import Token
 from schemathesis.checks import not_a_server_error
 
 from scheduler.agentapi.register import register
+from scheduler.jobs.submit import create_flow, submit_job
 from scheduler.models import JobTemplate
-from scheduler.submit import create_flow, submit_job
 from tests.factories import make_node
 
 JOIN = "fuzz-join-token"

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.models import Device, DeviceSample, Job, Node
-from scheduler.states import JobState, TaskState
+from scheduler.states.names import JobState, TaskState
 from tests.agentapi.test_protocol import agent
 from tests.factories import finish_task, make_job, make_node, place
 

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from scheduler.models import Event, Job, Queue, Task, TaskLog
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.models import Event, Flow, JobTemplate
-from scheduler.states import FlowState
+from scheduler.states.names import FlowState
 from tests.factories import make_job
 
 pytestmark = pytest.mark.django_db

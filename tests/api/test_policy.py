@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.models import Event, Flow, Job, JobTemplate, Queue
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 from tests.factories import make_job, make_node, place
 
 pytestmark = pytest.mark.django_db

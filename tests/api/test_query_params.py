@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.jobs.submit import create_flow, submit_job
 from scheduler.models import JobTemplate
-from scheduler.submit import create_flow, submit_job
 from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.core.duration import DurationError, parse_duration
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.models import Job, Queue, Task
 from tests.factories import make_node
 

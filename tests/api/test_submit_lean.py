@@ -9,9 +9,9 @@ import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from scheduler.intake.specs import SpecError
 from scheduler.models import Event, Job, Queue, Task
-from scheduler.specs import SpecError
-from scheduler.tokens import create_token
+from scheduler.ops.tokens import create_token
 from tests.factories import GI, make_node
 
 pytestmark = pytest.mark.django_db
@@ -80,7 +80,7 @@ def test_with_nodes_registered_a_submission_takes_three_statements(
 
 def test_a_job_only_a_node_registered_since_can_run_is_accepted(owner):
     """The capacities remembered for acceptances never refuse: a refusal reads them again."""
-    from scheduler.submit import submit_job
+    from scheduler.jobs.submit import submit_job
 
     def one_task(gpu: int) -> dict[str, Any]:
         return {"name": "one", "tasks": [{"name": "main", "command": "true",
@@ -100,7 +100,7 @@ def test_the_single_insert_writes_what_the_orm_writes(owner, monkeypatch):
     job, tasks, the submission's event and a lowered priority's event."""
     from django.db import connections
 
-    from scheduler.submit import submit_job
+    from scheduler.jobs.submit import submit_job
 
     Queue.objects.filter(name="default").update(max_user_priority=10)
     spec = {**SPEC, "priority": 50, "labels": {"team": "x"}}
@@ -127,7 +127,7 @@ def test_the_single_insert_writes_what_the_orm_writes(owner, monkeypatch):
 
 
 def test_a_submitted_jobs_tasks_answer_like_any_related_rows(owner):
-    from scheduler.submit import submit_job
+    from scheduler.jobs.submit import submit_job
 
     job = submit_job(owner, SPEC)
     assert [t.group for t in job.tasks.all()] == ["main"] * 3 + ["side"]

@@ -10,7 +10,7 @@ import pytest
 
 from scheduler.agentapi.orders import start_messages
 from scheduler.models import Job, Node
-from scheduler.states import TaskState
+from scheduler.states.names import TaskState
 from tests.factories import make_node, place
 
 pytestmark = pytest.mark.django_db

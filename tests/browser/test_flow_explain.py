@@ -8,9 +8,9 @@ import asyncio
 import pytest
 from django.contrib.auth.models import User
 
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle.loop import run_scheduler_cycle
+from scheduler.jobs.submit import create_flow, submit_job
 from scheduler.models import Job
-from scheduler.submit import create_flow, submit_job
 from tests.browser.test_live_pages import (  # noqa: F401 (server is a fixture)
     CHROMIUM_ARGS,
     FakeAgent,

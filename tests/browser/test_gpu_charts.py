@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.models import Device, DeviceSample, Job, Task
 from tests.browser.test_live_pages import (
     CHROMIUM_ARGS,

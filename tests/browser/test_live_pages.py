@@ -26,9 +26,9 @@ from django.db import connection
 
 from bench.processes import free_port, start_daphne
 from scheduler.agent.client import PROTOCOL
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle.loop import run_scheduler_cycle
+from scheduler.jobs.submit import create_flow
 from scheduler.models import Flow, JobTemplate, Queue
-from scheduler.submit import create_flow
 from tests.e2e.conftest import database_url
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]

@@ -22,9 +22,9 @@ from django.contrib.auth.models import User
 from django.db import connection
 
 from bench.processes import free_port, start_daphne
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle.loop import run_scheduler_cycle
+from scheduler.jobs.submit import create_flow, submit_job
 from scheduler.models import JobTemplate, Node, Queue
-from scheduler.submit import create_flow, submit_job
 from tests.browser.test_live_pages import CHROMIUM_ARGS, _in_thread, _sign_in
 from tests.e2e.conftest import database_url
 from tests.factories import make_node

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 
 from dashboard.live import publish
 from scheduler.models import Node, Task, TaskLog
-from scheduler.states import TaskState
+from scheduler.states.names import TaskState
 from tests.browser.test_live_pages import CHROMIUM_ARGS, FakeAgent, _in_thread, _sign_in
 from tests.browser.test_live_pages import server as server  # noqa: F401 - a fixture
 from tests.factories import make_job, place

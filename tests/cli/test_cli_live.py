@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from scheduler.models import Job
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 from tests.e2e.conftest import Cluster, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e]

@@ -14,8 +14,8 @@ from rest_framework.test import APIClient
 
 from berth.cli.client import Client, Settings
 from berth.cli.main import cli
-from scheduler import fairshare
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle import fairshare
+from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.models import Job, Queue
 from tests.factories import make_node, make_usage
 

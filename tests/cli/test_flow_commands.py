@@ -14,8 +14,8 @@ from rest_framework.test import APIClient
 from berth.cli.client import Client, Settings
 from berth.cli.main import cli
 from scheduler.flows.controller import reconcile_flows
+from scheduler.jobs.submit import create_flow, submit_job
 from scheduler.models import Flow, Job
-from scheduler.submit import create_flow, submit_job
 
 pytestmark = pytest.mark.django_db
 SPEC = {"tasks": [{"name": "main", "command": "run", "resources": {"cpu": 1}}]}

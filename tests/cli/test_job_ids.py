@@ -12,8 +12,8 @@ from rest_framework.authtoken.models import Token
 
 from berth.cli.ids import JobRef, parse_job_ref
 from berth.cli.main import cli
+from scheduler.jobs.submit import submit_job
 from scheduler.models import Job, Queue
-from scheduler.submit import submit_job
 from tests.factories import make_job
 
 BAD = ["+5", " 5", "5 ", "-5", "٥", "５", "1_000", "05", "4_05", "4_0_1", "4__0", "_4", "4_",

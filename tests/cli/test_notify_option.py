@@ -1,5 +1,5 @@
 """`berth submit --notify EVENTS [--notify-webhook URL]` (and `#BERTH --notify` lines) put
-`notify` in the spec sent; the server checks it (tests/notify/)."""
+`notify` in the spec sent; the server checks it (tests/notifications/)."""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ def test_an_exempt_owner_is_planned_on_the_nodes_alone():
 
 
 def test_a_changed_limit_makes_the_plan_again():
-    """The loop reuses a plan while its fingerprint stands (scheduler/planning.py)."""
+    """The loop reuses a plan while its fingerprint stands (scheduler/cycle/planning.py)."""
     jobs = CASES["CPUs"][1]
     plans = set()
     exempt = frozenset({"a"})

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from dashboard.queries import cluster_summary
+from scheduler.jobs.submit import submit_job
 from scheduler.models import Job
-from scheduler.states import JobState
-from scheduler.submit import submit_job
+from scheduler.states.names import JobState
 from tests.factories import make_job
 
 pytestmark = pytest.mark.django_db

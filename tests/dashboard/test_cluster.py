@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.models import Queue
-from scheduler.states import NodeState
+from scheduler.states.names import NodeState
 from tests.factories import make_job, make_node, place
 
 pytestmark = pytest.mark.django_db

@@ -12,9 +12,9 @@ from scheduler.core.actions import enqueue
 from scheduler.core.model import SchedulingPolicy
 from scheduler.core.plugins import DRFPlugin
 from scheduler.core.session import Session
+from scheduler.cycle.snapshot import load_snapshot
 from scheduler.models import Job, Queue
-from scheduler.snapshot import load_snapshot
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 from tests.factories import make_job, make_node, place
 
 pytestmark = pytest.mark.django_db

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.jobs.submit import create_flow
 from scheduler.models import Flow, Job, JobTemplate, Task, TaskLog
-from scheduler.states import JobState
-from scheduler.submit import create_flow
+from scheduler.states.names import JobState
 
 pytestmark = pytest.mark.django_db
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from scheduler.flows.controller import reconcile_flows
+from scheduler.jobs.submit import create_flow
 from scheduler.models import Flow, Job
-from scheduler.states import JobState
-from scheduler.submit import create_flow
+from scheduler.states.names import JobState
 
 pytestmark = pytest.mark.django_db
 SPEC = {"tasks": [{"name": "main", "command": "x", "resources": {"gpu": 4}}]}

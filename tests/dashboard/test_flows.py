@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.models import Flow, Job
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 from tests.factories import make_job
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""A job flagged for holding GPUs idle (scheduler/gpu_idle.py) stands out on its page, and
+"""A job flagged for holding GPUs idle (scheduler/ops/gpu_idle.py) stands out on its page, and
 the cluster page lists every such job."""
 
 from __future__ import annotations

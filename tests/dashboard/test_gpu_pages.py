@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.states import TaskState
+from scheduler.states.names import TaskState
 from tests.factories import finish_task, make_job, make_node, place
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ from django.test import Client
 from django.utils import timezone
 
 from scheduler.models import Job, Task, TaskLog
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 from tests.factories import make_job, make_node, place
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from scheduler.models import Job, Queue
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 from tests.factories import make_job
 
 pytestmark = pytest.mark.django_db

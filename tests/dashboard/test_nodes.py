@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.models import Node
-from scheduler.states import NodeState
+from scheduler.states.names import NodeState
 from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.models import Job
 from tests.factories import make_job, make_node, place
 

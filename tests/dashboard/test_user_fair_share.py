@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from scheduler import fairshare
+from scheduler.cycle import fairshare
 from tests.factories import make_job, make_usage
 
 pytestmark = pytest.mark.django_db

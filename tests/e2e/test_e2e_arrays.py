@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.models import Job
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 from tests.e2e.conftest import Cluster, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.models import Job, UsageRecord
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 from tests.e2e.conftest import Cluster, wait_for
 from tests.e2e.test_e2e_jobs import job_state, one_task, submit
 

@@ -14,7 +14,7 @@ import pytest
 from rest_framework.authtoken.models import Token
 
 from scheduler.models import Flow, Job, JobTemplate, Node
-from scheduler.states import JobState, NodeState
+from scheduler.states.names import JobState, NodeState
 from tests.api.test_bodies import YAML_BOMB
 from tests.e2e.conftest import Cluster, wait_for
 

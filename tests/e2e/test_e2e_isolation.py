@@ -22,7 +22,7 @@ from rest_framework.test import APIClient
 from scheduler.agent.client import PROTOCOL
 from scheduler.agent.isolation import DEFAULT_TASK_UIDS
 from scheduler.models import Event, Node, Task
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 from tests.e2e.conftest import Cluster, wait_for
 from tests.e2e.test_e2e_jobs import job_state, one_task, submit
 

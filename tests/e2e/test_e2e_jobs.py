@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from scheduler.models import Allocation, Event, Job, Node, Task
-from scheduler.states import JobState, NodeState, TaskState
+from scheduler.states.names import JobState, NodeState, TaskState
 from tests.e2e.conftest import Cluster, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e]

@@ -36,7 +36,7 @@ from rest_framework.authtoken.models import Token
 from bench.faults import Bridge, Netns, PrivateRedis
 from bench.processes import free_port, stop_groups
 from scheduler.models import Event, Job, Node, Queue, Task
-from scheduler.states import JobState, NodeState, TaskState
+from scheduler.states.names import JobState, NodeState, TaskState
 from tests.e2e.conftest import ROOT, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e, pytest.mark.root]
@@ -86,7 +86,7 @@ class Hosts:
 
     def up(self) -> None:
         manage = [sys.executable, str(ROOT / "manage.py")]
-        self.start(self.server, "web", [sys.executable, "-m", "berth.serve", "--no-migrate",
+        self.start(self.server, "web", [sys.executable, "-m", "berth.web.serve", "--no-migrate",
                    "--host", self.server.inner, "--port", str(self.port), "--workers", "2"],
                    self.env(server=True))  # fmt: skip
         self.start(self.server, "scheduler", [*manage, "run_scheduler"], self.env(server=True))

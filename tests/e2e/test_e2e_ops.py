@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler.models import Job, Task
-from scheduler.states import JobState
-from scheduler.tokens import create_token
+from scheduler.ops.tokens import create_token
+from scheduler.states.names import JobState
 from tests.e2e.conftest import Cluster, wait_for
 from tests.e2e.test_e2e_jobs import one_task, submit
 

@@ -10,9 +10,9 @@ from django.utils import timezone
 from scheduler import lifecycle
 from scheduler.flows.controller import reconcile_flows
 from scheduler.flows.ttl import cleanup_flows
+from scheduler.jobs.submit import create_flow
 from scheduler.models import Allocation, Event, Flow, Job, JobTemplate, Task
-from scheduler.states import JobState, TaskState
-from scheduler.submit import create_flow
+from scheduler.states.names import JobState, TaskState
 from tests.factories import finish_task, make_node, place
 
 pytestmark = pytest.mark.django_db

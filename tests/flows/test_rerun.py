@@ -6,9 +6,9 @@ import pytest
 from django.utils import timezone
 
 from scheduler.flows.controller import reconcile_flows
+from scheduler.jobs.submit import create_flow
 from scheduler.models import Event, Flow, Job, JobTemplate
-from scheduler.states import JobState
-from scheduler.submit import create_flow
+from scheduler.states.names import JobState
 
 pytestmark = pytest.mark.django_db
 

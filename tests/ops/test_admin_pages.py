@@ -7,7 +7,7 @@ from django.test import Client
 from django.utils import timezone
 
 from scheduler.models import ApiToken, UsageRecord
-from scheduler.tokens import create_token
+from scheduler.ops.tokens import create_token
 
 pytestmark = pytest.mark.django_db
 

@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
 from scheduler import lifecycle
-from scheduler.heartbeat import record_cycle
+from scheduler.cycle.liveness import record_cycle
 from scheduler.models import Device, Queue, UsageRecord
-from scheduler.states import JobState, NodeState
-from scheduler.tokens import create_token
+from scheduler.ops.tokens import create_token
+from scheduler.states.names import JobState, NodeState
 from tests.factories import make_job, make_node, place
 
 pytestmark = pytest.mark.django_db
@@ -123,7 +123,7 @@ for _ in range(int(sys.argv[1])):
 SCRAPE = """
 import django
 django.setup()
-from berth.metrics import http_metrics_text
+from berth.web.metrics import http_metrics_text
 print(http_metrics_text().decode())
 """
 
@@ -159,7 +159,7 @@ def test_the_grafana_dashboard_uses_only_exported_metrics(staff):
 
 
 def _http_total(method: str, status: str) -> float:
-    from berth.metrics import http_metrics_text
+    from berth.web.metrics import http_metrics_text
 
     samples = _samples(http_metrics_text().decode())
     return samples.get(("berth_http_requests_total", (("method", method), ("status", status))), 0)

@@ -215,7 +215,7 @@ def test_a_key_signs_in_as_its_own_user_whole_and_never_an_inactive_one(owner, t
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from scheduler.tokens import KeyRefused, user_for_key
+    from scheduler.ops.tokens import KeyRefused, user_for_key
 
     teammate.is_staff = True
     teammate.save()

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from scheduler import lifecycle
 from scheduler.models import FinishedJobCount, Job, Node, Task, UsageRecord
-from scheduler.states import JobState, TaskState
+from scheduler.states.names import JobState, TaskState
 from tests.agentapi.test_protocol import agent, register
 from tests.factories import make_job, make_node, make_usage, place
 

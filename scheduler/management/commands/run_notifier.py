@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from scheduler.delivery import run_loop, run_once
 from scheduler.management.stopping import stop_on_signals
+from scheduler.notifications.delivery import run_loop, run_once
 
 
 class Command(BaseCommand):

@@ -12,9 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
 from scheduler import notify
-from scheduler.faults import Outage, dependency_down, describe
-from scheduler.heartbeat import record_cycle
-from scheduler.leader import (
+from scheduler.cycle.leader import (
     LeaderLock,
     LostLeadership,
     guard_transactions,
@@ -23,13 +21,15 @@ from scheduler.leader import (
     lost_lead,
     took_lead,
 )
-from scheduler.loop import (
+from scheduler.cycle.liveness import record_cycle
+from scheduler.cycle.loop import (
     FULL_CYCLE_SECONDS,
     HOUSEKEEPING_SECONDS,
     CycleReport,
     run_scheduler_cycle,
 )
 from scheduler.management.stopping import stop_on_signals
+from scheduler.ops.faults import Outage, dependency_down, describe
 
 log = logging.getLogger("berth.scheduler")
 

@@ -232,7 +232,7 @@ class Command(BaseCommand):
         return f"admin / the password in {path} (mode 0600; not printed: output is not a terminal)"
 
     async def _scheduler(self, stop: threading.Event) -> None:
-        from scheduler.leader import leader_lock
+        from scheduler.cycle.leader import leader_lock
         from scheduler.management.commands.run_scheduler import run_loop
 
         def run(stop: threading.Event) -> None:
@@ -269,7 +269,8 @@ class Command(BaseCommand):
         supervise("the local agent", agent.run, stop)
 
     def _notifier(self, stop: threading.Event) -> None:
-        """Job notifications (scheduler/delivery.py), as `run_notifier` delivers them."""
-        from scheduler.delivery import run_loop
+        """Job notifications (scheduler/notifications/delivery.py), as `run_notifier`
+        delivers them."""
+        from scheduler.notifications.delivery import run_loop
 
         supervise("the notifier", run_loop, stop)

@@ -1,0 +1,2 @@
+"""Untrusted input, parsed and validated before anything is written: request bodies' bounds,
+specs, array index expressions."""

@@ -1,0 +1,2 @@
+"""Operating the cluster: metrics, health checks, accounting, API tokens, GPU history and idle
+flags, waiting out dependency faults."""

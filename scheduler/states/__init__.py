@@ -1,0 +1,1 @@
+"""Every state each kind of object can be in, and the tables saying how it may move."""
