@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.models import Job, Node
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 from tests.cli.test_cli_live import berth, submitted_id
 from tests.e2e.conftest import Cluster, wait_for
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from scheduler.loop import run_scheduler_cycle
+from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.models import Allocation, Job, Task, UsageRecord
-from scheduler.states import JobState
+from scheduler.states.names import JobState
 from tests.agentapi.test_protocol import agent, lease, register
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.models import Allocation, Job, Node, Task
-from scheduler.states import JobState, TaskState
+from scheduler.states.names import JobState, TaskState
 from tests.e2e.conftest import Cluster, wait_for
 from tests.e2e.test_e2e_jobs import job_state, one_task, submit
 
