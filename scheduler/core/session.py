@@ -655,14 +655,21 @@ class Session:
         return known
 
     def _reasons_by_kind(self, job: JobInfo, task: TaskInfo) -> Callable[[NodeView], str | None]:
-        """`node_reason` for the task, asked once per kind of node (state, labels and
-        capacity, all it depends on when every predicate only says what the index does:
-        `Plugin.implied_by_index`), else once per node."""
+        """`node_reason` for the task, asked once per kind of node (state, labels, capacity
+        and GPU sharing, all it depends on when every predicate only says what the index
+        does: `Plugin.implied_by_index`), else once per node."""
         if self.placing_predicates:
             return lambda node: self.node_reason(job, task, node)
         if self._node_kinds is None:
             self._node_kinds = {
-                node.name: (node.state, node.label_key, node.allocatable, node.healthy_devices)
+                node.name: (
+                    node.state,
+                    node.label_key,
+                    node.allocatable,
+                    node.healthy_devices,
+                    node.sharing,
+                    max(node.device_memory.values(), default=0),
+                )
                 for node in self.nodes
             }
         kinds = self._node_kinds

@@ -73,6 +73,15 @@ CASES = [
         {1: ("b", (0,))},
     ),
     Case(
+        "nodes alike but for their sharing are told apart",
+        [node("a", gpus=1), node("b", gpus=1, sharing=TS)],
+        [job(1, share=900, running_on=[("b", (0,))]), job(2, share=250)],
+        {},
+        {2: Code.WAITING_FOR_RESOURCES},
+        reasons={2: "1 insufficient gpu, 1 no GPU sharing"},
+        actions=("enqueue", "allocate"),
+    ),
+    Case(
         "gpu memory: only a device with that much left",
         [node("a", gpus=2, sharing=TS, gpu_memory_gi=16)],
         [
