@@ -180,7 +180,7 @@ def place(node_id: int, per_lease: int, duration: float) -> None:
         "env": {"BERTH_SIM_DURATION": str(duration)},
         "resources": {"cpu": "0.5", "memory": "1Gi", "gpu": 1}, "node_selector": {}}]}  # fmt: skip
     with transaction.atomic():
-        free = list(Device.objects.filter(node_id=node_id, allocation__isnull=True)[:per_lease])
+        free = list(Device.objects.filter(node_id=node_id, allocations__isnull=True)[:per_lease])
         jobs = Job.objects.bulk_create(
             Job(name="bench", owner=owner, queue=queue, spec=spec, state=JobState.PENDING)
             for _ in free

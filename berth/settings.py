@@ -397,6 +397,13 @@ if BERTH_PREDICTION_CORRECTION not in ("walltime", "stepwise"):
         f"BERTH_PREDICTION_CORRECTION={BERTH_PREDICTION_CORRECTION!r}:"
         " expected walltime or stepwise"
     )
+# Where fractions of a GPU go (docs/gpus.md): fragmentation gradient descent (measured best
+# on Alibaba's GPU trace, docs/gpushare.md), best fit or first fit.
+BERTH_GPU_PLACEMENT = os.environ.get("BERTH_GPU_PLACEMENT", "").strip() or "fgd"
+if BERTH_GPU_PLACEMENT not in ("fgd", "best-fit", "first-fit"):
+    raise ImproperlyConfigured(
+        f"BERTH_GPU_PLACEMENT={BERTH_GPU_PLACEMENT!r}: expected fgd, best-fit or first-fit"
+    )
 # Job priority from named factors (docs/planning.md, docs/configuration.md), as Slurm's
 # PriorityWeight*: each factor in [0, 1] times its weight (the job's own priority counts per
 # unit). BERTH_PRIORITY_FACTORS=off sets every weight to 0: jobs go by their own priority,

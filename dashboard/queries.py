@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 from django.conf import settings
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
 from dashboard.dag import layout
@@ -46,8 +46,13 @@ def node_cards(ids: list[int] | None = None) -> list[dict[str, Any]]:
     nodes: QuerySet[Node] = Node.objects.order_by("name").prefetch_related(
         Prefetch(
             "devices",
-            queryset=Device.objects.order_by("index").select_related(
-                "allocation__task__job__owner", "allocation__task__job__queue"
+            queryset=Device.objects.order_by("index").prefetch_related(
+                Prefetch(
+                    "allocations",
+                    queryset=Allocation.objects.select_related(
+                        "task__job__owner", "task__job__queue"
+                    ),
+                )
             ),
         ),
         Prefetch("tasks", queryset=Task.objects.filter(state__in=TASK_ON_NODE)),
@@ -61,10 +66,7 @@ def node_cards(ids: list[int] | None = None) -> list[dict[str, Any]]:
         used_memory = sum(t.memory for t in tasks)
         devices = []
         for d in node.devices.all():
-            allocation = getattr(d, "allocation", None)
-            job = allocation.task.job if allocation else None
-            devices.append({"index": d.index, "model": d.model, "healthy": d.healthy, "job": job,
-                            "colour": job.pk % JOB_COLOURS if job else None})  # fmt: skip
+            devices.append(_device_card(d))
         cards.append({
             "node": node, "devices": devices, "tasks": len(tasks),
             "labels": [f"{k}={v}" for k, v in sorted((node.labels or {}).items())][:6],
@@ -76,6 +78,23 @@ def node_cards(ids: list[int] | None = None) -> list[dict[str, Any]]:
     return cards
 
 
+def _device_card(device: Device) -> dict[str, Any]:
+    """A GPU as the grid shows it: its holder when held whole; a shared GPU's occupants,
+    each job with its share."""
+    held = list(device.allocations.all())
+    whole = held[0].task.job if len(held) == 1 and held[0].share == 1000 else None
+    occupants = [
+        {"job": a.task.job, "share": f"{a.share / 1000:g}", "colour": a.task.job_id % JOB_COLOURS}
+        for a in held
+        if whole is None
+    ]
+    return {
+        "index": device.index, "model": device.model, "healthy": device.healthy, "job": whole,
+        "colour": whole.pk % JOB_COLOURS if whole else None, "occupants": occupants,
+        "free": f"{1 - sum(a.share for a in held) / 1000:g}",
+    }  # fmt: skip
+
+
 def _pct(part: float, whole: float) -> int:
     return round(100 * part / whole) if whole else 0
 
@@ -85,7 +104,9 @@ def cluster_summary() -> dict[str, Any]:
     weighted fair share. Aggregates only: no query grows with the number of finished jobs."""
     nodes = list(Node.objects.only("id", "cpu", "memory", "state"))
     gpus = Device.objects.filter(healthy=True).count()
-    used_gpus = Allocation.objects.count()
+    # Shared GPUs count what their fractions hold: 4 tasks of 0.25 are 1 GPU in use.
+    shares = Allocation.objects.aggregate(s=Sum("share"))["s"] or 0
+    used_gpus: float = shares // 1000 if shares % 1000 == 0 else round(shares / 1000, 2)
     states = Counter(n.state for n in nodes)
     jobs: Counter[str] = Counter()
     by_queue: dict[str, Counter[str]] = defaultdict(Counter)
@@ -99,14 +120,15 @@ def cluster_summary() -> dict[str, Any]:
         jobs[state] += n
         by_queue[name][state] += n
     held: dict[str, Counter[str]] = defaultdict(Counter)
-    for queue, cpu, memory, gpu in Task.objects.filter(state__in=TASK_ON_NODE).values_list(
-        "job__queue__name", "cpu", "memory", "gpu"
+    # GPUs in thousandths: a fraction of one counts as what it is, as the scheduler's DRF does.
+    for queue, cpu, memory, gpu, share in Task.objects.filter(state__in=TASK_ON_NODE).values_list(
+        "job__queue__name", "cpu", "memory", "gpu", "gpu_share"
     ):
-        held[queue].update({"cpu": cpu, "memory": memory, "gpu": gpu})
+        held[queue].update({"cpu": cpu, "memory": memory, "gpu": share or gpu * 1000})
     total_cpu = sum(n.cpu for n in nodes)
     total_memory = sum(n.memory for n in nodes)
     used_cpu = sum(h["cpu"] for h in held.values())
-    totals = {"cpu": total_cpu, "memory": total_memory, "gpu": gpus}
+    totals = {"cpu": total_cpu, "memory": total_memory, "gpu": gpus * 1000}
     queues = _queue_rows(held, by_queue, totals)
     return {"nodes": len(nodes), "ready": states.get(NodeState.READY, 0), "states": dict(states),
             "not_ready": states.get(NodeState.NOT_READY, 0),
@@ -162,7 +184,7 @@ def _queue_rows(
         holds = Resources(cpu=h["cpu"], memory=h["memory"], gpu=h["gpu"])
         share = round(100 * holds.dominant_share(cluster))
         fair = round(100 * fair_share(weights, counted, q.name))
-        rows.append({"queue": q, "gpu": h["gpu"], "cpu": format_cpu(h["cpu"]),
+        rows.append({"queue": q, "gpu": f"{h['gpu'] / 1000:g}", "cpu": format_cpu(h["cpu"]),
                      "share": share, "fair": fair, "share_bar": min(share, 100),
                      "fair_bar": min(fair, 100), "running": by_queue[q.name]["Running"],
                      "pending": by_queue[q.name]["Pending"]})  # fmt: skip

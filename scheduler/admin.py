@@ -69,8 +69,8 @@ class DeviceInline(admin.TabularInline[Device, Node]):
 
     @admin.display(description="held by task")
     def holder(self, device: Device) -> str:
-        allocation = getattr(device, "allocation", None)
-        return str(allocation.task) if allocation else "-"
+        held = [f"{a.task} ({a.share / 1000:g})" for a in device.allocations.all()]
+        return ", ".join(held) or "-"
 
 
 @admin.register(Node)

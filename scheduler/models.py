@@ -18,6 +18,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models import Q, QuerySet
 
+from scheduler.agent.wire import GPU_SHARING_MODES
 from scheduler.core.status import Code
 from scheduler.intake.specs import NAME_RE
 from scheduler.states.names import (
@@ -128,6 +129,11 @@ class Queue(models.Model):
         help_text="seconds: the longest walltime a job here may have, extensions included;"
         " a job naming none gets this (empty: no maximum)",
     )  # fmt: skip
+    # The GPU sharing modes this queue's fractions may use (null: every mode a node offers).
+    gpu_sharing = models.JSONField(
+        null=True, blank=True, help_text='GPU sharing modes allowed for fractions, e.g.'
+        ' ["mps", "timeslice"] (null: all)'
+    )  # fmt: skip
     default_cpu = models.BigIntegerField(
         default=DEFAULT_TASK_CPU,
         validators=[MinValueValidator(0), MaxValueValidator(10**9)],
@@ -179,8 +185,22 @@ class Queue(models.Model):
             errors["capability"] = problems
         if not 0 < self.weight <= MAX_QUEUE_WEIGHT:  # also refuses NaN
             errors["weight"] = [f"must be greater than 0 and at most {MAX_QUEUE_WEIGHT:g}"]
+        if problems := sharing_problems(self.gpu_sharing, allow_null=True):
+            errors["gpu_sharing"] = problems
         if errors:
             raise ValidationError(errors)
+
+
+def sharing_problems(value: object, *, allow_null: bool = False) -> list[str]:
+    """What is wrong with a list of GPU sharing modes ([] when nothing)."""
+    if value is None and allow_null:
+        return []
+    if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+        return [f"must be a list of modes from {', '.join(GPU_SHARING_MODES)}"]
+    unknown = sorted({m for m in value if m not in GPU_SHARING_MODES})
+    if unknown:
+        return [f"unknown mode {unknown[0][:20]!r} (known: {', '.join(GPU_SHARING_MODES)})"]
+    return []
 
 
 def hash_token(token: str) -> str:
@@ -214,6 +234,9 @@ class Node(models.Model):
     # (scheduler/agent/fence.py: mode, cgroup, enforced, missing, problem, pids_limit). A
     # `problem` keeps the node NotReady: an agent with --enforce required runs nothing then.
     enforcement = models.JSONField(default=dict, blank=True)
+    # The GPU sharing modes the node's agent offers ("mig", "mps", "timeslice"): fractions
+    # of a GPU go only to nodes offering one (docs/gpus.md).
+    gpu_sharing = models.JSONField(default=list, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
     # When the agent's GPU samples were last kept (scheduler/ops/gpu_history.py keeps at most one
     # per BERTH_GPU_SAMPLE_SECONDS, however often the agent renews its lease).
@@ -652,6 +675,10 @@ class Task(models.Model):
     cpu = models.BigIntegerField(default=0, help_text="millicores")
     memory = models.BigIntegerField(default=0, help_text="bytes")
     gpu = models.PositiveIntegerField(default=0)
+    # A fraction of one GPU, in thousandths (0: none, `gpu` whole devices; else `gpu` is 1,
+    # the device the fraction goes on), and the GPU memory it asks for (bytes, 0: unsaid).
+    gpu_share = models.PositiveSmallIntegerField(default=0)
+    gpu_memory = models.BigIntegerField(default=0, help_text="bytes")
     exit_code = models.IntegerField(null=True, blank=True)
     attempt = models.PositiveIntegerField(default=0)
     # Set when the server wants the task stopped; resources stay held until the agent confirms.
@@ -705,14 +732,26 @@ class Task(models.Model):
 
 
 class Allocation(models.Model):
-    """One row while a task holds a device; the unique device makes double-booking impossible."""
+    """One row while a task holds (part of) a device: `share` thousandths of it, 1000 whole.
+    A whole device has one row (a unique index over whole rows); the store checks, under a
+    lock on the device rows, that the shares on a device never add up past 1000."""
 
-    device = models.OneToOneField(Device, on_delete=models.CASCADE, related_name="allocation")
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="allocations")
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="allocations")
+    share = models.PositiveSmallIntegerField(default=1000, db_default=1000)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["device_id"]
+        ordering = ["device_id", "task_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["device", "task"], name="allocation_device_task"),
+            models.UniqueConstraint(
+                fields=["device"], condition=Q(share=1000), name="allocation_whole_device"
+            ),
+            models.CheckConstraint(
+                condition=Q(share__gte=1) & Q(share__lte=1000), name="allocation_share_range"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.device} -> task {self.task_id}"

@@ -318,7 +318,7 @@ def insert_array_elements(
     indices: Sequence[int],
     released: int,
     held: str,
-    groups: Iterable[tuple[str, int, int, int, int]],
+    groups: Iterable[tuple[str, int, int, int, dict[str, int]]],
 ) -> None:
     """One job like `element` per index (the first `released` free, the rest with
     `hold_reason` `held`), then each one's tasks: `groups` are (name, replicas, cpu, memory,
@@ -331,9 +331,9 @@ def insert_array_elements(
         "unnest(%s::integer[]) WITH ORDINALITY AS t(idx, ord)", [list(indices)],
     )  # fmt: skip
     jobs = connection.ops.quote_name(Job._meta.db_table)
-    for name, replicas, cpu, memory, gpu in groups:
+    for name, replicas, cpu, memory, gpu in groups:  # gpu: the GPU columns
         insert_select(
-            Task(job_id=0, group=name, index=0, cpu=cpu, memory=memory, gpu=gpu),
+            Task(job_id=0, group=name, index=0, cpu=cpu, memory=memory, **gpu),
             {"job_id": ("j.id", []), "index": ("r.i", [])},
             f"{jobs} AS j CROSS JOIN generate_series(0, %s) AS r(i)"
             " WHERE j.array_parent_id = %s ORDER BY j.id, r.i",

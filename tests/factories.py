@@ -69,7 +69,7 @@ def make_job(
 
 def place(job: Job, node: Node, *, state: str = TaskState.RUNNING, devices: int = 0) -> None:
     """Put every task of `job` on `node` as the scheduler and an agent would."""
-    free = list(Device.objects.filter(node=node, allocation__isnull=True).order_by("index"))
+    free = list(Device.objects.filter(node=node, allocations__isnull=True).order_by("index"))
     now = timezone.now()
     for task in job.tasks.all():
         held = [free.pop(0) for _ in range(devices)]

@@ -115,7 +115,12 @@ def _saved_url() -> str:
 JOB_OPTIONS = [
     click.option("--name", "-J", default=None, help="job name"),
     click.option("--queue", "-q", default=None, help="queue (default: the server's default)"),
-    click.option("--gpus", "-G", type=click.IntRange(min=0), default=None, help="GPUs per task"),
+    click.option(
+        "--gpus", "-G", default=None, help="GPUs per task: 1, 2, ... or part of one GPU: 0.25"
+    ),
+    click.option(
+        "--gpu-mem", default=None, help="GPU memory per task with part of a GPU: 10Gi, ..."
+    ),
     click.option("--cpu", "-c", default=None, help='cores per task: 2, 0.5 or "500m"'),
     click.option("--mem", "-m", default=None, help="memory per task: 512Mi, 16Gi, ..."),
     click.option("--time", "-t", default=None, help="walltime: 90 (seconds), 1h30m, 01:30:00"),
@@ -186,7 +191,7 @@ def _job_spec(args: tuple[str, ...], options: dict[str, Any]) -> dict[str, Any]:
     if len(args) == 1 and path.is_file():
         text = path.read_text(errors="replace")
         if path.suffix in (".yaml", ".yml", ".json") or not is_script(text):
-            if any(options.get(k) is not None for k in ("gpus", "cpu", "mem")):
+            if any(options.get(k) is not None for k in ("gpus", "gpu_mem", "cpu", "mem")):
                 raise CliError("--gpus/--cpu/--mem apply to commands and scripts; "
                                "a spec file says its resources per task")  # fmt: skip
             return apply_job_options(load_spec_file(path), options)

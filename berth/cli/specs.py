@@ -64,6 +64,17 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def _number(text: object) -> object:
+    """A count as JSON writes it ("2" -> 2, "0.25" -> 0.25); anything else as given, for
+    the server to refuse naming the field."""
+    for kind in (int, float):
+        try:
+            return kind(str(text))
+        except ValueError:
+            continue
+    return text
+
+
 def job_from_options(command: str, options: dict[str, Any]) -> dict[str, Any]:
     """One task running `command` with the resources the options ask for."""
     resources: dict[str, Any] = {}
@@ -72,7 +83,9 @@ def job_from_options(command: str, options: dict[str, Any]) -> dict[str, Any]:
     if options.get("mem") is not None:
         resources["memory"] = options["mem"]
     if options.get("gpus") is not None:
-        resources["gpu"] = options["gpus"]
+        resources["gpu"] = _number(options["gpus"])
+    if options.get("gpu_mem") is not None:
+        resources["gpu_memory"] = options["gpu_mem"]
     task: dict[str, Any] = {"name": "main", "command": command}
     if resources:
         task["resources"] = resources

@@ -32,7 +32,8 @@ def kill_order(task_id: int, attempt: int) -> wire.KillOrder:
 
 
 # What a start order reads of a task, its job and its owner (to_start, _start_message).
-START_FIELDS = ("attempt", "group", "index", "cpu", "memory", "job", "job__name", "job__spec",
+START_FIELDS = ("attempt", "group", "index", "cpu", "memory", "gpu_memory", "job", "job__name",
+                "job__spec",
                 "job__walltime", "job__array_parent", "job__array_index", "job__owner",
                 "job__owner__username")  # fmt: skip
 
@@ -73,16 +74,21 @@ def start_messages(tasks: list[Task], node: Node) -> list[dict[str, Any]]:
     )
     for job_id, *peer in rows:
         peers[job_id].append(tuple(peer))  # type: ignore[arg-type]
-    devices: dict[int, list[int]] = defaultdict(list)
+    devices: dict[int, list[tuple[int, int]]] = defaultdict(list)
     held = Allocation.objects.filter(task__in=[t.pk for t in tasks])
-    for task_id, index in held.values_list("task_id", "device__index"):
-        devices[task_id].append(index)
+    for task_id, index, share in held.values_list("task_id", "device__index", "share"):
+        devices[task_id].append((index, share))
     return [_start_message(t, node, peers[t.job_id], sorted(devices[t.pk])) for t in tasks]
 
 
 def _start_message(
-    task: Task, node: Node, peers: list[tuple[int, str, str, str, int]], devices: list[int]
+    task: Task,
+    node: Node,
+    peers: list[tuple[int, str, str, str, int]],
+    held: list[tuple[int, int]],
 ) -> dict[str, Any]:
+    """One start order; `held` is (device index, share in thousandths) by index."""
+    devices = [index for index, _ in held]
     job = task.job
     spec = job.spec
     group: dict[str, Any] = next(
@@ -117,7 +123,8 @@ def _start_message(
         task.pk, task.attempt, job.pk, job.name, task.group, task.index,
         group.get("command", ""), job.owner.username, env, devices, job.walltime,
         # What the agent holds the task to (its cgroup): millicores, bytes, processes.
-        {"cpu": task.cpu, "memory": task.memory, **_pids(group)}, app=app,
+        {"cpu": task.cpu, "memory": task.memory, **_pids(group)},
+        [share / 1000 for _, share in held], task.gpu_memory or None, app=app,
     ).to_json()  # fmt: skip
 
 

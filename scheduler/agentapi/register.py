@@ -18,7 +18,7 @@ from scheduler.agentapi.logs import inline_output_bytes, storable_text
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.intake.specs import NAME_RE, NAME_RULE, label_problems
 from scheduler.jobs.events import record
-from scheduler.models import Allocation, Device, Node, hash_token
+from scheduler.models import Allocation, Device, Node, hash_token, sharing_problems
 from scheduler.states.codes import EventKind, Reason
 
 ENFORCEMENT_TEXT = 500  # characters kept of each string of a registration's `enforcement`
@@ -122,6 +122,7 @@ def register(data: object, node_token: str | None = None, address: str = "") -> 
             token = node.issue_token()
         node.cpu, node.memory, node.labels = cpu, memory, labels
         node.enforcement = _enforcement(data.get("enforcement"))
+        node.gpu_sharing = sorted(set(data.get("gpu_sharing") or []))
         node.hostname = str(data.get("hostname", ""))[:255]
         node.address = _ip(address)  # where app proxies connect: never what the agent says
         node.agent_version = str(data.get("version", ""))[:64]
@@ -160,6 +161,8 @@ def _registration(data: object) -> tuple[str, int, int, dict[str, str], list[dic
     labels = data.get("labels") or {}
     errors.update(label_problems(labels))  # the rules REST and the admin apply (Node.clean)
     devices = _devices(errors, data.get("devices"))
+    if problems := sharing_problems(data.get("gpu_sharing") or []):
+        errors["gpu_sharing"] = problems
     if errors:
         raise ProtocolError(errors)
     assert isinstance(name, str)
@@ -207,7 +210,7 @@ def _reconcile_devices(node: Node, devices: list[dict[str, Any]]) -> None:
         info = present.pop(device.index, None)
         if info is None:
             # Gone from the machine: keep a held device (unhealthy) until its task stops.
-            if Allocation.objects.filter(device=device).exists():
+            if Allocation.objects.filter(device=device).exists():  # (a share of it too)
                 device.healthy = False
                 device.save(update_fields=["healthy"])
             else:

@@ -88,8 +88,15 @@ class ResourcesSpec(serializers.Serializer):  # type: ignore[type-arg]
         help_text='bytes per task: "512Mi", "16Gi", "1G"; default: the queue\'s default_memory '
         "(1Gi)",
     )
-    gpu = serializers.IntegerField(required=False, min_value=0, max_value=1024, default=0,
-                                   help_text="whole GPUs per task")  # fmt: skip
+    gpu = serializers.FloatField(
+        required=False, min_value=0, max_value=1024, default=0,
+        help_text="GPUs per task: whole ones (0 ... 1024), or part of one GPU (0.25: above 0,"
+        " below 1, in steps of 0.001)",
+    )  # fmt: skip
+    gpu_memory = SpecQuantityField(
+        required=False,
+        help_text='GPU memory with part of a GPU: "10Gi"; only a device with that much left',
+    )
 
 
 class TaskSpec(serializers.Serializer):  # type: ignore[type-arg]

@@ -85,7 +85,8 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
         fields = ["name", "weight", "capability", "reclaimable", "priority", "max_user_priority",
                   "open", "default_cpu", "default_memory", "max_user_running_gpus",
                   "max_user_running_cpus", "max_user_running_jobs", "max_user_pending_jobs",
-                  "user_limits_exempt_staff", "max_walltime", "created_at"]  # fmt: skip
+                  "user_limits_exempt_staff", "max_walltime", "gpu_sharing",
+                  "created_at"]  # fmt: skip
         read_only_fields = ["created_at"]
 
     def validate_capability(self, value: Any) -> Any:
@@ -164,9 +165,16 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
                 "uuid": d.uuid,
                 "model": d.model,
                 "healthy": d.healthy,
-                "job": d.allocation.task.job_id if hasattr(d, "allocation") else None,
+                "job": holders[0].task.job_id if holders else None,
+                # Each task on it with its share (1 for a whole device): a shared GPU's
+                # occupants.
+                "occupants": [
+                    {"job": a.task.job_id, "task": a.task_id, "share": a.share / 1000}
+                    for a in holders
+                ],
             }
             for d in node.devices.all()
+            for holders in [list(d.allocations.all())]
         ]
 
     @extend_schema_field(OpenApiTypes.OBJECT)

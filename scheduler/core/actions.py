@@ -13,9 +13,10 @@ import logging
 from collections.abc import Callable, Iterator
 from itertools import filterfalse
 
+from scheduler.core import sharing
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources
-from scheduler.core.session import Fits, NodeScan, Session
+from scheduler.core.session import Fits, NodeScan, Session, alike, whole_devices
 from scheduler.core.statement import Statement
 from scheduler.core.status import Code, Status
 from scheduler.core.types import Failure, NodeView
@@ -87,14 +88,14 @@ def in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[JobI
 def _across_queues(session: Session, cursors: dict[str, Iterator[JobInfo]]) -> Iterator[JobInfo]:
     """A queue's key depends on its own state, of which only what it holds changes while
     its jobs are served: it is worked out again only when that changed."""
-    keys: dict[str, tuple[Resources, tuple[object, ...]]] = {}
+    keys: dict[str, tuple[Resources, int, tuple[object, ...]]] = {}
 
     def key(name: str) -> tuple[object, ...]:
         queue = session.queues[name]
         known = keys.get(name)
-        if known is None or known[0] != queue.allocated:
-            known = keys[name] = (queue.allocated, session.queue_key(queue))
-        return known[1]
+        if known is None or known[0] != queue.allocated or known[1] != queue.shared_gpu:
+            known = keys[name] = (queue.allocated, queue.shared_gpu, session.queue_key(queue))
+        return known[2]
 
     heap = [(key(name), name) for name in cursors]
     heapq.heapify(heap)
@@ -303,7 +304,7 @@ def _allocate_alike(
 
 
 def _same_shape(a: TaskInfo, b: TaskInfo) -> bool:
-    return a.resources == b.resources and a.node_selector == b.node_selector
+    return alike(a, b)
 
 
 def _failure(
@@ -337,8 +338,38 @@ def _failure(
 
 def _gang_could_ever_fit(session: Session, job: JobInfo) -> bool:
     """Would the gang fit on an empty cluster? If not, no amount of waiting helps."""
+    if any(task.gpu_share for task in session.pending_tasks(job)):
+        return _fractions_could_ever_fit(session, job)
     room = {n.name: n.capacity() for n in session.nodes if n.ready}
     return simulate(session, job, room) is not None
+
+
+def _fractions_could_ever_fit(session: Session, job: JobInfo) -> bool:
+    """`_gang_could_ever_fit` for a gang with fractions: first fit on the empty cluster,
+    device by device, fractions sharing devices and whole GPUs taking whole ones."""
+    room = {
+        n.name: (n.allocatable.cpu, n.allocatable.memory, [sharing.MILLI] * n.healthy_devices)
+        for n in session.nodes
+        if n.ready
+    }
+    for task in session.pending_tasks(job)[: session.needed(job)]:
+        for node in session.eligible_nodes(job, task):
+            cpu, memory, devices = room[node.name]
+            request = task.resources
+            if request.cpu > cpu or request.memory > memory:
+                continue
+            wanted = task.gpu_share or sharing.MILLI
+            picked = [i for i, free in enumerate(devices) if free >= wanted]
+            picked = picked[:1] if task.gpu_share else picked[: request.gpu]
+            if len(picked) < (1 if task.gpu_share else request.gpu):
+                continue
+            for i in picked:
+                devices[i] -= wanted
+            room[node.name] = (cpu - request.cpu, memory - request.memory, devices)
+            break
+        else:
+            return False
+    return True
 
 
 def simulate(
@@ -522,7 +553,8 @@ def _free_into(
 ) -> None:
     for task in victim.tasks:
         if task.node in room and task.state in ("Assigned", "Running"):
-            delta = Resources(task.resources.cpu, task.resources.memory, len(task.devices))
+            # A fraction's device stays shared with its other occupants: no whole device.
+            delta = Resources(task.resources.cpu, task.resources.memory, whole_devices(task))
             room[task.node] = room[task.node] + delta if sign > 0 else room[task.node] - delta
             if fits is not None:
                 fits.changed(task.node, room[task.node])

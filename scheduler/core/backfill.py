@@ -460,14 +460,17 @@ def _ends(session: Session, room: dict[str, Resources]) -> list[tuple[float, str
         if node.name not in room:
             continue
         for running, task in node.tasks:
+            gpu = session.device_release(task)
             if task.state == "Releasing" or running.id in session.evicted:
                 when = session.now
+                if task.gpu_share:
+                    gpu = 0  # its device's other occupants may run on: not whole yet
             elif running.walltime is not None and task.started_at is not None:
                 correction = session.config.prediction_correction
                 when = predict.end(running, task.started_at, session.now, correction) or 0.0
             else:
                 continue
-            release = Resources(task.resources.cpu, task.resources.memory, len(task.devices))
+            release = Resources(task.resources.cpu, task.resources.memory, gpu)
             ends.append((when, node.name, release))
     return ends
 
@@ -531,7 +534,7 @@ def _unknown_start(
             for running, task in node.tasks:
                 if not _has_end(session, running, task):
                     room[node.name] = room[node.name] + Resources(
-                        task.resources.cpu, task.resources.memory, len(task.devices)
+                        task.resources.cpu, task.resources.memory, session.device_release(task)
                     )
     placement = simulate(session, job, room)
     total = Resources()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from scheduler.core.quantity import format_memory
 from scheduler.core.resources import DIMENSIONS, Resources
 
 MAX_LISTED = 3  # node selector values listed in a refusal
@@ -25,6 +26,8 @@ class Offer:
     name: str
     allocatable: Resources
     labels: dict[str, str] = field(default_factory=dict)
+    sharing: tuple[str, ...] = ()  # the GPU sharing modes it offers
+    gpu_memory: int = 0  # its largest GPU's memory (bytes; 0: not known)
 
     def matches(self, selector: dict[str, str]) -> bool:
         return all(self.labels.get(k) == v for k, v in selector.items())
@@ -39,6 +42,16 @@ class Ask:
     resources: Resources
     replicas: int = 1
     node_selector: dict[str, str] = field(default_factory=dict)
+    gpu_share: int = 0  # a fraction of one GPU, in thousandths (resources.gpu is then 1)
+    gpu_memory: int = 0
+    gpu_modes: tuple[str, ...] = ()  # the sharing modes its queue allows (empty: any)
+
+    def takes(self, offer: Offer) -> bool:
+        """Could the offer hold this task's fraction of a GPU (always, for no fraction)?"""
+        if not self.gpu_share:
+            return True
+        modes = [m for m in offer.sharing if not self.gpu_modes or m in self.gpu_modes]
+        return bool(modes) and offer.gpu_memory >= self.gpu_memory
 
 
 def never_fits(asks: Sequence[Ask], min_available: int, offers: Sequence[Offer]) -> dict[str, str]:
@@ -78,6 +91,11 @@ def _task_problems(ask: Ask, offers: Sequence[Offer]) -> dict[str, str]:
     matching = [o for o in offers if o.matches(ask.node_selector)]
     if not matching:
         return {f"{ask.path}.node_selector": _selector_message(ask.node_selector, offers)}
+    if ask.gpu_share:
+        fraction = _fraction_problems(ask, matching)
+        if fraction:
+            return fraction
+        matching = [o for o in matching if ask.takes(o)]
     problems = {}
     for dim in DIMENSIONS:
         wanted = getattr(ask.resources, dim)
@@ -95,6 +113,32 @@ def _task_problems(ask: Ask, offers: Sequence[Offer]) -> dict[str, str]:
             f"{ask.path}.resources": (
                 f"{_describe(ask.resources)} per task requested, no single node has all of it"
                 f" (largest: {_largest(matching)})"
+            )
+        }
+    return {}
+
+
+def _fraction_problems(ask: Ask, offers: Sequence[Offer]) -> dict[str, str]:
+    """Why no node of `offers` could ever hold the ask's fraction of a GPU."""
+    share = f"{ask.gpu_share / 1000:g}"
+    gpus = [o for o in offers if o.allocatable.gpu]
+    if not gpus:
+        return {f"{ask.path}.resources.gpu": f"{share} of a GPU requested, no node has a GPU"}
+    sharing = [o for o in gpus if any(not ask.gpu_modes or m in ask.gpu_modes for m in o.sharing)]
+    if not sharing:
+        modes = f" in a mode the queue allows ({', '.join(ask.gpu_modes)})" if ask.gpu_modes else ""
+        return {
+            f"{ask.path}.resources.gpu": (
+                f"{share} of a GPU requested, no node with GPUs offers GPU sharing{modes}"
+                f" (largest offer: {max(o.allocatable.gpu for o in gpus)} whole GPUs)"
+            )
+        }
+    largest = max(o.gpu_memory for o in sharing)
+    if ask.gpu_memory > largest:
+        return {
+            f"{ask.path}.resources.gpu_memory": (
+                f"{format_memory(ask.gpu_memory)} of GPU memory requested, the largest GPU"
+                f" that may be shared has {format_memory(largest)}"
             )
         }
     return {}
@@ -119,11 +163,16 @@ def _gang_problems(
     them) first fit on the empty cluster; a miss means the gang never starts."""
     gang = list(_tasks_in_core_order(asks))[:min_available]
     room = {o.name: o.allocatable for o in offers}
+    devices = {o.name: [1000] * o.allocatable.gpu for o in offers}  # thousandths free each
     for placed, ask in enumerate(gang):
         for offer in offers:
             free = room[offer.name]
-            if offer.matches(ask.node_selector) and ask.resources.fits_in(free):
-                room[offer.name] = free - ask.resources
+            if not (offer.matches(ask.node_selector) and ask.takes(offer)):
+                continue
+            if ask.resources.cpu > free.cpu or ask.resources.memory > free.memory:
+                continue
+            if _take_devices(devices[offer.name], ask):
+                room[offer.name] = free - Resources(ask.resources.cpu, ask.resources.memory)
                 break
         else:
             total = sum((o.allocatable for o in offers), Resources())
@@ -136,6 +185,19 @@ def _gang_problems(
                 )
             }
     return {}
+
+
+def _take_devices(free: list[int], ask: Ask) -> bool:
+    """Take the ask's GPUs from `free` (thousandths per device), first fit: a fraction the
+    first device with room, whole GPUs whole free devices. False (nothing taken) if none."""
+    wanted = ask.gpu_share or 1000
+    picked = [i for i, left in enumerate(free) if left >= wanted]
+    count = 1 if ask.gpu_share else ask.resources.gpu
+    if len(picked) < count:
+        return False
+    for i in picked[:count]:
+        free[i] -= wanted
+    return True
 
 
 def _tasks_in_core_order(asks: Iterable[Ask]) -> Iterable[Ask]:

@@ -10,6 +10,7 @@ from scheduler.core.priority import PriorityWeights
 from scheduler.core.resources import Resources
 
 ACTIONS = ("enqueue", "allocate", "preempt", "reclaim", "backfill")
+GPU_PLACEMENTS = ("fgd", "best-fit", "first-fit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +19,7 @@ class DeviceInfo:
     uuid: str = ""
     model: str = ""
     healthy: bool = True
+    memory: int = 0  # bytes; 0: not known (no fraction asking for GPU memory goes there)
 
 
 @dataclass(slots=True)
@@ -27,6 +29,9 @@ class NodeInfo:
     labels: dict[str, str] = field(default_factory=dict)
     state: str = "Ready"  # Ready | NotReady | Cordoned | Draining | Drained; only Ready takes tasks
     devices: list[DeviceInfo] = field(default_factory=list)
+    # The GPU sharing modes the node offers ("mig", "mps", "timeslice"): fractions of a GPU
+    # go only to a node offering one that the job's queue allows.
+    sharing: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -62,6 +67,13 @@ class TaskInfo:
     node: str | None = None
     devices: tuple[int, ...] = ()
     started_at: float | None = None
+    # A fraction of one GPU (scheduler/core/sharing.py): thousandths of a device (0: none;
+    # `resources.gpu` is then 1, the one device it goes on, never shared with a whole-GPU
+    # task) and the GPU memory it asks for (bytes, 0: unsaid).
+    gpu_share: int = 0
+    gpu_memory: int = 0
+    # The sharing modes the fraction may use (its queue's; empty: any the node offers).
+    gpu_modes: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -116,6 +128,8 @@ class SchedulingPolicy:
     prediction_correction: str = "walltime"
     # The job order's factors (scheduler.core.priority); all 0 by default ("factors off").
     priority_weights: PriorityWeights = PriorityWeights()
+    # Where fractions of a GPU go (scheduler/core/sharing.py): fgd | best-fit | first-fit.
+    gpu_placement: str = "fgd"
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.actions if a not in ACTIONS]
@@ -123,6 +137,10 @@ class SchedulingPolicy:
             raise ValueError(f"unknown actions: {', '.join(unknown)}")
         if self.node_order not in ("binpack", "spread"):
             raise ValueError(f"node_order must be binpack or spread, got {self.node_order!r}")
+        if self.gpu_placement not in GPU_PLACEMENTS:
+            raise ValueError(
+                f"gpu_placement must be {', '.join(GPU_PLACEMENTS)}, got {self.gpu_placement!r}"
+            )
         if self.prediction_correction not in CORRECTIONS:
             raise ValueError(
                 f"prediction_correction must be {' or '.join(CORRECTIONS)},"

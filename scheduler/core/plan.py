@@ -114,7 +114,8 @@ def fingerprint(snapshot: Snapshot, result: CycleResult, config: SchedulingPolic
     return hash(
         (
             config,
-            tuple((n.name, n.state, n.allocatable, tuple(n.labels.items()), len(n.devices))
+            tuple((n.name, n.state, n.allocatable, tuple(n.labels.items()), len(n.devices),
+                   n.sharing)
                   for n in snapshot.nodes),
             tuple((q.name, q.weight, q.priority, q.capability, q.open, q.max_user_gpus,
                    q.max_user_cpus, q.max_user_jobs, q.limits_exempt) for q in snapshot.queues),
@@ -495,7 +496,7 @@ def _releases(session: Session, node: NodeView) -> list[tuple[float, Free]]:
     walltime if it has one, never (INF) otherwise."""
     return [
         (_release_at(session, running, task),
-         (task.resources.cpu, task.resources.memory, len(task.devices)))
+         (task.resources.cpu, task.resources.memory, session.device_release(task)))
         for running, task in node.tasks
     ]  # fmt: skip
 

@@ -110,25 +110,27 @@ class DRFPlugin(Plugin):
     name = "drf"
 
     def queue_key(self, session: Session, queue: QueueState) -> tuple[Any, ...]:
-        return (-queue.info.priority, session.share(queue.allocated) / max(queue.info.weight, 1e-9))
+        return (-queue.info.priority, session.queue_share(queue) / max(queue.info.weight, 1e-9))
 
     def deserved(self, session: Session, queue_name: str) -> float:
         queues = session.queues.values()
-        counted = {q.info.name for q in queues if q.jobs or not q.allocated.is_zero()}
+        counted = {
+            q.info.name for q in queues if q.jobs or not q.allocated.is_zero() or q.shared_gpu
+        }
         return fair_share({q.info.name: q.info.weight for q in queues}, counted, queue_name)
 
     def reclaimable(
         self, session: Session, reclaimer: JobInfo, victims: list[JobInfo]
     ) -> list[JobInfo]:
         mine = session.queues.get(reclaimer.queue)
-        if mine is None or session.share(mine.allocated) >= self.deserved(session, reclaimer.queue):
+        if mine is None or session.queue_share(mine) >= self.deserved(session, reclaimer.queue):
             return []
         keep = []
         for victim in victims:
             queue = session.queues.get(victim.queue)
             if queue is None or not queue.info.reclaimable:
                 continue
-            if session.share(queue.allocated) > self.deserved(session, victim.queue):
+            if session.queue_share(queue) > self.deserved(session, victim.queue):
                 keep.append(victim)
         return keep
 
@@ -315,7 +317,9 @@ class BinpackPlugin(Plugin):
         # need not copy the bucket first, which costs as much as the bucket is large when
         # the first node takes the task. Other scans walk a copy.
         lazy = task.resources.gpu > 0
-        for free in range(task.resources.gpu, session.max_devices + 1):
+        # A fraction may also go on a node without a whole free device (onto a shared one).
+        least = 0 if task.gpu_share else task.resources.gpu
+        for free in range(least, session.max_devices + 1):
             for buckets in scans:
                 bucket = buckets.get(free)
                 if bucket:

@@ -103,6 +103,32 @@ def parse_gpu(value: object) -> int:
     return _bounded(int(number), "gpu", value)
 
 
+GPU_MILLI = 1000  # one whole device, in the thousandths a fraction is counted in
+
+
+def parse_gpu_request(value: object) -> tuple[int, int]:
+    """A GPU request -> (devices, share in thousandths of one device): whole devices as
+    (n, 0); a fraction of one device (0 < x < 1, a multiple of 0.001) as (1, x * 1000). A
+    fraction never spans devices, so 1.5 is refused."""
+    number = _decimal(value, "gpu")
+    if number == number.to_integral_value():
+        return _bounded(int(number), "gpu", value), 0
+    if number > 1:
+        raise ValueError(
+            f"gpu above 1 must be a whole number of devices (a fraction is of one device and"
+            f" never spans devices), got {_show(value)}"
+        )
+    milli = number * GPU_MILLI
+    if milli != milli.to_integral_value() or milli < 1:
+        raise ValueError(f"gpu must be a multiple of 0.001 of a device, got {_show(value)}")
+    return 1, int(milli)
+
+
+def format_gpu(devices: int, share: int) -> int | float:
+    """The request as people write it: whole devices as an integer, a fraction as 0.25."""
+    return share / GPU_MILLI if share else devices
+
+
 def format_cpu(milli: int) -> str:
     if milli % 1000 == 0:
         return str(milli // 1000)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from scheduler.core.quantity import format_cpu, format_memory, parse_cpu, parse_gpu, parse_memory
+from scheduler.core.quantity import (
+    format_cpu,
+    format_memory,
+    parse_cpu,
+    parse_gpu_request,
+    parse_memory,
+)
 
 DIMENSIONS = ("cpu", "memory", "gpu")
 # `Resources(a, b, c)` goes through a generated Python `__new__`; `tuple_new(Resources, (a, b, c))`
@@ -50,12 +56,13 @@ class Resources(NamedTuple):
 
     @classmethod
     def parse(cls, data: dict[str, Any] | None) -> Resources:
-        """From a spec's `resources` mapping (absent dimensions are 0)."""
+        """From a spec's `resources` mapping (absent dimensions are 0; a fraction of a GPU
+        is the one device it goes on: `parse_gpu_request`)."""
         data = data or {}
         return cls(
             cpu=parse_cpu(data.get("cpu", 0)),
             memory=parse_memory(data.get("memory", 0)),
-            gpu=parse_gpu(data.get("gpu", 0)),
+            gpu=parse_gpu_request(data.get("gpu", 0))[0],
         )
 
     def describe(self, dimension: str) -> str:

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from scheduler.core import predict
+from scheduler.core import gpushare, predict, sharing
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
 from scheduler.core.priority import Factors
 from scheduler.core.resources import Resources
@@ -37,7 +37,8 @@ from scheduler.core.types import (
 
 _UNKNOWN: Any = object()
 Fits = Callable[[NodeView, TaskInfo], bool]
-Shape = tuple[Resources, tuple[tuple[str, str], ...]]
+# (resources, node selector, the fraction: () or (share, gpu memory, modes))
+Shape = tuple[Resources, tuple[tuple[str, str], ...], tuple[object, ...]]
 
 
 class Plugin:
@@ -211,6 +212,8 @@ class Session:
         self._stale_free: set[NodeView] = set()
         self.walltime_ends: list[tuple[float, str, int, int, Resources]] = []
         self.releasing = 0
+        # Per shared device, the task whose end gives it back whole (`sharing.releasers`).
+        self.releasers = sharing.releasers(self.nodes, self.end_of)
         started: list[tuple[JobInfo, TaskInfo, str]] = []
         for node in self.nodes:
             self.releasing += sum(task.state == "Releasing" for _job, task in node.tasks)
@@ -243,6 +246,7 @@ class Session:
     def _load_running(self) -> None:
         for job in self.jobs.values():
             held = Resources()
+            shared = 0
             for task in job.tasks:
                 if task.state not in HOLDS_RESOURCES or task.node is None:
                     continue
@@ -251,18 +255,19 @@ class Session:
                     continue
                 node.free_cpu -= task.resources.cpu
                 node.free_memory -= task.resources.memory
-                held_devices = [d for d in task.devices if d in node.free_devices]
-                for d in held_devices:
-                    node.free_devices.remove(d)
+                _hold_devices(node, task)
                 if task.state == "Releasing" or job.suspend_requested:
                     node.rel_cpu += task.resources.cpu
                     node.rel_memory += task.resources.memory
-                    node.rel_devices += len(task.devices)
+                    node.rel_devices += whole_devices(task)
                 node.tasks.append((job, task))
-                held = held + task.resources
+                held = held + held_resources(task)
+                shared += task.gpu_share
             queue = self.queues.get(job.queue)
             if queue is not None and not held.is_zero():
                 queue.allocated = queue.allocated + held
+            if queue is not None:
+                queue.shared_gpu += shared
 
     def _build_index(self) -> None:
         """Ready nodes by label set, then by free devices, each bucket in snapshot order."""
@@ -314,12 +319,36 @@ class Session:
             request = task.resources
             release = (
                 request  # the same figures: no need for a new tuple
-                if request.gpu == len(task.devices)
-                else Resources(request.cpu, request.memory, len(task.devices))
+                if request.gpu == len(task.devices) and not task.gpu_share
+                else Resources(request.cpu, request.memory, self.device_release(task))
             )
             # (end, node, task id) is unique: sorting never compares further.
             self.walltime_ends.append((at, node, task.id, job.id, release))
         self.walltime_ends.sort()
+
+    def end_of(self, job: JobInfo, task: TaskInfo) -> float | None:
+        """When the task gives its resources back as `add_ends` plans it (None: unknown)."""
+        if job.walltime is None or task.started_at is None or task.state == "Releasing":
+            return None
+        if job.predicted is None:
+            return task.started_at + job.walltime
+        return predict.end(job, task.started_at, self.now, self.config.prediction_correction)
+
+    def device_release(self, task: TaskInfo) -> int:
+        """Whole devices the task gives back when it ends: a fraction gives back its device
+        only if it is the device's last occupant (`releasers`)."""
+        if task.gpu_share:
+            return 1 if task.id in self.releasers else 0
+        return len(task.devices)
+
+    @property
+    def gpu_policy(self) -> gpushare.Policy:
+        """Where fractions go (`sharing.policy_for`), made when first asked."""
+        policy = getattr(self, "_gpu_policy", None)
+        if policy is None:
+            tasks = [t for j in self.jobs.values() for t in j.tasks]
+            policy = self._gpu_policy = sharing.policy_for(self.config.gpu_placement, tasks)
+        return policy
 
     def raise_outlived(self) -> None:
         """Running jobs still running at their predicted end get a later one
@@ -400,10 +429,7 @@ class Session:
         shape: Shape | None = None
         if tasks:
             first = tasks[0]
-            if len(tasks) == 1 or all(
-                t.resources == first.resources and t.node_selector == first.node_selector
-                for t in tasks
-            ):
+            if len(tasks) == 1 or all(alike(t, first) for t in tasks):
                 shape = task_shape(first)
         self._shapes[job.id] = shape
         return shape
@@ -427,9 +453,7 @@ class Session:
             runs = []
             for task in self.pending_tasks(job)[: self.needed(job)]:
                 last = runs[-1][0] if runs else None
-                if last is not None and (
-                    task.resources == last.resources and task.node_selector == last.node_selector
-                ):
+                if last is not None and alike(task, last):
                     runs[-1] = (last, runs[-1][1] + 1)
                 else:
                     runs.append((task, 1))
@@ -537,7 +561,7 @@ class Session:
         order that depends on free devices alone, which only such a move changes)."""
         request = task.resources
         roomy = request.cpu >= self.floor[0] and request.memory >= self.floor[1]
-        key = (selector_key(task.node_selector), request.gpu, roomy)
+        key = (selector_key(task.node_selector), request.gpu, roomy, task.gpu_share > 0)
         nodes = self._orders.get(key)
         if nodes is None:
             nodes = self._orders[key] = list(self.candidate_nodes(task))
@@ -561,13 +585,25 @@ class Session:
         """Dominant resource share of `allocated` over the cluster's capacity."""
         return allocated.dominant_share(self.total)
 
+    def queue_share(self, queue: QueueState) -> float:
+        """The queue's dominant share, its fractions of GPUs counted as what they are."""
+        share = queue.allocated.dominant_share(self.total)
+        if queue.shared_gpu and self.total.gpu:
+            gpu = (queue.allocated.gpu + queue.shared_gpu / sharing.MILLI) / self.total.gpu
+            share = max(share, gpu)
+        return share
+
     # --- placement ---------------------------------------------------------------------
 
     def accepts(self, job: JobInfo, task: TaskInfo, node: NodeView, fits: Fits | None) -> bool:
         """May the task go on the node now?"""
         request = task.resources
         return (
-            len(node.free_devices) >= request.gpu
+            (
+                len(node.free_devices) >= request.gpu
+                if not task.gpu_share
+                else sharing.fits(node, task)
+            )
             and node.name not in self.nominated
             and request.cpu <= node.free_cpu
             and request.memory <= node.free_memory
@@ -619,14 +655,21 @@ class Session:
         return known
 
     def _reasons_by_kind(self, job: JobInfo, task: TaskInfo) -> Callable[[NodeView], str | None]:
-        """`node_reason` for the task, asked once per kind of node (state, labels and
-        capacity, all it depends on when every predicate only says what the index does:
-        `Plugin.implied_by_index`), else once per node."""
+        """`node_reason` for the task, asked once per kind of node (state, labels, capacity
+        and GPU sharing, all it depends on when every predicate only says what the index
+        does: `Plugin.implied_by_index`), else once per node."""
         if self.placing_predicates:
             return lambda node: self.node_reason(job, task, node)
         if self._node_kinds is None:
             self._node_kinds = {
-                node.name: (node.state, node.label_key, node.allocatable, node.healthy_devices)
+                node.name: (
+                    node.state,
+                    node.label_key,
+                    node.allocatable,
+                    node.healthy_devices,
+                    node.sharing,
+                    max(node.device_memory.values(), default=0),
+                )
                 for node in self.nodes
             }
         kinds = self._node_kinds
@@ -647,6 +690,8 @@ class Session:
             return f"node {_state_word(node.state)}"
         if any(node.labels.get(k) != v for k, v in task.node_selector.items()):
             return "node selector mismatch"
+        if task.gpu_share and (never := sharing.never_reason(node, task)) is not None:
+            return never
         problem = self.predicate(job, task, node)
         if problem is not None:
             return problem
@@ -676,7 +721,11 @@ class Session:
                 reason = "insufficient cpu"
             elif memory > node.free_memory:
                 reason = "insufficient memory"
-            elif gpu > len(node.free_devices):
+            elif (
+                gpu > len(node.free_devices)
+                if not task.gpu_share
+                else not sharing.options(node, task)
+            ):
                 reason = "insufficient gpu"
             else:
                 reason = "held for the reservation"
@@ -746,6 +795,14 @@ class NodeScan:
                 else session.candidate_nodes(task)
             )
             scan = (n for n in order if n.free_cpu >= cpu and n.free_memory >= memory)
+        if task.gpu_share:  # a fraction: the node the placement policy scores best
+            self._scan = None
+            takers = [n for n in scan if session.accepts(job, task, n, None)]
+            # `fits` (backfill's spare) is asked of the chosen node only: it keeps count.
+            for node in sharing.ranked(session.gpu_policy, takers, task):
+                if fits is None or fits(node, task):
+                    return node
+            return None
         self._scan, self._last_task, self._last_node = scan, task, None
         for node in scan:
             if session.accepts(job, task, node, fits):
@@ -755,7 +812,41 @@ class NodeScan:
 
 
 def task_shape(task: TaskInfo) -> Shape:
-    return (task.resources, selector_key(task.node_selector))
+    fraction = (task.gpu_share, task.gpu_memory, task.gpu_modes) if task.gpu_share else ()
+    return (task.resources, selector_key(task.node_selector), fraction)
+
+
+def alike(a: TaskInfo, b: TaskInfo) -> bool:
+    """Do the two tasks ask for the same, on the same nodes?"""
+    return (
+        a.resources == b.resources
+        and a.node_selector == b.node_selector
+        and a.gpu_share == b.gpu_share
+        and a.gpu_memory == b.gpu_memory
+        and a.gpu_modes == b.gpu_modes
+    )
+
+
+def whole_devices(task: TaskInfo) -> int:
+    """The whole devices a task holds (a fraction holds none whole)."""
+    return 0 if task.gpu_share else len(task.devices)
+
+
+def held_resources(task: TaskInfo) -> Resources:
+    """What a placed task holds, in whole devices (a fraction's share is counted apart)."""
+    if task.gpu_share:
+        return Resources(task.resources.cpu, task.resources.memory, 0)
+    return task.resources
+
+
+def _hold_devices(node: NodeView, task: TaskInfo) -> None:
+    """A placed task's devices leave the node's free ones; a fraction takes its share."""
+    for d in task.devices:
+        if task.gpu_share:
+            if d in node.shared or d in node.free_devices:
+                sharing.take(node, task, d)
+        elif d in node.free_devices:
+            node.free_devices.remove(d)
 
 
 def selector_key(selector: dict[str, str]) -> tuple[tuple[str, str], ...]:

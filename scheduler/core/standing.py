@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from scheduler.core import predict
+from scheduler.core import predict, sharing
 from scheduler.core.cycle import CycleResult, run_actions
 from scheduler.core.model import (
     JobInfo,
@@ -24,10 +24,11 @@ from scheduler.core.model import (
     QueueInfo,
     SchedulingPolicy,
     Snapshot,
+    TaskInfo,
 )
 from scheduler.core.plugins import default_plugins
 from scheduler.core.resources import Resources
-from scheduler.core.session import Session, grows, need_of
+from scheduler.core.session import Session, grows, held_resources, need_of
 from scheduler.core.types import HOLDS_RESOURCES, NodeView
 
 
@@ -117,18 +118,31 @@ class StandingSession:
             request = task.resources
             node.free_cpu += request.cpu
             node.free_memory += request.memory
-            if task.devices:
-                node.free_devices = sorted(node.free_devices + list(task.devices))
-                session.index_dirty = True
-            session.freed(node, request.cpu, request.memory, len(task.devices))
+            freed = self._free_devices(node, task)
+            session.freed(node, request.cpu, request.memory, freed)
             nodes[node] = None
-            cpu, memory, gpu = cpu + request.cpu, memory + request.memory, gpu + request.gpu
+            holds = held_resources(task)
+            cpu, memory, gpu = cpu + holds.cpu, memory + holds.memory, gpu + holds.gpu
+            queue = session.queues.get(job.queue)
+            if queue is not None:
+                queue.shared_gpu -= task.gpu_share
             task.state = "Succeeded"
         for node in nodes:
             # Every task of the job that held resources on the node ended.
             held = node.tasks
             node.tasks = [] if len(held) == 1 else [t for t in held if t[0] is not job]
         return Resources(cpu, memory, gpu)
+
+    def _free_devices(self, node: NodeView, task: TaskInfo) -> int:
+        """Give the task's devices back; how many are whole and free again (a shared one
+        only once its last fraction is gone)."""
+        if not task.devices:
+            return 0
+        self.session.index_dirty = True
+        if task.gpu_share:
+            return sum(sharing.give_back(node, task, d) for d in task.devices)
+        node.free_devices = sorted(node.free_devices + list(task.devices))
+        return len(task.devices)
 
     def _plan_stands(self, started: Iterable[JobInfo], now: float) -> bool:
         """Do the walltime ends of what started leave the reservation plan as it was? Those

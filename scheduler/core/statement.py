@@ -4,9 +4,10 @@ statement does for allocate, pipeline and evict)."""
 
 from __future__ import annotations
 
+from scheduler.core import sharing
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources
-from scheduler.core.session import Session
+from scheduler.core.session import Session, held_resources, whole_devices
 from scheduler.core.types import Bind, Evict, NodeView, new_bind
 
 EVICTED_STATES = ("Assigned", "Running")  # what an evicted job's tasks give back
@@ -22,6 +23,8 @@ class Statement:
 
     def allocate(self, job: JobInfo, task: TaskInfo, node: NodeView) -> tuple[int, ...]:
         request = task.resources
+        if task.gpu_share:
+            return self._allocate_fraction(job, task, node)
         devices = _pick_devices(node.free_devices, request.gpu) if request.gpu > 0 else ()
         old_free = len(node.free_devices)
         node.free_cpu -= request.cpu
@@ -33,6 +36,19 @@ class Statement:
         self.session.freed(node, -request.cpu, -request.memory, -len(devices))
         self.allocations.append((job, task, node, devices))
         return devices
+
+    def _allocate_fraction(self, job: JobInfo, task: TaskInfo, node: NodeView) -> tuple[int, ...]:
+        """A fraction of one device: the device the placement policy picks on the node."""
+        device = sharing.pick_device(self.session.gpu_policy, node, task)
+        old_free = len(node.free_devices)
+        node.free_cpu -= task.resources.cpu
+        node.free_memory -= task.resources.memory
+        opened = sharing.take(node, task, device)
+        if opened:
+            self.session.move_in_index(node, old_free)
+        self.session.freed(node, -task.resources.cpu, -task.resources.memory, -int(opened))
+        self.allocations.append((job, task, node, (device,)))
+        return (device,)
 
     def allocate_alike(
         self, job: JobInfo, tasks: list[TaskInfo], taking: list[tuple[NodeView, int]]
@@ -71,18 +87,21 @@ class Statement:
     def _release(self, victim: JobInfo, sign: int) -> None:
         session = self.session
         held = Resources()
+        shared = 0
         for task in victim.tasks:
             if task.state not in EVICTED_STATES:
                 continue
-            held = held + task.resources
+            held = held + held_resources(task)
+            shared += task.gpu_share
             node = session.node_by_name.get(task.node or "")
             if node is not None:
                 node.rel_cpu += sign * task.resources.cpu
                 node.rel_memory += sign * task.resources.memory
-                node.rel_devices += sign * len(task.devices)
+                node.rel_devices += sign * whole_devices(task)
         queue = session.queues.get(victim.queue)
         if queue is not None:
             queue.allocated = queue.allocated - held if sign > 0 else queue.allocated + held
+            queue.shared_gpu -= sign * shared
 
     # --- the outcome -----------------------------------------------------------------
 
@@ -92,6 +111,12 @@ class Statement:
             old_free = len(node.free_devices)
             node.free_cpu += task.resources.cpu
             node.free_memory += task.resources.memory
+            if task.gpu_share:
+                whole = sharing.give_back(node, task, devices[0])
+                if whole:
+                    self.session.move_in_index(node, old_free)
+                self.session.freed(node, task.resources.cpu, task.resources.memory, int(whole))
+                continue
             if devices:
                 node.free_devices = sorted(node.free_devices + list(devices))
                 self.session.move_in_index(node, old_free)
@@ -116,13 +141,15 @@ class Statement:
         session.bound.extend(self.allocations)
         if self.allocations:
             job = self.allocations[0][0]  # a statement is one job's
-            cpu = memory = gpu = 0
+            cpu = memory = gpu = shared = 0
             for _job, task, _node, _devices in self.allocations:
-                request = task.resources
+                request = held_resources(task)
                 cpu, memory, gpu = cpu + request.cpu, memory + request.memory, gpu + request.gpu
+                shared += task.gpu_share
             queue = session.queues.get(job.queue)
             if queue is not None:
                 queue.allocated = queue.allocated + Resources(cpu, memory, gpu)
+                queue.shared_gpu += shared
             session.placed.add(job.id)
             session.pending.pop(job.id, None)
         self.allocations.clear()

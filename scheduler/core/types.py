@@ -23,6 +23,7 @@ class NodeView:
     __slots__ = (
         "name", "labels", "state", "allocatable", "free_cpu", "free_memory", "free_devices",
         "rel_cpu", "rel_memory", "rel_devices", "label_key", "tasks", "healthy_devices",
+        "sharing", "shared", "shared_memory", "device_memory", "model",
     )  # fmt: skip
 
     def __init__(self, info: NodeInfo) -> None:
@@ -40,6 +41,14 @@ class NodeView:
         self.rel_devices = 0
         self.label_key = tuple(sorted(self.labels.items()))
         self.tasks: list[tuple[JobInfo, TaskInfo]] = []
+        # GPU sharing: the modes offered; each device holding fractions -> its free share
+        # (thousandths) and free memory. A device is either in `free_devices` (whole and
+        # free), in `shared` (fractions only), or held whole.
+        self.sharing: tuple[str, ...] = info.sharing
+        self.shared: dict[int, int] = {}
+        self.shared_memory: dict[int, int] = {}
+        self.device_memory = {d.index: d.memory for d in info.devices}
+        self.model = next((d.model for d in info.devices if d.model), "")
 
     @property
     def ready(self) -> bool:
@@ -167,7 +176,8 @@ class Failure:
 @dataclass
 class QueueState:
     info: QueueInfo
-    allocated: Resources = field(default_factory=Resources)
+    allocated: Resources = field(default_factory=Resources)  # gpu: whole devices
+    shared_gpu: int = 0  # thousandths of a GPU held as fractions
     jobs: list[JobInfo] = field(default_factory=list)  # admitted candidates, in order
 
 

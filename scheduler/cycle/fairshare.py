@@ -60,7 +60,10 @@ def scheduling_policy() -> SchedulingPolicy:
     """The policy the scheduler loop runs with: the defaults plus the factor weights, and how a
     runtime prediction a running job outlived is raised (docs/configuration.md)."""
     correction = str(getattr(settings, "BERTH_PREDICTION_CORRECTION", "walltime"))
-    return SchedulingPolicy(priority_weights=weights(), prediction_correction=correction)
+    placement = str(getattr(settings, "BERTH_GPU_PLACEMENT", "fgd"))
+    return SchedulingPolicy(
+        priority_weights=weights(), prediction_correction=correction, gpu_placement=placement
+    )
 
 
 def _setting(name: str, default: float) -> float:

@@ -26,7 +26,7 @@ from scheduler.core.model import DeviceInfo, JobInfo, NodeInfo, QueueInfo, Snaps
 from scheduler.core.resources import DIMENSIONS, Resources
 from scheduler.cycle import predictions
 from scheduler.lifecycle import PREEMPTED
-from scheduler.models import Allocation, Device, Job, Node, Queue, Task
+from scheduler.models import Allocation, Device, Job, Node, Queue, Task, sharing_problems
 from scheduler.states.names import TASK_ON_NODE, JobRequest, JobState, NodeState, TaskState
 
 UNLIMITED = 2**62
@@ -50,6 +50,8 @@ class Loaded:
     invalid_jobs: dict[int, str] = field(default_factory=dict)
     invalid_nodes: dict[int, str] = field(default_factory=dict)
     job_flows: dict[int, int | None] = field(default_factory=dict)
+    # queue id -> the GPU sharing modes its fractions may use (absent: any)
+    queue_modes: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -68,6 +70,7 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
         device_ids={},
     )
     names = _Names(nodes=_load_nodes(loaded), queues=_load_queues(loaded))
+    names.queue_modes = loaded.queue_modes
     wanted = _wanted_jobs()
     tasks_by_job = _task_rows(wanted)
     names.devices_by_task = _devices_by_task(loaded)
@@ -85,6 +88,8 @@ class _Names:
     nodes: dict[int, str]
     queues: dict[int, str]
     devices_by_task: dict[int, list[int]] = field(default_factory=dict)
+    # queue id -> the GPU sharing modes its fractions may use (absent: any)
+    queue_modes: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _wanted_jobs() -> QuerySet[Job]:
@@ -119,7 +124,8 @@ def _task_rows(wanted: QuerySet[Job]) -> dict[int, list[tuple[Any, ...]]]:
         .filter(state__in=(TaskState.PENDING, *TASK_ON_NODE))
         .order_by("job_id", "group", "index")
         .values_list("id", "job_id", "group", "index", "cpu", "memory", "gpu", "state",
-                     "node_id", "kill_requested", "started_at", "assigned_at")
+                     "node_id", "kill_requested", "started_at", "assigned_at", "gpu_share",
+                     "gpu_memory")
     )  # fmt: skip
     tasks_by_job: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
     for row in rows:
@@ -167,16 +173,16 @@ def _load_job(
 def _load_nodes(loaded: Loaded) -> dict[int, str]:
     nodes = list(
         Node.objects.order_by("name").values_list(
-            "id", "name", "cpu", "memory", "labels", "state", "usage__pressure"
+            "id", "name", "cpu", "memory", "labels", "state", "usage__pressure", "gpu_sharing"
         )
     )
     devices_by_node: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
     for row in Device.objects.order_by("node_id", "index").values_list(
-        "id", "node_id", "index", "uuid", "model", "healthy"
+        "id", "node_id", "index", "uuid", "model", "healthy", "memory"
     ):
         devices_by_node[row[1]].append(row)
     node_name = {pk: name for pk, name, *_ in nodes}
-    for pk, name, cpu, memory, labels, state, pressure in nodes:
+    for pk, name, cpu, memory, labels, state, pressure, modes in nodes:
         if pressure and state == NodeState.READY:
             state = PRESSURE_NODE  # its agent says its disk is full: no new task
         devices = devices_by_node[pk]
@@ -192,8 +198,10 @@ def _load_nodes(loaded: Loaded) -> dict[int, str]:
                 labels=dict(labels),
                 state=state,
                 devices=[
-                    DeviceInfo(index=d[2], uuid=d[3], model=d[4], healthy=d[5]) for d in devices
+                    DeviceInfo(index=d[2], uuid=d[3], model=d[4], healthy=d[5], memory=d[6])
+                    for d in devices
                 ],
+                sharing=_modes(modes),
             )
         )
         loaded.node_ids[name] = pk
@@ -207,12 +215,14 @@ def _load_queues(loaded: Loaded) -> dict[int, str]:
     rows = Queue.objects.order_by("name").values_list(
         "id", "name", "weight", "capability", "reclaimable", "priority", "open",
         "max_user_running_gpus", "max_user_running_cpus", "max_user_running_jobs",
-        "user_limits_exempt_staff",
+        "user_limits_exempt_staff", "gpu_sharing",
     )  # fmt: skip
     staff: frozenset[str] | None = None
     for pk, name, weight, capability, reclaimable, priority, is_open, *limits in rows:
         queue_name[pk] = name
-        gpus, cpus, jobs, exempt_staff = limits
+        gpus, cpus, jobs, exempt_staff, modes = limits
+        if (allowed := _queue_modes(modes)) is not None:
+            loaded.queue_modes[pk] = allowed
         if exempt_staff and staff is None and (gpus, cpus, jobs) != (None, None, None):
             staff = _staff_ids()
         try:
@@ -237,6 +247,22 @@ def _load_queues(loaded: Loaded) -> dict[int, str]:
             )
         )
     return queue_name
+
+
+def _modes(value: Any) -> tuple[str, ...]:
+    """A node's GPU sharing modes as stored; anything else than known modes offers none."""
+    if not isinstance(value, list) or sharing_problems(value):
+        return ()
+    return tuple(sorted(set(value)))
+
+
+def _queue_modes(allowed: Any) -> tuple[str, ...] | None:
+    """The GPU sharing modes a queue allows (sorted; None: any). A value the model refuses,
+    or an empty list, allows none: ("none",) matches no node's mode."""
+    if allowed is None:
+        return None
+    ok = isinstance(allowed, list) and not sharing_problems(allowed)
+    return tuple(sorted(set(allowed))) if ok and allowed else ("none",)
 
 
 def _staff_ids() -> frozenset[str]:
@@ -308,16 +334,23 @@ def _job_info(
         created_at=created_at.timestamp(),
         walltime=float(walltime) if walltime else None,
         state=core_state,
-        tasks=[_task_info(t, selectors or {}, names, stopping) for t in tasks],
+        tasks=[
+            _task_info(t, selectors or {}, names, stopping, names.queue_modes.get(queue_id, ()))
+            for t in tasks
+        ],
         suspend_requested=requested_action == JobRequest.SUSPEND,
     )
 
 
 def _task_info(
-    row: tuple[Any, ...], selectors: dict[str, dict[str, str]], names: _Names, stopping: bool
+    row: tuple[Any, ...],
+    selectors: dict[str, dict[str, str]],
+    names: _Names,
+    stopping: bool,
+    modes: tuple[str, ...],
 ) -> TaskInfo:
     (task_id, _, group, index, cpu, memory, gpu, state, node_id, kill_requested, started_at,
-     assigned_at) = row  # fmt: skip
+     assigned_at, gpu_share, gpu_memory) = row  # fmt: skip
     return TaskInfo(
         id=task_id,
         group=group,
@@ -328,6 +361,9 @@ def _task_info(
         node=names.nodes.get(node_id) if node_id else None,
         devices=tuple(names.devices_by_task.get(task_id, ())),
         started_at=_ts(started_at or assigned_at),
+        gpu_share=gpu_share,
+        gpu_memory=gpu_memory,
+        gpu_modes=modes if gpu_share else (),
     )
 
 

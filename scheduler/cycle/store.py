@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from scheduler import notify
@@ -24,7 +25,7 @@ from scheduler.core.status import Code, Status
 from scheduler.cycle import leader
 from scheduler.cycle.snapshot import Loaded, load_snapshot
 from scheduler.lifecycle import PREEMPTED
-from scheduler.models import Allocation, Event, Job, Node, Task
+from scheduler.models import Allocation, Device, Event, Job, Node, Task
 from scheduler.sql import CHUNK, chunks, insert_new, update_rows
 from scheduler.states.codes import EventKind, Reason
 from scheduler.states.job import JobEvent, case_sql, sources, target
@@ -212,9 +213,11 @@ def _allocate_devices(
 ) -> set[int]:
     """Insert every device allocation at once; returns the jobs that did not get all theirs.
 
-    The unique device constraint is the last guard against double-booking: a row that
-    conflicts is skipped (ON CONFLICT DO NOTHING), and a job missing any row is undone alone.
-    """
+    The unique whole-device index is the last guard against double-booking a whole GPU: a
+    row that conflicts is skipped (ON CONFLICT DO NOTHING). Fractions share a device: with
+    the devices' rows locked, a device whose shares now add up past one GPU (fractions past
+    it, or a fraction beside a whole GPU) fails the jobs that wrote to it. A job missing any
+    row is undone alone."""
     wanted = {
         (b.task_id, loaded.device_ids[(b.node, index)]): job_id
         for job_id, binds in binds_by_job.items()
@@ -223,14 +226,38 @@ def _allocate_devices(
     }
     if not wanted:
         return set()
-    rows = [(device_id, task_id, now) for task_id, device_id in wanted]
-    landed = {(t, d) for d, t, _ in insert_new(Allocation, ["device", "task", "created_at"], rows)}
+    shares = _fraction_shares(loaded, set(binds_by_job))
+    devices = sorted({device_id for _, device_id in wanted})
+    for ids in chunks(devices):  # one writer per device until the commit
+        list(Device.objects.select_for_update().filter(pk__in=ids).order_by("pk").values("pk"))
+    rows = [(device_id, task_id, shares.get(task_id, 1000), now) for task_id, device_id in wanted]
+    inserted = insert_new(Allocation, ["device", "task", "share", "created_at"], rows)
+    landed = {(t, d) for d, t, _, _ in inserted}
+    over = set(
+        Allocation.objects.filter(device_id__in=devices)
+        .values("device_id")
+        .annotate(held=Sum("share"))
+        .filter(held__gt=1000)
+        .values_list("device_id", flat=True)
+    )
+    landed = {(t, d) for t, d in landed if d not in over}
     failed = {job_id for pair, job_id in wanted.items() if pair not in landed}
     if failed:
         undo = [t for (t, _), job_id in wanted.items() if job_id in failed]
         Allocation.objects.filter(task_id__in=undo).delete()
         log.info("placement of jobs %s dropped: a device was taken", sorted(failed))
     return failed
+
+
+def _fraction_shares(loaded: Loaded, job_ids: set[int]) -> dict[int, int]:
+    """task id -> its share of a GPU in thousandths, for the fractions of these jobs."""
+    return {
+        task.id: task.gpu_share
+        for job in loaded.snapshot.jobs
+        if job.id in job_ids
+        for task in job.tasks
+        if task.gpu_share
+    }
 
 
 def _evict_jobs(evictions: list[Evict], events: list[Event]) -> set[int]:

@@ -17,7 +17,14 @@ import httpx
 from django.conf import settings
 
 from scheduler.core.duration import DurationError, parse_duration
-from scheduler.core.quantity import format_cpu, format_memory, parse_cpu, parse_gpu, parse_memory
+from scheduler.core.quantity import (
+    format_cpu,
+    format_gpu,
+    format_memory,
+    parse_cpu,
+    parse_gpu_request,
+    parse_memory,
+)
 from scheduler.intake.arrayspec import ArraySpecError, parse_array
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
@@ -30,7 +37,7 @@ JOB_FIELDS = {
     "array", "notify", "apps", "interactive",
 }  # fmt: skip
 TASK_FIELDS = {"name", "replicas", "command", "env", "resources", "node_selector"}
-RESOURCE_FIELDS = {"cpu", "memory", "gpu", "pids"}
+RESOURCE_FIELDS = {"cpu", "memory", "gpu", "gpu_memory", "pids"}
 FLOW_FIELDS = {"name", "parallelism", "fail_fast", "ttl_seconds_after_finished", "steps"}
 STEP_FIELDS = {"name", "template", "spec", "depends_on", "overrides", "items"}
 # What a flow step may override in its template's (or inline) spec: job and task fields.
@@ -245,7 +252,6 @@ def _resources(errors: _Errors, value: object, path: str, *, fill: bool = True) 
     for key, parse, fmt in (
         ("cpu", parse_cpu, format_cpu),
         ("memory", parse_memory, format_memory),
-        ("gpu", parse_gpu, int),
     ):
         if key not in value:
             continue
@@ -262,6 +268,7 @@ def _resources(errors: _Errors, value: object, path: str, *, fill: bool = True) 
                        " (the node holds a task to its memory)")  # fmt: skip
             continue
         out[key] = fmt(amount)
+    _gpu(errors, value, path, out)
     if "pids" in value:
         pids = value["pids"]
         if isinstance(pids, bool) or not isinstance(pids, int) or not 1 <= pids <= MAX_PIDS:
@@ -269,6 +276,37 @@ def _resources(errors: _Errors, value: object, path: str, *, fill: bool = True) 
         else:
             out["pids"] = pids
     return out
+
+
+def _gpu(errors: _Errors, value: dict[str, Any], path: str, out: dict[str, Any]) -> None:
+    """`gpu` (whole devices, or a fraction of one: 0.25) and `gpu_memory` (a size, only with
+    a fraction) into `out`."""
+    share = None
+    if "gpu" in value:
+        try:
+            devices, share = parse_gpu_request(value["gpu"])
+        except ValueError as exc:
+            errors.add(_path(path, "gpu"), str(exc))
+        else:
+            if devices > RESOURCE_MAX["gpu"]:
+                errors.add(_path(path, "gpu"), f"must be at most {RESOURCE_MAX['gpu']}")
+            else:
+                out["gpu"] = format_gpu(devices, share)
+    if "gpu_memory" not in value:
+        return
+    try:
+        amount = parse_memory(value["gpu_memory"])
+    except ValueError as exc:
+        errors.add(_path(path, "gpu_memory"), str(exc).replace("memory", "gpu_memory", 1))
+        return
+    if amount <= 0 or amount > RESOURCE_MAX["memory"]:
+        errors.add(_path(path, "gpu_memory"), "must be more than 0 and at most"
+                   f" {format_memory(RESOURCE_MAX['memory'])}")  # fmt: skip
+    elif share == 0:
+        errors.add(_path(path, "gpu_memory"), "needs a fraction of a GPU (gpu below 1): a whole"
+                   " GPU comes with all of its memory")  # fmt: skip
+    else:
+        out["gpu_memory"] = format_memory(amount)
 
 
 def normalize_job_spec(data: object, *, name_required: bool = True) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from scheduler import notify
-from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
+from scheduler.core.quantity import parse_cpu, parse_gpu_request, parse_memory
 from scheduler.intake.arrayspec import format_indices, parse_array
 from scheduler.intake.specs import array_max_elements
 from scheduler.jobs.events import record
@@ -51,7 +51,8 @@ PARENT_COLUMNS = (
 )  # fmt: skip
 BATCH = 2000  # rows per INSERT/UPDATE statement (SQLite's variable limit allows it)
 PARENT_ACTIVE = (JobState.PENDING, JobState.RUNNING)
-TaskGroup = tuple[str, int, int, int, int]  # name, replicas, cpu, memory, gpu
+# name, replicas, cpu, memory, the GPU columns (gpu, gpu_share, gpu_memory)
+TaskGroup = tuple[str, int, int, int, dict[str, int]]
 
 
 def limit_text(limit: int) -> str:
@@ -67,6 +68,13 @@ def _chunks(ids: list[int], size: int = BATCH) -> Iterator[list[int]]:
 # --- 1. submission -----------------------------------------------------------------------
 
 
+def _gpu_columns(resources: dict[str, Any]) -> dict[str, int]:
+    """A task row's GPU columns: whole devices, or one device's share and GPU memory."""
+    devices, share = parse_gpu_request(resources["gpu"])
+    memory = parse_memory(resources["gpu_memory"]) if "gpu_memory" in resources else 0
+    return {"gpu": devices, "gpu_share": share, "gpu_memory": memory}
+
+
 def submit_array(owner: Any, spec: dict[str, Any], queue: Queue, labels: dict[str, str]) -> Job:
     """Create the parent, its elements and their tasks from a normalized spec with "array"."""
     parsed = parse_array(spec["array"], array_max_elements())
@@ -74,7 +82,7 @@ def submit_array(owner: Any, spec: dict[str, Any], queue: Queue, labels: dict[st
     # Resources are parsed once for all elements, not once per task row.
     groups: list[TaskGroup] = [
         (g["name"], g["replicas"], parse_cpu(g["resources"]["cpu"]),
-         parse_memory(g["resources"]["memory"]), parse_gpu(g["resources"]["gpu"]))
+         parse_memory(g["resources"]["memory"]), _gpu_columns(g["resources"]))
         for g in spec["tasks"]
     ]  # fmt: skip
     per_element = sum(g[1] for g in groups)
@@ -131,7 +139,7 @@ def create_elements(
     Job.objects.bulk_create(elements, batch_size=BATCH)
     Task.objects.bulk_create(
         (
-            Task(job_id=row.pk, group=name, index=i, cpu=cpu, memory=memory, gpu=gpu)
+            Task(job_id=row.pk, group=name, index=i, cpu=cpu, memory=memory, **gpu)
             for row in elements
             for name, replicas, cpu, memory, gpu in groups
             for i in range(replicas)

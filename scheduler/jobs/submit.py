@@ -9,11 +9,11 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from django.db import models, transaction
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Max, QuerySet
 
 from scheduler import notify
 from scheduler.core.fit import Ask, Offer, never_fits, over_capability
-from scheduler.core.quantity import parse_cpu, parse_gpu, parse_memory
+from scheduler.core.quantity import parse_cpu, parse_gpu_request, parse_memory
 from scheduler.core.resources import Resources
 from scheduler.intake.arrayspec import parse_array
 from scheduler.intake.specs import (
@@ -38,6 +38,7 @@ from scheduler.models import (
     Queue,
     Task,
     capability_problems,
+    sharing_problems,
 )
 from scheduler.sql import advisory_xact_lock, row_by, write_job
 from scheduler.states.codes import EventKind, Reason
@@ -210,10 +211,18 @@ def _new_tasks(job: Job, spec: dict[str, Any]) -> list[Task]:
                     index=index,
                     cpu=parse_cpu(resources["cpu"]),
                     memory=parse_memory(resources["memory"]),
-                    gpu=parse_gpu(resources["gpu"]),
+                    **_gpu_fields(resources),
                 )
             )
     return tasks
+
+
+def _gpu_fields(resources: dict[str, Any]) -> dict[str, int]:
+    """A task row's GPU columns from a normalized spec's resources: whole devices, or one
+    device's share (thousandths) and the GPU memory it asks for."""
+    devices, share = parse_gpu_request(resources["gpu"])
+    memory = parse_memory(resources["gpu_memory"]) if "gpu_memory" in resources else 0
+    return {"gpu": devices, "gpu_share": share, "gpu_memory": memory}
 
 
 def _created_with(job: Job, tasks: list[Task]) -> None:
@@ -282,13 +291,29 @@ def create_flow(owner: Any, data: object) -> Flow:
 def registered_offers() -> list[Offer]:
     """Every registered node's allocatable (whatever its state: a node down for a moment
     still counts), in one query."""
-    rows = Node.objects.order_by("name").annotate(gpus=Count("devices"))
+    rows = Node.objects.order_by("name").annotate(
+        gpus=Count("devices"), gpu_memory=Max("devices__memory")
+    )
     return [
-        Offer(name, Resources(cpu, memory, gpus), labels if isinstance(labels, dict) else {})
-        for name, cpu, memory, gpus, labels in rows.values_list(
-            "name", "cpu", "memory", "gpus", "labels"
+        Offer(
+            name,
+            Resources(cpu, memory, gpus),
+            labels if isinstance(labels, dict) else {},
+            tuple(modes) if isinstance(modes, list) and not sharing_problems(modes) else (),
+            gpu_memory or 0,
+        )
+        for name, cpu, memory, gpus, labels, modes, gpu_memory in rows.values_list(
+            "name", "cpu", "memory", "gpus", "labels", "gpu_sharing", "gpu_memory"
         )
     ]
+
+
+def _queue_modes(queue: Queue | None) -> tuple[str, ...]:
+    """The GPU sharing modes the queue allows its fractions (empty: any)."""
+    modes = queue.gpu_sharing if queue is not None else None
+    if not isinstance(modes, list) or sharing_problems(modes):
+        return ()
+    return tuple(modes) or ("none",)
 
 
 def never_fit_errors(
@@ -303,6 +328,9 @@ def never_fit_errors(
             resources=Resources.parse(task["resources"]),
             replicas=task["replicas"],
             node_selector=task["node_selector"],
+            gpu_share=_gpu_fields(task["resources"])["gpu_share"],
+            gpu_memory=_gpu_fields(task["resources"])["gpu_memory"],
+            gpu_modes=_queue_modes(queue),
         )
         for i, task in enumerate(spec["tasks"])
     ]

@@ -22,7 +22,8 @@ from scheduler.models import FinishedJobCount, Job, Queue, Task, UsageRecord
 def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = None,
                      measured: dict[int, dict[str, Any]] | None = None) -> int:  # fmt: skip
     """Record what each ended attempt used: wall time from its start to `now` (or its own
-    finish time), cpu-seconds = millicores x seconds / 1000, gpu-seconds = devices x seconds.
+    finish time), cpu-seconds = millicores x seconds / 1000, gpu-seconds = devices x seconds
+    (a fraction of one GPU counts as that fraction: 0.25 GPU for an hour is 900 gpu-seconds).
     Attempts that never started used nothing and leave no record. `state` overrides the
     tasks' own state (for callers that ended them with a bulk update). `measured` (task id ->
     the agent's `usage` of its end) adds what the node measured: peak memory, CPU seconds
@@ -46,13 +47,18 @@ def record_task_ends(tasks: Iterable[Task], now: datetime, state: str | None = N
                 task_id=task.pk, attempt=task.attempt, state=state or task.state,
                 started_at=start, finished_at=finished,
                 day=finished.astimezone(UTC).date(), wall_seconds=wall,
-                cpu_seconds=task.cpu * wall / 1000, gpu_seconds=task.gpu * wall,
+                cpu_seconds=task.cpu * wall / 1000, gpu_seconds=gpus_held(task) * wall,
                 memory=task.memory, **_measured(measured.get(task.pk, {})),
             )
         )  # fmt: skip
     # A report re-sent for an attempt already recorded is ignored, never counted twice.
     UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
     return len(records)
+
+
+def gpus_held(task: Task) -> float:
+    """The GPUs a task holds: its whole devices, or its fraction of one."""
+    return task.gpu_share / 1000 if task.gpu_share else task.gpu
 
 
 def _measured(usage: dict[str, Any]) -> dict[str, Any]:

@@ -119,7 +119,7 @@ def _capacity() -> Iterator[Metric]:
     gpus_held: dict[bool, int] = defaultdict(int)
     for row in (
         Device.objects.values("node__state", "healthy")
-        .annotate(n=Count("id"), held=Count("allocation"))
+        .annotate(n=Count("id", distinct=True), held=Count("allocations__device", distinct=True))
         .order_by()
     ):
         usable = row["node__state"] == NodeState.READY and row["healthy"]

@@ -43,7 +43,7 @@ def test_a_finished_jobs_tasks_still_list_their_node_and_gpus(api: Any, owner: A
         assert reports.post("/api/v1/agent/report/", body, format="json").status_code == 200
     run_scheduler_cycle()
     assert Job.objects.get(pk=job.pk).state == JobState.SUCCEEDED
-    assert not Device.objects.filter(allocation__isnull=False).exists()
+    assert not Device.objects.filter(allocations__isnull=False).exists()
     ended = api(owner).get(url).json()["tasks"][0]
     assert (ended["state"], ended["node"], ended["devices"]) == ("Succeeded", "gpu-01", [2, 3])
 

@@ -20,13 +20,16 @@ def node(
     memory_gi: int = 64,
     labels: dict[str, str] | None = None,
     state: str = "Ready",
+    sharing: tuple[str, ...] = (),
+    gpu_memory_gi: int = 0,
 ) -> NodeInfo:
     return NodeInfo(
         name=name,
         allocatable=Resources(cpu * 1000, memory_gi * GI, gpus),
         labels=labels or {},
         state=state,
-        devices=[DeviceInfo(i) for i in range(gpus)],
+        devices=[DeviceInfo(i, memory=gpu_memory_gi * GI) for i in range(gpus)],
+        sharing=sharing,
     )
 
 
@@ -48,9 +51,13 @@ def job(
     started_at: float = NOW - 100,
     state: str | None = None,
     owner: str = "u",
+    share: int = 0,
+    gpu_memory_gi: int = 0,
+    modes: tuple[str, ...] = (),
     **extra: Any,
 ) -> JobInfo:
-    """A job; `running_on` places its tasks (node, devices) and makes it Running."""
+    """A job; `running_on` places its tasks (node, devices) and makes it Running. `share`
+    (thousandths) makes each task ask for that fraction of one GPU."""
     tasks = []
     for i in range(replicas):
         placed = running_on[i] if running_on and i < len(running_on) else None
@@ -59,12 +66,15 @@ def job(
                 id=next(_task_ids),
                 group="main",
                 index=i,
-                resources=Resources(int(cpu * 1000), memory_gi * GI, gpu),
+                resources=Resources(int(cpu * 1000), memory_gi * GI, 1 if share else gpu),
                 node_selector=selector or {},
                 state="Running" if placed else "Pending",
                 node=placed[0] if placed else None,
                 devices=placed[1] if placed else (),
                 started_at=started_at if placed else None,
+                gpu_share=share,
+                gpu_memory=gpu_memory_gi * GI,
+                gpu_modes=modes,
             )
         )
     return JobInfo(

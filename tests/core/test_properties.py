@@ -33,6 +33,7 @@ def clusters(draw: st.DrawFn) -> Snapshot:
             memory_gi=draw(st.integers(1, 16)),
             labels=draw(st.sampled_from([{}, {"zone": "a"}, {"zone": "b"}])),
             state=draw(st.sampled_from(["Ready", "Ready", "Ready", "Cordoned", "NotReady"])),
+            sharing=draw(st.sampled_from([(), ("timeslice",), ("timeslice",)])),
         )
         for i in range(draw(st.integers(1, 6)))
     ]
@@ -64,6 +65,8 @@ def random_job(draw: st.DrawFn, id: int) -> JobInfo:
         preemptible=draw(st.booleans()),
         created_at=float(id),
         owner=draw(st.sampled_from(OWNERS)),
+        # A fraction of one GPU for some jobs (then `gpu` is 1: the device it goes on).
+        share=draw(st.sampled_from([0, 0, 0, 250, 500, 700])),
     )
 
 
@@ -115,24 +118,26 @@ def test_it_never_over_allocates_a_node_or_device(snap: Snapshot, config: Schedu
     result = run_cycle(snap, config)
     cpu: dict[str, int] = defaultdict(int)
     memory: dict[str, int] = defaultdict(int)
-    devices: dict[str, list[int]] = defaultdict(list)
-    requests = {t.id: t.resources for j in snap.jobs for t in j.tasks}
-    for j in snap.jobs:
-        for t in j.tasks:
-            if t.node:
-                cpu[t.node] += t.resources.cpu
-                memory[t.node] += t.resources.memory
-                devices[t.node] += list(t.devices)
+    # (node, device) -> the thousandths of it each holder holds (1000: a whole GPU)
+    held: dict[tuple[str, int], list[int]] = defaultdict(list)
+    tasks = {t.id: t for j in snap.jobs for t in j.tasks}
+    placed = [(t.node, t.devices, t) for t in tasks.values() if t.node]
+    placed += [(b.node, b.devices, tasks[b.task_id]) for b in result.binds]
     for b in result.binds:
-        cpu[b.node] += requests[b.task_id].cpu
-        memory[b.node] += requests[b.task_id].memory
-        devices[b.node] += list(b.devices)
-        assert len(b.devices) == requests[b.task_id].gpu
+        assert len(b.devices) == tasks[b.task_id].resources.gpu
+        assert snap_node(snap, b.node).sharing or not tasks[b.task_id].gpu_share
+    for name, devices, t in placed:
+        cpu[name] += t.resources.cpu
+        memory[name] += t.resources.memory
+        for d in devices:
+            held[(name, d)].append(t.gpu_share or 1000)
     for n in snap.nodes:
         assert cpu[n.name] <= n.allocatable.cpu
         assert memory[n.name] <= n.allocatable.memory
-        assert len(devices[n.name]) == len(set(devices[n.name]))
-        assert set(devices[n.name]) <= {d.index for d in n.devices}
+    for (name, d), shares in held.items():
+        assert d in {dev.index for dev in snap_node(snap, name).devices}
+        # Never past one GPU; a whole GPU is alone on its device.
+        assert sum(shares) <= 1000
     assert all(snap_node(snap, b.node).state == "Ready" for b in result.binds)
 
 
@@ -199,7 +204,7 @@ def _decided(snap: Snapshot, result: CycleResult, n: int) -> Snapshot:
 def queue_share(snap: Snapshot, queue: str) -> float:
     """Weighted dominant share of what the queue's tasks hold in the snapshot."""
     weights = {q.name: q.weight for q in snap.queues}
-    held = {"cpu": 0, "memory": 0, "gpu": 0}
+    held: dict[str, float] = {"cpu": 0, "memory": 0, "gpu": 0}
     total = {"cpu": 0, "memory": 0, "gpu": 0}
     for n in snap.nodes:
         total["cpu"] += n.allocatable.cpu
@@ -210,7 +215,7 @@ def queue_share(snap: Snapshot, queue: str) -> float:
             if j.queue == queue and t.node:
                 held["cpu"] += t.resources.cpu
                 held["memory"] += t.resources.memory
-                held["gpu"] += len(t.devices)
+                held["gpu"] += t.gpu_share / 1000 if t.gpu_share else len(t.devices)
     share = max((held[d] / total[d] for d in held if total[d]), default=0.0)
     return share / weights[queue]
 

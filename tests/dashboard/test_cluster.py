@@ -48,3 +48,21 @@ def test_it_shows_other_users_jobs_on_gpus_as_the_shared_cluster_view(owner, out
     node = make_node("gpu-01", gpus=1)
     place(make_job(outsider, "theirs", gpu=1), node, devices=1)
     assert "theirs" in signed_in(owner).get("/").content.decode()
+
+
+def test_it_shows_a_shared_gpus_occupants_each_with_its_share(owner, teammate, signed_in):
+    from scheduler.models import Allocation, Device
+
+    node = make_node("gpu-01", gpus=2, gpu_sharing=["timeslice"])
+    device = Device.objects.get(node=node, index=0)
+    jobs = [make_job(owner, "notebook"), make_job(teammate, "serve")]
+    for job, share in zip(jobs, (250, 500), strict=True):
+        place(job, node)
+        Allocation.objects.create(device=device, task=job.tasks.get(), share=share)
+    html = signed_in(owner).get("/").content.decode()
+    assert "GPU 0 shared by 2 jobs, 0.25 free" in html
+    assert f"job {jobs[0].pk} notebook holds 0.25 of GPU 0" in html
+    assert f"job {jobs[1].pk} serve holds 0.5 of GPU 0" in html
+    assert f'href="/jobs/{jobs[1].pk}/"' in html
+    assert "GPU 1 free" in html
+    assert "<b>0.75<small>/2</small></b><span>GPUs in use" in html

@@ -243,7 +243,10 @@ def test_the_set_based_insert_writes_the_same_rows_as_bulk_create(owner):
             name="sweep", owner=owner, queue=parent.queue, spec={"x": [1]}, labels={"a": "b"},
             walltime=5, priority=3, array_parent=parent,
         )  # fmt: skip
-        groups = [("main", 2, 1000, 2**30, 1), ("side", 1, 500, 2**20, 0)]
+        groups = [
+            ("main", 2, 1000, 2**30, {"gpu": 1, "gpu_share": 250, "gpu_memory": 2**30}),
+            ("side", 1, 500, 2**20, {"gpu": 0}),
+        ]
         create_elements(template, (4, 2, 9), 2, groups, set_based=set_based)
         made.append(rows(parent))
     assert made[0] == made[1]

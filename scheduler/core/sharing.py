@@ -1,0 +1,167 @@
+"""Fractions of a GPU in the cycle (issue #23): where a fraction may go, which node and
+device the placement policy picks, and when a shared device comes back whole.
+
+A fraction (`TaskInfo.gpu_share` thousandths of one device, optionally `gpu_memory` bytes)
+goes on one device of a node that offers GPU sharing in a mode the task's queue allows: a
+device already holding fractions with enough share (and memory) left, or a whole free device,
+which then holds fractions only until they have all ended. Whole-GPU tasks take only devices
+in `NodeView.free_devices`, so they never share.
+
+In the sums the rest of the core works with (`Resources.gpu`: whole devices) a fraction asks
+for the one device it may have to open (`resources.gpu` is 1). Planning, backfill's spare,
+queue capabilities and per-user GPU limits therefore count a fraction as a whole device:
+never optimistic, at worst a later estimate. A shared device comes back whole, in plans, when
+its last occupant ends (`releasers`). DRF counts fractions as what they are
+(`QueueState.shared_gpu`).
+
+The node and device are chosen by the cluster's policy (`SchedulingPolicy.gpu_placement`):
+`fgd` (fragmentation gradient descent over the typical shapes of the tasks in the snapshot,
+`scheduler.core.gpushare.FGD`), `best-fit` or `first-fit` (the first node in the session's
+node order, the first device with room).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from scheduler.core import gpushare
+from scheduler.core.model import JobInfo, TaskInfo
+from scheduler.core.types import NodeView
+
+MILLI = gpushare.MILLI
+MIB = 2**20
+Ends = Callable[[JobInfo, TaskInfo], float | None]
+
+
+def never_reason(node: NodeView, task: TaskInfo) -> str | None:
+    """Why the node can never take the fraction (None: it may, room permitting)."""
+    if not node.sharing:
+        return "no GPU sharing"
+    if task.gpu_modes and not any(mode in task.gpu_modes for mode in node.sharing):
+        return "GPU sharing mode not allowed by the queue"
+    if task.gpu_memory and not any(m >= task.gpu_memory for m in node.device_memory.values()):
+        return "insufficient gpu memory"
+    return None
+
+
+def options(node: NodeView, task: TaskInfo) -> list[int]:
+    """The devices the fraction fits on now, by index."""
+    share, memory = task.gpu_share, task.gpu_memory
+    found = [
+        d
+        for d, free in node.shared.items()
+        if free >= share and (not memory or node.shared_memory.get(d, 0) >= memory)
+    ]
+    found += [d for d in node.free_devices if not memory or node.device_memory.get(d, 0) >= memory]
+    return sorted(found)
+
+
+def fits(node: NodeView, task: TaskInfo) -> bool:
+    return never_reason(node, task) is None and bool(options(node, task))
+
+
+def take(node: NodeView, task: TaskInfo, device: int) -> bool:
+    """Put the fraction on the device; True if it opened a whole free device."""
+    opened = device in node.shared
+    if not opened:
+        node.free_devices.remove(device)
+        node.shared[device] = MILLI
+        node.shared_memory[device] = node.device_memory.get(device, 0)
+    node.shared[device] -= task.gpu_share
+    node.shared_memory[device] -= task.gpu_memory
+    return not opened
+
+
+def give_back(node: NodeView, task: TaskInfo, device: int) -> bool:
+    """Undo `take`; True if the device is whole and free again."""
+    if device not in node.shared:
+        return False
+    node.shared[device] += task.gpu_share
+    node.shared_memory[device] += task.gpu_memory
+    if node.shared[device] < MILLI:
+        return False
+    del node.shared[device], node.shared_memory[device]
+    node.free_devices = sorted([*node.free_devices, device])
+    return True
+
+
+# --- the placement policy ---------------------------------------------------------------
+
+
+def policy_for(name: str, tasks: Iterable[TaskInfo]) -> gpushare.Policy:
+    """The policy named by `SchedulingPolicy.gpu_placement`; FGD measures its fragmentation
+    against the typical shapes of `tasks` (the snapshot's, running and waiting)."""
+    if name == "first-fit":
+        return gpushare.FirstFit()
+    if name == "best-fit":
+        return gpushare.BestFit()
+    return gpushare.FGD(gpushare.typical_tasks(_gpu_task(t) for t in tasks))
+
+
+def _gpu_task(task: TaskInfo) -> gpushare.GpuTask:
+    request = task.resources
+    devices = request.gpu
+    milli = task.gpu_share or (MILLI if devices else 0)
+    return gpushare.GpuTask(request.cpu, request.memory // MIB, devices, milli)
+
+
+def score(
+    policy: gpushare.Policy, node: NodeView, position: int, task: TaskInfo
+) -> tuple[float, int] | None:
+    """The policy's score for the fraction on the node and the device it picks there."""
+    allowed = options(node, task)
+    if not allowed:
+        return None
+    devices = sorted([*node.free_devices, *node.shared])
+    view = gpushare.GpuNode(
+        node.name, node.model, node.allocatable.cpu, node.allocatable.memory // MIB, len(devices)
+    )
+    view.cpu_free, view.mem_free = node.free_cpu, node.free_memory // MIB
+    view.gpu_free = [node.shared.get(d, MILLI) for d in devices]
+    choices: list[tuple[int, ...]] = [(devices.index(d),) for d in allowed]
+    value, chosen = policy.score(view, position, _gpu_task(task), choices)
+    return value, devices[chosen[0]]
+
+
+def ranked(policy: gpushare.Policy, nodes: list[NodeView], task: TaskInfo) -> list[NodeView]:
+    """`nodes` (each able to take the fraction, in the session's order) best first as the
+    policy scores them; equals keep their order."""
+    if isinstance(policy, gpushare.FirstFit):
+        return nodes
+    scores = []
+    for position, node in enumerate(nodes):
+        scored = score(policy, node, position, task)
+        if scored is not None:
+            scores.append((-scored[0], position, node))
+    scores.sort(key=lambda s: (s[0], s[1]))
+    return [node for _, _, node in scores]
+
+
+def pick_device(policy: gpushare.Policy, node: NodeView, task: TaskInfo) -> int:
+    scored = score(policy, node, 0, task)
+    if scored is None:
+        raise ValueError(f"{node.name}: no device has room for a {task.gpu_share}/1000 GPU")
+    return scored[1]
+
+
+# --- when a shared device comes back whole -----------------------------------------------
+
+
+def releasers(nodes: Iterable[NodeView], end: Ends) -> set[int]:
+    """The task per shared device whose end gives the device back whole: the last to end
+    when every occupant has an end, else the first (by id) of those without one."""
+    chosen: set[int] = set()
+    for node in nodes:
+        by_device: dict[int, list[tuple[JobInfo, TaskInfo]]] = {}
+        for job, task in node.tasks:
+            if task.gpu_share:
+                for device in task.devices:
+                    by_device.setdefault(device, []).append((job, task))
+        for occupants in by_device.values():
+            ends = [(end(job, task), task.id) for job, task in occupants]
+            open_ended = sorted(task_id for at, task_id in ends if at is None)
+            if open_ended:
+                chosen.add(open_ended[0])
+            else:
+                chosen.add(max((at or 0.0, task_id) for at, task_id in ends)[1])
+    return chosen
