@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Generator
+from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any
+from unittest import mock
 
 import pytest
+import pytest_asyncio
+from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
@@ -29,6 +32,33 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(f"needs Debian chromium at {CHROMIUM}: apt-get install -y chromium")
     if item.get_closest_marker("root") and os.geteuid() != 0:
         pytest.skip("needs root: the agent switches tasks to other accounts only as root")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("asyncio") and "websockets_closed" not in item.fixturenames:
+            item.fixturenames.append("websockets_closed")  # type: ignore[attr-defined]
+
+
+@pytest_asyncio.fixture
+async def websockets_closed() -> AsyncGenerator[None]:
+    """Every websocket an async test opened is told it is gone at the test's end, as a real
+    server tells a consumer (websocket.disconnect) even after the consumer refused the socket.
+    Without that a refused consumer still waits on the channel layer when the test's loop
+    closes, and cancelling it there could hang the run for good (once per dozen runs, inside
+    channels_redis's receive: CI's 90 minutes ran out on it)."""
+    opened: list[WebsocketCommunicator] = []
+    init = WebsocketCommunicator.__init__
+
+    def tracking(self: WebsocketCommunicator, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        opened.append(self)
+
+    with mock.patch.object(WebsocketCommunicator, "__init__", tracking):
+        yield
+    for socket in opened:
+        if not socket.future.done():
+            await socket.disconnect()
 
 
 @pytest.hookimpl(hookwrapper=True)
