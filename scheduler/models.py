@@ -446,11 +446,6 @@ class FlowStep(models.Model):
         return f"{self.flow_id}/{self.name}"
 
 
-# A hold reason that starts with this says the job waits for other steps (status code
-# Dependency); any other hold reason reads as Held (parallelism slot, array limit).
-DEPENDENCY_HOLD = "waiting for step"
-
-
 class Job(models.Model):
     name = models.CharField(max_length=63, validators=[name_validator])
     owner = models.ForeignKey(
@@ -639,9 +634,8 @@ class Job(models.Model):
         step's dependencies) comes first: the core never sees held jobs."""
         if self.state not in (JobState.PENDING, JobState.SUSPENDED):
             return None
-        if self.hold_reason:
-            code = Code.DEPENDENCY if self.hold_reason.startswith(DEPENDENCY_HOLD) else Code.HELD
-            return {"code": str(code), "message": self.hold_reason, "node_reasons": {}}
+        if self.hold_reason:  # a parallelism slot or an array's limit: its words say which
+            return {"code": str(Code.HELD), "message": self.hold_reason, "node_reasons": {}}
         # A preempted job (reason states.PREEMPTED) resumes by itself: the core says why.
         if self.state == JobState.SUSPENDED and self.reason != PREEMPTED:
             message = self.message or "suspended until its owner resumes it"

@@ -19,7 +19,6 @@ class Code(StrEnum):
     RESERVED_FOR_OTHER = "ReservedForOther"  # would delay the reserved job if started now
     PRIORITY = "Priority"  # a job before it in order waits (strict order)
     PREEMPTING = "Preempting"  # evicted lower-priority jobs are releasing for it
-    DEPENDENCY = "Dependency"  # a flow step waiting for the steps it depends on
     HELD = "Held"  # held outside the core, e.g. a flow's parallelism limit or an array's %K
     QUEUE_CLOSED = "QueueClosed"
     QUEUE_MISSING = "QueueMissing"

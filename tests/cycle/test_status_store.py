@@ -99,7 +99,6 @@ def test_a_job_that_fit_says_never_fits_once_the_cluster_shrinks(owner, api, cyc
         ({"hold_reason": "waiting for a parallelism slot (2/2 active in flow f)"}, "Held",
          "waiting for a parallelism slot (2/2 active in flow f)"),
         ({"hold_reason": "array limit: 2/2 active"}, "Held", "array limit: 2/2 active"),
-        ({"hold_reason": "waiting for step prep"}, "Dependency", "waiting for step prep"),
         ({"state": JobState.SUSPENDED, "reason": "UserSuspended", "message": "suspended by alice"},
          "Held", "suspended by alice"),
     ],
