@@ -64,7 +64,7 @@ def enqueue_for_events(events: Iterable[Event]) -> int:
             into[event.job_id] = (match[2], event.message[match.end() :].lstrip(": "))
     if not into:
         return 0
-    # The row may not hold the new state yet (set_state writes the event before its caller
+    # The row may not hold the new state yet (move_job writes the event before its caller
     # saves the job): the state and message come from the event.
     jobs = _jobs(Job.objects.filter(pk__in=sorted(into), array_parent__isnull=True))
     wanted = _wanted(jobs)

@@ -77,6 +77,13 @@ def _values_row(fields: Sequence[Field[Any, Any]], typed: bool) -> str:
     return f"({', '.join(marks)})"
 
 
+def _assign_from_values(table: str, field: Field[Any, Any], column: int, keep: bool) -> str:
+    """`field = v.columnN`, or only where the row's own value is NULL when `keep`."""
+    name = connection.ops.quote_name(field.column)
+    value = f"v.column{column}"
+    return f"{name} = COALESCE({table}.{name}, {value})" if keep else f"{name} = {value}"
+
+
 def update_rows(
     model: type[Model],
     rows: Mapping[int, Sequence[Any]],
@@ -84,10 +91,12 @@ def update_rows(
     constants: Mapping[str, Any] | None = None,
     guards: Mapping[str, Any] | None = None,
     raw: Sequence[str] = (),
+    keep: Sequence[str] = (),
 ) -> set[int]:
     """Set `per_row` fields from `rows` (pk -> values in that order) and `constants` on the
     rows whose `guards` fields still hold those values; returns the pks updated. `raw` adds
-    SQL assignments that read only the row itself (e.g. a CASE on its own state)."""
+    SQL assignments that read only the row itself (e.g. a CASE on its own state). A `per_row`
+    field also in `keep` is written only where the row's own value is NULL."""
     if not rows:
         return set()
     quote = connection.ops.quote_name
@@ -96,7 +105,9 @@ def update_rows(
     row_fields = [_field(model, name) for name in per_row]
     const_fields = [(_field(model, name), value) for name, value in (constants or {}).items()]
     guard_fields = [(_field(model, name), value) for name, value in (guards or {}).items()]
-    assignments = [f"{quote(f.column)} = v.column{i + 2}" for i, f in enumerate(row_fields)]
+    assignments = [
+        _assign_from_values(table, f, i + 2, f.name in keep) for i, f in enumerate(row_fields)
+    ]
     assignments += [f"{quote(f.column)} = %s" for f, _ in const_fields]
     assignments += list(raw)
     conditions = "".join(f" AND {table}.{quote(f.column)} = %s" for f, _ in guard_fields)

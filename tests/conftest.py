@@ -36,8 +36,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("asyncio") and "websockets_closed" not in item.fixturenames:
-            item.fixturenames.append("websockets_closed")  # type: ignore[attr-defined]
+        names: list[str] = getattr(item, "fixturenames", [])
+        if item.get_closest_marker("asyncio") and "websockets_closed" not in names:
+            names.append("websockets_closed")
 
 
 @pytest_asyncio.fixture

@@ -25,10 +25,11 @@ from scheduler.core.status import Code, Status
 from scheduler.cycle import leader
 from scheduler.cycle.snapshot import Loaded, load_snapshot
 from scheduler.lifecycle import PREEMPTED
+from scheduler.lifecycle.moves import move_jobs
 from scheduler.models import Allocation, Device, Event, Job, Node, Task
 from scheduler.sql import CHUNK, chunks, insert_new, update_rows
 from scheduler.states.codes import EventKind, Reason
-from scheduler.states.job import JobEvent, case_sql, sources, target
+from scheduler.states.job import MACHINE, JobEvent
 from scheduler.states.names import TASK_ON_NODE, JobRequest, JobState, NodeState, TaskState
 
 __all__ = ["Applied", "Loaded", "apply_decisions", "bind_jobs", "load_snapshot"]
@@ -55,7 +56,7 @@ def apply_decisions(loaded: Loaded, result: CycleResult, now: datetime | None = 
     with transaction.atomic():
         leader.fence()  # a leader that lost its lock while deciding writes nothing
         events: list[Event] = []
-        evicted = _evict_jobs(result.evictions, events)
+        evicted = _evict_jobs(result.evictions, events, now)
         applied.evicted_jobs = len(evicted)
         applied.stale += len(result.evictions) - len(evicted)
         placed, nodes = bind_jobs(binds_by_job, loaded, now, events)
@@ -103,7 +104,7 @@ def bind_jobs(
         )
     }
     ok = _claim_tasks(binds_by_job, ok, ready, loaded, now)
-    _record_binds(binds_by_job, ok, waiting, events)
+    _record_binds(binds_by_job, ok, waiting, events, now)
     return ok, {ready[b.node] for job_id in ok for b in binds_by_job[job_id]}
 
 
@@ -145,47 +146,27 @@ def _record_binds(
     ok: set[int],
     waiting: dict[int, tuple[str, int | None]],
     events: list[Event],
+    now: datetime,
 ) -> None:
-    """The bound jobs' rows (state through the transition table, message, no pending
-    status left) and their events."""
+    """The bound jobs' rows (through the job mover: state, message, no pending status left)
+    and their events."""
     messages = {
         job_id: f"{len(binds_by_job[job_id])} tasks placed on "
         + ", ".join(sorted({b.node for b in binds_by_job[job_id]}))
         for job_id in ok
     }
-    update_rows(
-        Job,
-        {job_id: (message,) for job_id, message in messages.items()},
-        per_row=["message"],
-        constants={
-            "reason": "Scheduled",
-            "pending_code": "",
-            "pending_message": "",
-            "pending_node_reasons": {},
-            "estimated_start_at": None,
-        },
-        # A resumed (preempted) job waits for its tasks to start like any placed job.
-        raw=[case_sql(JobEvent.BIND)],
-    )
+    # A resumed (preempted) job waits for its tasks to start like any placed job.
+    bound = {job_id: waiting[job_id] for job_id in ok}
+    resumed = {j: Reason.RESUMED for j, (state, _) in bound.items() if state == JobState.SUSPENDED}
+    move_jobs(bound, JobEvent.BIND, messages, now, event_reasons=resumed, events=events)
     for job_id in sorted(ok):
-        state, flow_id = waiting[job_id]
-        if state == JobState.SUSPENDED:
-            events.append(
-                Event(
-                    kind=EventKind.JOB_STATE_CHANGED,
-                    reason=Reason.RESUMED,
-                    job_id=job_id,
-                    flow_id=flow_id,
-                    message="Suspended -> Pending: resources returned",
-                )
-            )
         events.append(
             Event(
                 kind=EventKind.SCHEDULED,
                 reason=binds_by_job[job_id][0].action,
                 message=messages[job_id],
                 job_id=job_id,
-                flow_id=flow_id,
+                flow_id=waiting[job_id][1],
             )
         )
 
@@ -197,7 +178,7 @@ def _lock_waiting_jobs(binds_by_job: dict[int, list[Bind]]) -> dict[int, tuple[s
     for ids in chunks(sorted(binds_by_job)):
         rows = (
             Job.objects.select_for_update()
-            .filter(pk__in=ids, state__in=sources(JobEvent.BIND))
+            .filter(pk__in=ids, state__in=MACHINE.sources(JobEvent.BIND))
             .exclude(requested_action__in=(JobRequest.CANCEL, JobRequest.SUSPEND))
             .order_by("id")
             .values_list("id", "state", "reason", "flow_id")
@@ -260,45 +241,34 @@ def _fraction_shares(loaded: Loaded, job_ids: set[int]) -> dict[int, int]:
     }
 
 
-def _evict_jobs(evictions: list[Evict], events: list[Event]) -> set[int]:
+def _evict_jobs(evictions: list[Evict], events: list[Event], now: datetime) -> set[int]:
     """Suspend the victims that are still running and preemptible; their tasks are asked to
     stop and keep their resources until the agents confirm."""
     if not evictions:
         return set()
     by_job = {e.job_id: e for e in evictions}
-    victims = list(
-        Job.objects.select_for_update()
-        .filter(pk__in=sorted(by_job), state__in=sources(JobEvent.PREEMPT), preemptible=True)
+    victims = {
+        pk: (state, flow_id)
+        for pk, state, flow_id in Job.objects.select_for_update()
+        .filter(pk__in=sorted(by_job), state__in=MACHINE.sources(JobEvent.PREEMPT))
+        .filter(preemptible=True)
         .order_by("id")
         .values_list("id", "state", "flow_id")
-    )
-    for job_id in set(by_job) - {v[0] for v in victims}:
+    }
+    for job_id in set(by_job) - set(victims):
         log.info("eviction of job %s dropped: no longer running or preemptible", job_id)
     if not victims:
         return set()
-    ids = [v[0] for v in victims]
-    Task.objects.filter(job_id__in=ids, state__in=TASK_ON_NODE).update(kill_requested=True)
+    Task.objects.filter(job_id__in=list(victims), state__in=TASK_ON_NODE).update(
+        kill_requested=True
+    )
     messages = {
         job_id: by_job[job_id].message or f"preempted by job {by_job[job_id].preemptor_job_id}"
-        for job_id in ids
+        for job_id in victims
     }
-    update_rows(
-        Job,
-        {job_id: (message,) for job_id, message in messages.items()},
-        per_row=["message"],
-        constants={"state": target(JobEvent.PREEMPT), "reason": PREEMPTED},
-    )
-    for job_id, old, flow_id in victims:
-        events.append(
-            Event(
-                kind=EventKind.JOB_STATE_CHANGED,
-                reason=by_job[job_id].reason,
-                job_id=job_id,
-                flow_id=flow_id,
-                message=f"{old} -> Suspended: {messages[job_id]}",
-            )
-        )
-    return set(ids)
+    why = {job_id: by_job[job_id].reason for job_id in victims}
+    move_jobs(victims, JobEvent.PREEMPT, messages, now, event_reasons=why, events=events)
+    return set(victims)
 
 
 def _write_pending(

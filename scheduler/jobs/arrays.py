@@ -31,10 +31,11 @@ from scheduler.core.quantity import parse_cpu, parse_gpu_request, parse_memory
 from scheduler.intake.arrayspec import format_indices, parse_array
 from scheduler.intake.specs import array_max_elements
 from scheduler.jobs.events import record
+from scheduler.lifecycle.moves import move_job, move_jobs
 from scheduler.models import Event, Job, Queue, Task
 from scheduler.sql import insert_array_elements, update_rows
 from scheduler.states.codes import EventKind, Reason
-from scheduler.states.job import JobEvent, event_into, next_state, sources, target
+from scheduler.states.job import MACHINE, JobEvent
 from scheduler.states.names import (
     JOB_ACTIVE,
     JOB_FINAL,
@@ -192,30 +193,28 @@ def cancel_requested_elements(now: datetime | None = None) -> int:
         Job.objects.filter(
             array_parent__isnull=False,
             requested_action=JobRequest.CANCEL,
-            state__in=sources(JobEvent.CANCEL, only=(JobState.PENDING, JobState.SUSPENDED)),
+            state__in=MACHINE.sources(JobEvent.CANCEL, only=(JobState.PENDING, JobState.SUSPENDED)),
         )
         .exclude(tasks__state__in=TASK_ON_NODE)
         .order_by("id")
     )
     with transaction.atomic():
-        rows = list(doomed.values_list("id", "array_parent_id", "array_index"))
+        rows = list(
+            doomed.select_for_update(of=("self",)).values_list(
+                "id", "state", "array_parent_id", "array_index"
+            )
+        )
         if not rows:
             return 0
         for chunk in _chunks([r[0] for r in rows]):
             Task.objects.filter(job_id__in=chunk, state=TaskState.PENDING).update(
                 state=TaskState.KILLED, finished_at=now, message="cancelled by user"
             )
-            # Re-checked in the UPDATE: only the scheduler loop (this process) places jobs.
-            Job.objects.filter(
-                pk__in=chunk, requested_action=JobRequest.CANCEL,
-                state__in=sources(JobEvent.CANCEL, only=(JobState.PENDING, JobState.SUSPENDED)),
-            ).update(
-                state=target(JobEvent.CANCEL), reason=Reason.CANCELLED, message="cancelled by user",
-                finished_at=now, requested_action=JobRequest.NONE, hold_reason="",
-                terminal_state="", pending_code="", pending_message="", estimated_start_at=None,
-            )  # fmt: skip
+        locked = {pk: (state, None) for pk, state, _, _ in rows}
+        move_jobs(locked, JobEvent.CANCEL, dict.fromkeys(locked, "cancelled by user"), now,
+                  constants={"requested_action": JobRequest.NONE}, record_each=False)  # fmt: skip
         by_parent: dict[int, list[int]] = defaultdict(list)
-        for _, parent_id, index in rows:
+        for _, _, parent_id, index in rows:
             by_parent[parent_id].append(index)
         Event.objects.bulk_create(
             Event(
@@ -346,28 +345,18 @@ def refresh_parents(now: datetime | None = None) -> int:
 
 
 def _move(parent: Job, state: str, counts: dict[str, Any], now: datetime) -> None:
-    old = parent.state
-    states = Counter(counts["states"])
-    parent.state = next_state(old, event_into(state))
+    """The parent follows its elements (through the job mover; it is not counted as a
+    finished job itself: its elements are)."""
+    event = MACHINE.event_into(state)
     if state == JobState.RUNNING:
-        parent.started_at = parent.started_at or now
-        parent.reason, parent.message = Reason.STARTED, "an element started"
-    else:
-        parent.finished_at = now
-        parent.started_at = parent.started_at or now
-        parent.reason = {JobState.SUCCEEDED: Reason.COMPLETED,
-                         JobState.FAILED: Reason.ELEMENT_FAILED,
-                         JobState.CANCELLED: Reason.CANCELLED}[JobState(state)]  # fmt: skip
-        done = ", ".join(f"{n} {s.lower()}" for s, n in sorted(states.items()) if n)
-        parent.message = f"every element finished: {done}" if done else "no elements left"
-    parent.pending_code = parent.pending_message = ""
-    parent.estimated_start_at = None
-    record(
-        EventKind.JOB_STATE_CHANGED,
-        parent.reason,
-        f"{old} -> {state}: {parent.message}",
-        job=parent,
-    )
+        move_job(parent, event, "an element started", now)
+        return
+    states = Counter(counts["states"])
+    done = ", ".join(f"{n} {s.lower()}" for s, n in sorted(states.items()) if n)
+    why = Reason.ELEMENT_FAILED if state == JobState.FAILED else ""
+    parent.started_at = parent.started_at or now  # its elements ran, or none ever will
+    move_job(parent, event, f"every element finished: {done}" if done else "no elements left",
+             now, why)  # fmt: skip
 
 
 # --- the agent's environment and the API's detail --------------------------------------------

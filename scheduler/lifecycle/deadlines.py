@@ -11,14 +11,14 @@ from django.db.models import Q
 
 from scheduler.lifecycle.transitions import now_or, terminate_job
 from scheduler.models import Job
-from scheduler.states.job import JobEvent, sources
+from scheduler.states.job import MACHINE, JobEvent
 from scheduler.states.names import JobState
 
 log = logging.getLogger("berth.lifecycle")
 
 LATEST = datetime.max.replace(tzinfo=UTC)
 # Jobs a deadline ends: those that may fail at once or be stopped (not one already stopping).
-KILLABLE = tuple(s for s in sources(JobEvent.FAIL) if s in sources(JobEvent.STOP))
+KILLABLE = tuple(s for s in MACHINE.sources(JobEvent.FAIL) if s in MACHINE.sources(JobEvent.STOP))
 
 
 def after(start: datetime, seconds: float) -> datetime:

@@ -9,11 +9,11 @@ from datetime import datetime
 from django.db import transaction
 
 from scheduler import notify
+from scheduler.lifecycle.moves import move_job
 from scheduler.lifecycle.transitions import (
     USER_SUSPENDED,
     now_or,
     reset_stopped_tasks,
-    set_state,
     stop_tasks,
     terminate_job,
 )
@@ -77,16 +77,15 @@ def _cancel(job: Job, now: datetime) -> bool:
 def _suspend(job: Job, now: datetime) -> bool:
     if job.state == JobState.SUSPENDED:
         job.reason = USER_SUSPENDED  # a preempted job the user also suspends stays put
+        job.pending_code = job.pending_message = ""
+        job.estimated_start_at = None
     elif job.state == JobState.TERMINATING:
         return False  # let it finish terminating first
     else:
         stop_tasks(job)
         notify.orders(jobs=[job.pk])
-        job.hold_reason = ""
-        set_state(job, JobEvent.SUSPEND, USER_SUSPENDED, "suspended by user", now)
+        move_job(job, JobEvent.SUSPEND, "suspended by user", now)
     job.requested_action = JobRequest.NONE
-    job.pending_code = job.pending_message = ""
-    job.estimated_start_at = None
     job.save()
     notify.changed(jobs=[job.pk])
     return True
@@ -99,7 +98,7 @@ def _resume(job: Job, now: datetime) -> bool:
         return False  # resumes once the agents confirmed the old tasks stopped
     reset_stopped_tasks(job)
     job.requested_action = JobRequest.NONE
-    set_state(job, JobEvent.RESUME, "Resumed", "resumed by user", now)
+    move_job(job, JobEvent.RESUME, "resumed by user", now)
     job.save()
     notify.changed(jobs=[job.pk])
     return True

@@ -15,21 +15,19 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import F, Min, OuterRef, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Min
 
 from scheduler import notify
+from scheduler.lifecycle.moves import move_job, move_jobs
 from scheduler.lifecycle.transitions import (
     finish_terminating,
     now_or,
     reset_stopped_tasks,
-    set_state,
     terminate_job,
 )
-from scheduler.models import Event, Job, Task
-from scheduler.ops import accounting
-from scheduler.states.codes import EventKind, Reason
-from scheduler.states.job import JobEvent, sources, target
+from scheduler.models import Job, Task
+from scheduler.states.codes import Reason
+from scheduler.states.job import MACHINE, JobEvent
 from scheduler.states.names import JOB_ACTIVE, OUT_OF_MEMORY, TASK_ON_NODE, JobState, TaskState
 
 log = logging.getLogger("berth.lifecycle")
@@ -110,7 +108,7 @@ def _next_move(job: JobView, tasks: list[TaskView]) -> str | None:
         return "other"
     if all(t.state == TaskState.SUCCEEDED for t in tasks):
         return "succeeded"
-    if job.state in sources(JobEvent.START) and _started(tasks) >= job.min_available:
+    if job.state in MACHINE.sources(JobEvent.START) and _started(tasks) >= job.min_available:
         return "running"
     return None
 
@@ -126,78 +124,33 @@ def _lock_jobs(ids: Iterable[int], states: tuple[str, ...]) -> dict[int, tuple[s
     }
 
 
-def _state_events(
-    locked: dict[int, tuple[str, int | None]], new: str, reason: str, messages: dict[int, str]
-) -> None:
-    Event.objects.bulk_create(
-        Event(
-            kind=EventKind.JOB_STATE_CHANGED,
-            reason=reason,
-            job_id=job_id,
-            flow_id=flow_id,
-            message=f"{old} -> {new}: {messages[job_id]}",
-        )
-        for job_id, (old, flow_id) in locked.items()
-    )
-
-
 def _mark_running(jobs: dict[int, list[TaskView]], now: datetime) -> int:
-    """Pending jobs with min_available tasks started become Running, in one statement."""
+    """Pending jobs with min_available tasks started become Running, set-based."""
     if not jobs:
         return 0
     with transaction.atomic():
-        locked = _lock_jobs(jobs, sources(JobEvent.START))
-        if not locked:
-            return 0
+        locked = _lock_jobs(jobs, MACHINE.sources(JobEvent.START))
         messages = {j: f"{_started(jobs[j])}/{len(jobs[j])} tasks running" for j in locked}
-        # One statement per distinct message ("1/1 tasks running" for most), not a CASE
-        # with a branch per job.
-        by_message: dict[str, list[int]] = defaultdict(list)
-        for job_id, message in messages.items():
-            by_message[message].append(job_id)
-        for message, ids in by_message.items():
-            Job.objects.filter(pk__in=sorted(ids)).update(
-                state=target(JobEvent.START),
-                reason=Reason.STARTED,
-                message=message,
-                started_at=Coalesce(F("started_at"), Value(now)),
-                pending_code="",
-                pending_message="",
-                estimated_start_at=None,
-            )
-        _state_events(locked, target(JobEvent.START), Reason.STARTED, messages)
+        move_jobs(locked, JobEvent.START, messages, now)
         notify.changed(jobs=locked)
     return len(locked)
 
 
 def _mark_succeeded(jobs: dict[int, list[TaskView]], now: datetime) -> int:
-    """Jobs whose every task succeeded become Succeeded, in one statement. A job that ran
-    and ended between two cycles gets its first task's start as its own."""
+    """Jobs whose every task succeeded become Succeeded, set-based. A job that ran and ended
+    between two cycles gets its first task's start as its own."""
     if not jobs:
         return 0
     with transaction.atomic():
-        locked = _lock_jobs(jobs, sources(JobEvent.SUCCEED))
-        if not locked:
-            return 0
-        first_start = (
-            Task.objects.filter(job_id=OuterRef("pk"))
+        locked = _lock_jobs(jobs, MACHINE.sources(JobEvent.SUCCEED))
+        first_start = dict(
+            Task.objects.filter(job_id__in=sorted(locked), started_at__isnull=False)
             .values("job_id")
             .annotate(first=Min("started_at"))
-            .values("first")
-        )
-        Job.objects.filter(pk__in=sorted(locked)).update(
-            state=target(JobEvent.SUCCEED),
-            reason=Reason.COMPLETED,
-            message="all tasks succeeded",
-            started_at=Coalesce(F("started_at"), Subquery(first_start)),
-            finished_at=now,
-            pending_code="",
-            pending_message="",
-            estimated_start_at=None,
-        )
-        _state_events(locked, target(JobEvent.SUCCEED), Reason.COMPLETED,
-                      dict.fromkeys(locked, "all tasks succeeded"))  # fmt: skip
-        accounting.record_jobs_end(locked, JobState.SUCCEEDED)
+            .values_list("job_id", "first")
+        )  # a job none of whose tasks says when it started gets the move's time
+        messages = dict.fromkeys(locked, "all tasks succeeded")
+        move_jobs(locked, JobEvent.SUCCEED, messages, now, stamps=first_start)
         notify.changed(jobs=locked)
     return len(locked)
 
@@ -221,14 +174,12 @@ def _sync_job(job: Job, tasks: Sequence[TaskView], now: datetime) -> bool:
     if all(t.state == TaskState.SUCCEEDED for t in tasks):
         if job.started_at is None:  # it ran and ended between two cycles
             job.started_at = min((t.started_at for t in tasks if t.started_at), default=None)
-        set_state(job, JobEvent.SUCCEED, Reason.COMPLETED, "all tasks succeeded", now)
+        move_job(job, JobEvent.SUCCEED, "all tasks succeeded", now)
         job.save()
         return True
     started = _started(tasks)
-    if job.state in sources(JobEvent.START) and started >= job.min_available:
-        job.pending_code = job.pending_message = ""
-        job.estimated_start_at = None
-        set_state(job, JobEvent.START, Reason.STARTED, f"{started}/{len(tasks)} tasks running", now)
+    if job.state in MACHINE.sources(JobEvent.START) and started >= job.min_available:
+        move_job(job, JobEvent.START, f"{started}/{len(tasks)} tasks running", now)
         job.save()
         return True
     return False

@@ -1,8 +1,6 @@
-"""Moving one job row by row: `set_state` asks the state machine (scheduler/states/job.py)
-where an event leads, refuses the moves it does not allow and records the event;
-`terminate_job` stops a job's tasks and ends or restarts it. The set-based movers of the
-cycle (lifecycle/sync.py, store.py, arrays.py) ask the same state machine for many rows at
-once."""
+"""Stopping a job: `terminate_job` stops its tasks and ends or restarts it once they stopped,
+`restart` starts it afresh as a new attempt. Every state change goes through the job movers
+(lifecycle/moves.py)."""
 
 from __future__ import annotations
 
@@ -13,18 +11,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduler import notify
-from scheduler.jobs.events import record
+from scheduler.lifecycle.moves import move_job
 from scheduler.models import Allocation, Job, Task
-from scheduler.ops import accounting
-from scheduler.states.codes import EventKind, Reason
-from scheduler.states.job import JobEvent, event_into, next_state
-from scheduler.states.names import (
-    JOB_FINAL,
-    TASK_ON_NODE,
-    JobRequest,
-    JobState,
-    TaskState,
-)
+from scheduler.states.codes import Reason
+from scheduler.states.job import MACHINE, JobEvent
+from scheduler.states.names import TASK_ON_NODE, JobRequest, JobState, TaskState
 
 # Reasons a job is Suspended: a preempted job (states.PREEMPTED) resumes by itself, a
 # user-suspended one waits.
@@ -33,26 +24,6 @@ USER_SUSPENDED = Reason.USER_SUSPENDED
 
 def now_or(now: datetime | None) -> datetime:
     return now if now is not None else timezone.now()
-
-
-def set_state(job: Job, event: JobEvent, reason: str, message: str, now: datetime) -> None:
-    """Apply `event` to `job` (saved by the caller) and write the event that says why;
-    IllegalTransition if the state machine does not allow it from the job's state."""
-    old = job.state
-    state = next_state(old, event)
-    job.state = state
-    job.reason = reason
-    job.message = message
-    if state == JobState.RUNNING and job.started_at is None:
-        job.started_at = now
-    if state in JOB_FINAL:
-        accounting.record_job_end(job, state)
-        job.finished_at = now
-        job.pending_code = job.pending_message = ""
-        job.estimated_start_at = None
-    record(
-        EventKind.JOB_STATE_CHANGED, reason, f"{old} -> {state}: {message}".rstrip(": "), job=job
-    )
 
 
 def release(tasks: Iterable[Task]) -> None:
@@ -69,8 +40,8 @@ def terminate_job(
     `final_state` Pending means: restart the job afterwards (a retry).
     """
     now = now_or(now)
-    event = event_into(final_state)
-    next_state(JobState.TERMINATING, event)  # refused before anything is written
+    event = MACHINE.event_into(final_state)
+    MACHINE.next_state(JobState.TERMINATING, event)  # refused before anything is written
     with transaction.atomic():
         on_node = list(job.tasks.filter(state__in=TASK_ON_NODE))
         job.tasks.filter(state=TaskState.PENDING).update(
@@ -78,13 +49,12 @@ def terminate_job(
         )
         if on_node:
             Task.objects.filter(pk__in=[t.pk for t in on_node]).update(kill_requested=True)
-            set_state(job, JobEvent.STOP, reason, message, now)
+            move_job(job, JobEvent.STOP, message, now, reason)
             job.terminal_state = final_state
         elif event == JobEvent.RETRY:
             restart(job, now)
         else:
-            job.terminal_state = ""
-            set_state(job, event, reason, message, now)
+            move_job(job, event, message, now, reason)
         job.requested_action = JobRequest.NONE
         job.hold_reason = ""
         job.save()
@@ -94,12 +64,11 @@ def terminate_job(
 
 def finish_terminating(job: Job, now: datetime) -> None:
     """The agents confirmed a Terminating job's tasks stopped: it goes where it was sent."""
-    event = event_into(job.terminal_state or JobState.FAILED)
+    event = MACHINE.event_into(job.terminal_state or JobState.FAILED)
     if event == JobEvent.RETRY:
         restart(job, now)
     else:
-        job.terminal_state = ""
-        set_state(job, event, job.reason, job.message, now)
+        move_job(job, event, job.message, now, job.reason)
     job.save()
 
 
@@ -108,15 +77,8 @@ def restart(job: Job, now: datetime) -> None:
     for task in job.tasks.all():
         fresh_attempt(task)
     job.retries += 1
-    job.terminal_state = ""
-    job.started_at = None
-    set_state(
-        job,
-        JobEvent.RETRY,
-        Reason.RETRYING,
-        f"restart {job.retries} of {job.max_retry} after a task failure",
-        now,
-    )
+    message = f"restart {job.retries} of {job.max_retry} after a task failure"
+    move_job(job, JobEvent.RETRY, message, now)
 
 
 def stop_tasks(job: Job) -> bool:

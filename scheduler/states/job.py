@@ -1,11 +1,12 @@
-"""The job state machine: every allowed move of `Job.state`, with the event that causes it.
+"""The job state machine: every allowed move of `Job.state`, with the event that causes it and
+what that move writes besides the state (its reason code, the fields it clears, the times it
+stamps, whether the job is done).
 
 This table (a `Machine`, scheduler/states/machine.py) is the only place that says how a job
-may move. Code that changes one job goes through `next_state`
-(scheduler/lifecycle/transitions.py, scheduler/jobs/arrays.py); set-based SQL updates take
-the states they may change from `sources` for their WHERE clause (scheduler/lifecycle/,
-scheduler/cycle/store.py, scheduler/jobs/arrays.py). Anything else is refused with
-`IllegalTransition`. docs/architecture.md draws the same table.
+may move and what a move implies. Every writer goes through the two movers of
+scheduler/lifecycle/moves.py: `move_job` for one row, `move_jobs` for a set-based UPDATE.
+Anything else is refused with `IllegalTransition` (and, in the test suite's database, by a
+trigger). docs/architecture.md draws the same table.
 
 A job is created Pending (`INITIAL`); Succeeded, Failed and Cancelled are final: no event
 leaves them.
@@ -13,13 +14,13 @@ leaves them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
-from scheduler.states.machine import IllegalTransition, Machine
+from scheduler.states.codes import Reason
+from scheduler.states.machine import Effects, IllegalTransition, Machine
 from scheduler.states.names import JOB_FINAL, JobState
 
-__all__ = ["FINAL", "INITIAL", "MACHINE", "TRANSITIONS", "IllegalTransition", "JobEvent"]
+__all__ = ["FINAL", "INITIAL", "MACHINE", "IllegalTransition", "JobEvent"]
 
 
 class JobEvent(StrEnum):
@@ -41,6 +42,13 @@ FINAL = frozenset(JOB_FINAL)
 _P, _R, _T = JobState.PENDING, JobState.RUNNING, JobState.TERMINATING
 _S = JobState.SUSPENDED
 _OK, _FAILED, _CANCELLED = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED
+
+# What a waiting job's page shows of the scheduler's view: gone once it is placed or ends.
+_WAIT: dict[str, object] = {"pending_code": "", "pending_message": "", "estimated_start_at": None}
+# A job that ends: nothing about waiting, stopping or holding is left on it.
+_ENDED = Effects(
+    clears={**_WAIT, "terminal_state": "", "hold_reason": ""}, times=("finished_at",), ends=True
+)
 
 # event -> {state the job is in: state it moves to}. A Terminating job moves on once the
 # agents confirmed its tasks stopped, by the event its `terminal_state` names (`into`).
@@ -71,39 +79,22 @@ MACHINE: Machine[JobState, JobEvent] = Machine(
         JobState.CANCELLED: JobEvent.CANCEL,
         JobState.PENDING: JobEvent.RETRY,
     },
+    effects={
+        JobEvent.BIND: Effects(
+            Reason.SCHEDULED, {**_WAIT, "pending_node_reasons": {}}, record_stay=False
+        ),
+        JobEvent.START: Effects(Reason.STARTED, clears=_WAIT, stamps=("started_at",)),
+        # A job that ran and ended between two cycles was never marked started.
+        JobEvent.SUCCEED: Effects(
+            Reason.COMPLETED, _ENDED.clears, ("started_at",), _ENDED.times, ends=True
+        ),
+        JobEvent.PREEMPT: Effects(Reason.PREEMPTED),
+        JobEvent.SUSPEND: Effects(Reason.USER_SUSPENDED, {**_WAIT, "hold_reason": ""}),
+        JobEvent.RESUME: Effects(Reason.RESUMED),
+        JobEvent.RETRY: Effects(Reason.RETRYING, {"terminal_state": "", "started_at": None}),
+        JobEvent.FAIL: _ENDED,
+        JobEvent.CANCEL: Effects(Reason.CANCELLED, _ENDED.clears, (), _ENDED.times, True),
+        # STOP and FAIL have no reason of their own: their writers say why (a walltime, a
+        # task's failure, a user's cancel still being carried out).
+    },
 )
-TRANSITIONS: Mapping[JobEvent, Mapping[JobState, JobState]] = MACHINE.table
-EVENT_INTO: Mapping[JobState, JobEvent] = MACHINE.into
-
-
-def next_state(state: str, event: JobEvent) -> JobState:
-    """Where `event` takes a job that is in `state`; IllegalTransition if it may not."""
-    return MACHINE.next_state(state, event)
-
-
-def event_into(target: str) -> JobEvent:
-    """The event that brings a job into `target` (see EVENT_INTO)."""
-    return MACHINE.event_into(target)
-
-
-def sources(event: JobEvent, only: Iterable[str] | None = None) -> tuple[JobState, ...]:
-    """The states `event` may move a job from, for a set-based UPDATE's WHERE clause.
-
-    `only` narrows them (e.g. "no task on a node" means Pending or Suspended); naming a
-    state the event may not leave is a bug and raises IllegalTransition."""
-    return MACHINE.sources(event, only)
-
-
-def target(event: JobEvent) -> JobState:
-    """The one state `event` leads to, for a set-based UPDATE that writes a constant."""
-    return MACHINE.target(event)
-
-
-def case_sql(event: JobEvent, column: str = "state") -> str:
-    """An SQL assignment applying `event` to each row by its own state."""
-    return MACHINE.case_sql(event, column)
-
-
-def allows(old: str, new: str) -> bool:
-    """Some event moves a job from `old` to `new`."""
-    return MACHINE.allows(old, new)

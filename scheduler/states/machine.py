@@ -2,9 +2,13 @@
 it moves it to. One class serves every kind (job.py, task.py, flow.py, node.py); each kind's
 module holds its table and nothing else decides how that kind may move.
 
-Single-row writers ask `next_state`; set-based UPDATEs take their WHERE clause from `sources`
-and their constant from `target` (or a CASE from `case_sql`). A move no event allows is a bug
-in the caller: `IllegalTransition`, never a user error. The test suite's database refuses such
+Each event also names what the move implies besides the state (`Effects`: the reason code it
+records when its writer names none, the fields it clears, the times it stamps, whether the
+object is done). Writers do not spell these out: they call the movers of their kind
+(scheduler/lifecycle/moves.py for jobs), which read them here. Single-row movers ask
+`next_state`; set-based UPDATEs take their WHERE clause from `sources` and their constant from
+`target` (or a CASE from `case_sql`). A move no event allows is a bug in the caller:
+`IllegalTransition`, never a user error. The test suite's database refuses such
 a move whoever writes it (tests/conftest.py installs one trigger per table from `allowed_moves`).
 """
 
@@ -25,6 +29,30 @@ class IllegalTransition(ValueError):
 
 
 @dataclass(frozen=True)
+class Effects:
+    """What one event's move writes besides the state."""
+
+    reason: str = ""  # the reason code it records when its writer names a no more precise one
+    clears: Mapping[str, object] = field(default_factory=dict)  # field -> the value it resets to
+    stamps: tuple[str, ...] = ()  # time fields set to the move's time where still empty
+    times: tuple[str, ...] = ()  # time fields set to the move's time
+    ends: bool = False  # the object is done: it is counted as finished
+    # Whether a move that leaves the state as it was is recorded too (a restart of a pending
+    # job is news; a placement records its own event, not "Pending -> Pending").
+    record_stay: bool = True
+
+    def cleared(self) -> dict[str, object]:
+        """The cleared fields with fresh values (a cleared dict or list is never shared)."""
+        out: dict[str, object] = {}
+        for name, value in self.clears.items():
+            out[name] = type(value)() if isinstance(value, dict | list) else value
+        return out
+
+
+_NO_EFFECTS = Effects()
+
+
+@dataclass(frozen=True)
 class Machine(Generic[S, E]):
     """`table`: event -> {state it moves an object from: state it moves it to}."""
 
@@ -36,11 +64,16 @@ class Machine(Generic[S, E]):
     # The event that brings an object into a state, for callers that name where it goes
     # rather than why.
     into: Mapping[S, E] = field(default_factory=dict)
+    # What each event's move writes besides the state (an event without an entry: nothing).
+    effects: Mapping[E, Effects] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         frozen = {e: MappingProxyType(dict(m)) for e, m in self.table.items()}
         object.__setattr__(self, "table", MappingProxyType(frozen))
         object.__setattr__(self, "into", MappingProxyType(dict(self.into)))
+        object.__setattr__(self, "effects", MappingProxyType(dict(self.effects)))
+        if stray := set(self.effects) - set(self.table):
+            raise ValueError(f"{self.kind}: effects of events without moves: {sorted(stray)}")
         for event, moves in self.table.items():
             if left := [s for s in moves if s in self.final and moves[s] != s]:
                 raise ValueError(f"{self.kind}: {event} leaves final {left}")
@@ -51,6 +84,9 @@ class Machine(Generic[S, E]):
         if found is None:
             raise IllegalTransition(f"a {state} {self.kind} cannot {event}")
         return found
+
+    def effects_of(self, event: E) -> Effects:
+        return self.effects.get(event, _NO_EFFECTS)
 
     def event_into(self, state: str) -> E:
         try:

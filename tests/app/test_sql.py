@@ -63,6 +63,21 @@ def test_json_and_guards(owner):
     assert Job.objects.get(pk=jobs[0].pk).pending_node_reasons == {"NodeFull": ["a", "b"]}
 
 
+def test_a_kept_column_is_written_only_where_the_row_has_none(owner):
+    """`keep`: a start time already recorded stays; a missing one is filled (as the ORM's
+    Coalesce(F(field), value) would)."""
+    tasks = list(make_job(owner, replicas=2).tasks.order_by("pk"))
+    earlier, now = timezone.now() - timedelta(minutes=5), timezone.now()
+    seed(Task.objects.filter(pk=tasks[0].pk), state=TaskState.RUNNING, started_at=earlier)
+    rows = {t.pk: (now, "kept") for t in tasks}
+    assert update_rows(Task, rows, per_row=["started_at", "message"], keep=["started_at"]) == set(
+        rows
+    )
+    first, second = Task.objects.filter(pk__in=rows).order_by("pk")
+    assert (first.started_at, first.message) == (earlier, "kept")
+    assert (second.started_at, second.message) == (now, "kept")
+
+
 def test_row_by_reads_the_whole_row_the_orm_reads():
     from scheduler.models import Node, Queue
     from scheduler.sql import row_by

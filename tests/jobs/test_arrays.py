@@ -112,7 +112,15 @@ def test_the_parent_is_never_a_scheduling_candidate(owner):
     assert run_scheduler_cycle().counts["placed"] == 0  # a Running parent holds nothing either
 
 
-def test_cancel_on_the_parent_cancels_pending_elements_in_bulk_and_stops_running_ones(owner):
+def _cancelled_count(staff: Any) -> float:
+    from tests.ops.test_metrics import _scrape
+
+    return _scrape(staff)[
+        ("berth_jobs_finished_total", (("queue", "default"), ("state", "Cancelled")))
+    ]
+
+
+def test_cancel_on_the_parent_cancels_pending_elements_in_bulk_and_stops_running_ones(owner, staff):
     make_node("small", cpu=2_000, memory=8 * 2**30)
     parent = submit_array(owner, "0-499")
     run_scheduler_cycle()
@@ -137,6 +145,9 @@ def test_cancel_on_the_parent_cancels_pending_elements_in_bulk_and_stops_running
     parent.refresh_from_db()
     assert parent.state == JobState.CANCELLED and parent.reason == "Cancelled"
     assert set(elements(parent).values_list("state", flat=True)) == {JobState.CANCELLED}
+    # Every element counts as a cancelled job, those cancelled in bulk too; the parent is
+    # not a job of its own in the count.
+    assert _cancelled_count(staff) == 500
 
 
 def test_one_failed_element_fails_the_array_once_all_have_finished(owner):

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduler.jobs.submit import submit_job
-from scheduler.lifecycle.transitions import set_state
+from scheduler.lifecycle.moves import move_job
 from scheduler.models import Event, Job, NotifyPreference, Outbox
 from scheduler.notifications import delivery
 from scheduler.outbox import enqueue_time_limits
@@ -41,13 +41,13 @@ def job_spec(**notify: Any) -> dict[str, Any]:
 
 def start(job: Job) -> None:
     with transaction.atomic():
-        set_state(job, JobEvent.START, "Started", "1 of 1 tasks running", timezone.now())
+        move_job(job, JobEvent.START, "1 of 1 tasks running", timezone.now())
         job.save()
 
 
 def end(job: Job, event: JobEvent = JobEvent.FAIL) -> None:
     with transaction.atomic():
-        set_state(job, event, "TaskFailed", "task main-0 exited 3", timezone.now())
+        move_job(job, event, "task main-0 exited 3", timezone.now(), "TaskFailed")
         job.save()
 
 
@@ -318,8 +318,8 @@ def test_an_email_subject_is_one_line(owner, smtp):
     job = submit_job(owner, job_spec(events=["fail"]))
     start(job)
     with transaction.atomic():
-        set_state(job, JobEvent.FAIL, "TaskFailed", "task main-0 said:\nboom\r\nagain",
-                  timezone.now())  # fmt: skip
+        move_job(job, JobEvent.FAIL, "task main-0 said:\nboom\r\nagain", timezone.now(),
+                 "TaskFailed")  # fmt: skip
         job.save()
     assert delivery.run_once() == 1
     [(_, message)] = smtp.messages

@@ -16,17 +16,7 @@ from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.jobs import operations
 from scheduler.jobs.operations import OperationError
 from scheduler.models import Event, Job, Node, Task
-from scheduler.states.job import (
-    FINAL,
-    INITIAL,
-    TRANSITIONS,
-    IllegalTransition,
-    JobEvent,
-    allows,
-    next_state,
-    sources,
-    target,
-)
+from scheduler.states.job import FINAL, INITIAL, MACHINE, IllegalTransition, JobEvent
 from scheduler.states.names import TASK_ON_NODE, JobState, TaskState
 from tests.factories import finish_task, make_job, make_node
 
@@ -38,12 +28,12 @@ def test_random_event_sequences_only_make_moves_the_table_allows(sequence):
     state = INITIAL
     for event in sequence:
         try:
-            new = next_state(state, event)
+            new = MACHINE.next_state(state, event)
         except IllegalTransition:
-            assert state not in TRANSITIONS[event]
+            assert state not in MACHINE.table[event]
             continue
         assert new in JobState.values
-        assert TRANSITIONS[event][state] == new and allows(state, new)
+        assert MACHINE.table[event][state] == new and MACHINE.allows(state, new)
         assert state not in FINAL  # nothing leaves a final state
         state = new
 
@@ -52,24 +42,24 @@ def test_every_state_is_reachable_from_submission_and_every_job_can_end():
     reached, frontier = {INITIAL}, [INITIAL]
     while frontier:
         state = frontier.pop()
-        for table in TRANSITIONS.values():
+        for table in MACHINE.table.values():
             if state in table and table[state] not in reached:
                 reached.add(table[state])
                 frontier.append(table[state])
     assert reached == set(JobState)
     for state in set(JobState) - FINAL:  # no trap: a final state is one event away
-        assert any(TRANSITIONS[e].get(state) in FINAL for e in (JobEvent.CANCEL, JobEvent.FAIL))
+        assert any(MACHINE.table[e].get(state) in FINAL for e in (JobEvent.CANCEL, JobEvent.FAIL))
 
 
 def test_an_illegal_transition_is_refused():
     with pytest.raises(IllegalTransition, match="a Succeeded job cannot start"):
-        next_state(JobState.SUCCEEDED, JobEvent.START)
+        MACHINE.next_state(JobState.SUCCEEDED, JobEvent.START)
     with pytest.raises(IllegalTransition):
-        next_state(JobState.TERMINATING, JobEvent.SUSPEND)
+        MACHINE.next_state(JobState.TERMINATING, JobEvent.SUSPEND)
     with pytest.raises(IllegalTransition):  # a WHERE clause may not name a state it cannot leave
-        sources(JobEvent.RESUME, only=(JobState.RUNNING,))
+        MACHINE.sources(JobEvent.RESUME, only=(JobState.RUNNING,))
     with pytest.raises(IllegalTransition):  # BIND keeps some states: no single target
-        target(JobEvent.BIND)
+        MACHINE.target(JobEvent.BIND)
 
 
 @pytest.mark.django_db
@@ -172,5 +162,5 @@ def test_whatever_happens_to_a_job_every_move_is_in_the_table(owner, steps, max_
             "message", flat=True
         ):
             old, new = message.split(":")[0].split(" -> ")
-            assert allows(old, new), message
+            assert MACHINE.allows(old, new), message
         transaction.set_rollback(True)

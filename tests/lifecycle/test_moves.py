@@ -1,0 +1,100 @@
+"""The two job movers (scheduler/lifecycle/moves.py) write what the job table says, and the
+same thing: every (event, state) pair the table allows, moved once row by row and once
+set-based, leaves the same row, the same event and the same count of finished jobs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from scheduler.lifecycle.moves import move_job, move_jobs
+from scheduler.models import Event, FinishedJobCount, Job
+from scheduler.states.job import MACHINE, JobEvent
+from scheduler.states.machine import IllegalTransition
+from scheduler.states.names import JobState
+from tests.factories import make_job, seed
+
+pytestmark = pytest.mark.django_db
+
+PAIRS = [(event, state) for event, moves in MACHINE.table.items() for state in moves]
+FIELDS = ("state", "reason", "message", "pending_code", "pending_message", "estimated_start_at",
+          "pending_node_reasons", "hold_reason", "terminal_state", "started_at",
+          "finished_at")  # fmt: skip
+
+
+ESTIMATE = timezone.now() + timedelta(hours=2)
+
+
+def _dirty_job(owner: Any, name: str, state: str, started: Any) -> Job:
+    """A job in `state` with every field a move may clear or stamp still set (or empty)."""
+    job = make_job(owner, name=name)
+    seed(Job.objects.filter(pk=job.pk), state=state, pending_code="Priority",
+         pending_message="a job before it waits", estimated_start_at=ESTIMATE,
+         pending_node_reasons={"insufficient gpu": 2}, hold_reason="array limit: 2/2 active",
+         terminal_state=JobState.FAILED if state == JobState.TERMINATING else "",
+         started_at=started)  # fmt: skip
+    return Job.objects.get(pk=job.pk)
+
+
+def _row(job: Job) -> tuple[Any, ...]:
+    job.refresh_from_db()
+    return tuple(getattr(job, f) for f in FIELDS)
+
+
+def _finished() -> dict[tuple[str, str], int]:
+    return {(c.queue, c.state): c.count for c in FinishedJobCount.objects.all()}
+
+
+@pytest.mark.parametrize(("event", "state"), PAIRS, ids=[f"{e}-{s}" for e, s in PAIRS])
+@pytest.mark.parametrize("started", [False, True], ids=["never-started", "started"])
+def test_both_movers_write_what_the_table_says_and_the_same(owner, event, state, started):
+    now = timezone.now()
+    began = now - timedelta(hours=1) if started else None
+    one, many = _dirty_job(owner, "one", state, began), _dirty_job(owner, "many", state, began)
+    with transaction.atomic():
+        move_job(one, event, "why it moved", now, reason="TaskFailed")
+        one.save()
+    counted_once = _finished()
+    with transaction.atomic():
+        move_jobs({many.pk: (state, None)}, event, {many.pk: "why it moved"}, now,
+                  reason="TaskFailed")  # fmt: skip
+    row_one, row_many = _row(one), _row(many)
+    assert row_one == row_many
+    new = MACHINE.next_state(state, event)
+    effects = MACHINE.effects_of(event)
+    assert row_one[:3] == (new, "TaskFailed", "why it moved")
+    for name, value in effects.clears.items():
+        assert getattr(one, name) == value, name
+    for name in effects.stamps:
+        assert getattr(one, name) == (began or now), name
+    for name in effects.times:
+        assert getattr(one, name) == now, name
+    recorded = [
+        list(Event.objects.filter(job=j).values_list("kind", "reason", "message"))
+        for j in (one, many)
+    ]
+    assert recorded[0] == recorded[1]
+    assert bool(recorded[0]) == (new != state or effects.record_stay)
+    # A job that ends is counted once by either mover.
+    growth = 1 if effects.ends else 0
+    assert sum(counted_once.values()) == growth
+    assert sum(_finished().values()) == 2 * growth
+
+
+def test_a_move_the_table_refuses_writes_nothing(owner):
+    job = _dirty_job(owner, "done", JobState.SUCCEEDED, None)
+    with pytest.raises(IllegalTransition), transaction.atomic():
+        move_jobs({job.pk: (JobState.SUCCEEDED, None)}, JobEvent.START, {job.pk: "no"},
+                  timezone.now())  # fmt: skip
+    assert _row(job)[0] == JobState.SUCCEEDED
+    assert not Event.objects.filter(job=job).exists()
+
+
+def test_an_event_without_a_code_of_its_own_needs_its_writers_reason(owner):
+    job = _dirty_job(owner, "j", JobState.RUNNING, None)
+    with pytest.raises(IllegalTransition, match="names its reason"):
+        move_job(job, JobEvent.FAIL, "no reason given", timezone.now())
