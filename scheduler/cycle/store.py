@@ -14,6 +14,7 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Sum
@@ -342,38 +343,27 @@ def _wanted_statuses(
 def _invalid_row_events(loaded: Loaded) -> list[Event]:
     """An event for each misconfigured queue or node, written only when its message is new
     (the latest event of that kind for the object differs), so no cycle repeats it."""
-    events = []
-    for name, message in loaded.invalid_queues.items():
-        last = (
-            Event.objects.filter(
-                kind=EventKind.QUEUE_INVALID, message__startswith=f'queue "{name}" '
-            )
-            .order_by("-id")
-            .values_list("message", flat=True)
-            .first()
-        )
-        if last != message:
-            log.warning("%s", message)
-            events.append(
-                Event(
-                    kind=EventKind.QUEUE_INVALID, reason=Reason.INVALID_CAPABILITY, message=message
-                )
-            )
-    for node_id, message in loaded.invalid_nodes.items():
-        last = (
-            Event.objects.filter(kind=EventKind.NODE_INVALID, node_id=node_id)
-            .order_by("-id")
-            .values_list("message", flat=True)
-            .first()
-        )
-        if last != message:
-            log.warning("%s", message)
-            events.append(
-                Event(
-                    kind=EventKind.NODE_INVALID,
-                    reason=Reason.INVALID_LABELS,
-                    message=message,
-                    node_id=node_id,
-                )
-            )
-    return events
+    events = [
+        _if_new(Event(kind=EventKind.QUEUE_INVALID, reason=Reason.INVALID_CAPABILITY,
+                      message=message), message__startswith=f'queue "{name}" ')
+        for name, message in loaded.invalid_queues.items()
+    ] + [
+        _if_new(Event(kind=EventKind.NODE_INVALID, reason=Reason.INVALID_LABELS,
+                      message=message, node_id=node_id), node_id=node_id)
+        for node_id, message in loaded.invalid_nodes.items()
+    ]  # fmt: skip
+    return [e for e in events if e is not None]
+
+
+def _if_new(event: Event, **same_object: Any) -> Event | None:
+    """`event`, unless the latest event of its kind for the same object says the same."""
+    last = (
+        Event.objects.filter(kind=event.kind, **same_object)
+        .order_by("-id")
+        .values_list("message", flat=True)
+        .first()
+    )
+    if last == event.message:
+        return None
+    log.warning("%s", event.message)
+    return event
