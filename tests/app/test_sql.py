@@ -243,20 +243,3 @@ def test_transaction_and_lock_statements_do_what_they_say():
         cursor.execute("SHOW idle_in_transaction_session_timeout")
         assert cursor.fetchone() == ("4321ms",)
         cursor.execute("SET idle_in_transaction_session_timeout = 0")
-
-
-def test_no_module_but_sql_opens_a_cursor():
-    """Hand-written SQL lives in scheduler/sql.py only (migrations aside)."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    found = []
-    for folder in ("scheduler", "berth", "dashboard"):
-        for path in sorted((root / folder).rglob("*.py")):
-            rel = path.relative_to(root).as_posix()
-            if rel == "scheduler/sql.py" or rel.startswith("scheduler/migrations/"):
-                continue
-            text = path.read_text()
-            if ".cursor(" in text or "cursor.execute" in text or ".raw(" in text:
-                found.append(rel)
-    assert found == []
