@@ -26,11 +26,14 @@ from scheduler.agentapi.orders import (
 )
 from scheduler.agentapi.tasks import parse_tasks
 from scheduler.jobs import terminals
+from scheduler.lifecycle.moves import move_row
 from scheduler.models import Event, Node, Task, hash_token
 from scheduler.ops import gpu_history, gpu_idle
 from scheduler.sql import lease_rows, row_by, update_rows
 from scheduler.states.codes import EventKind, Reason
 from scheduler.states.names import TaskState
+from scheduler.states.task import MACHINE as TASKS
+from scheduler.states.task import TaskEvent
 
 LEASE_JITTER = 0.25  # a lease is held between 1 and 1.25 leases, so renewals spread out
 
@@ -91,7 +94,8 @@ def _confirm_started(token_hash: str, reports: list[TaskReport], now: Any) -> li
     )
     started = [task for task in candidates if task.attempt == running[task.pk].attempt]
     for task in started:
-        task.state = TaskState.RUNNING  # when the agent says the process started, bounded
+        move_row(task, TASKS, TaskEvent.START, now)  # saved with the others below
+        # when the agent says the process started, bounded
         task.started_at = process_time(running[task.pk].started_at, now, task.assigned_at, "start")
     # The app's port (or none) of this attempt: never a port an earlier attempt had.
     update_rows(Task, {t.pk: (t.state, t.started_at, running[t.pk].app_port) for t in started},

@@ -31,11 +31,14 @@ from scheduler.agentapi.logs import kept_bytes, kept_many, store_chunk
 from scheduler.agentapi.orders import kill_order, start_messages, to_start, wanted
 from scheduler.agentapi.tasks import FINAL_REPORTS, parse_tasks
 from scheduler.jobs.events import record
+from scheduler.lifecycle.moves import move_row
 from scheduler.models import Allocation, Event, Node, Task, TaskLog
 from scheduler.ops.accounting import record_task_ends
 from scheduler.sql import update_rows
 from scheduler.states.codes import EventKind, Reason
 from scheduler.states.names import OUT_OF_MEMORY, TASK_ON_NODE, TaskState
+from scheduler.states.task import MACHINE as TASKS
+from scheduler.states.task import TaskEvent
 
 
 @dataclass
@@ -205,7 +208,7 @@ def _mark_running(task: Task, now: Any, node: Node, started_at: float | None = N
     Unix seconds, bounded by scheduler/agent/times.py), else `now`."""
     if task.state != TaskState.ASSIGNED:
         return False
-    task.state = TaskState.RUNNING
+    move_row(task, TASKS, TaskEvent.START, now)
     task.started_at = process_time(started_at, now, task.assigned_at, "start")
     task.save(update_fields=["state", "started_at"])
     record(EventKind.TASK_STARTED, Reason.STARTED, f"{task.group}-{task.index} on {node.name}",
@@ -226,9 +229,8 @@ def _held_bytes(task: Task, attempt: int, wanted: int, kept: int | None = None) 
 def _finish(task: Task, state: str, exit_code: int | None, message: str, now: Any,
             outcome: _Outcome) -> None:  # fmt: skip
     """The task stopped: record how (written with the report's other ends, `_save_ended`)."""
-    task.state = state
+    move_row(task, TASKS, TASKS.event_into(state), now)
     task.exit_code = exit_code
-    task.finished_at = now
     task.message = message
     outcome.ended.append(task)
 

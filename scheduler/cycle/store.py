@@ -26,12 +26,14 @@ from scheduler.core.status import Code, Status
 from scheduler.cycle import leader
 from scheduler.cycle.snapshot import Loaded, load_snapshot
 from scheduler.lifecycle import PREEMPTED
-from scheduler.lifecycle.moves import move_jobs
+from scheduler.lifecycle.moves import move_jobs, move_rows
 from scheduler.models import Allocation, Device, Event, Job, Node, Task
 from scheduler.sql import CHUNK, chunks, insert_new, update_rows
 from scheduler.states.codes import EventKind, Reason
 from scheduler.states.job import MACHINE, JobEvent
 from scheduler.states.names import TASK_ON_NODE, JobRequest, JobState, NodeState, TaskState
+from scheduler.states.task import MACHINE as TASKS
+from scheduler.states.task import TaskEvent
 
 __all__ = ["Applied", "Loaded", "apply_decisions", "bind_jobs", "load_snapshot"]
 log = logging.getLogger("berth.store")
@@ -120,25 +122,18 @@ def _claim_tasks(
     dropped whole (its claimed tasks go back to Pending). Returns the jobs bound."""
     task_job = {b.task_id: job_id for job_id in ok for b in binds_by_job[job_id]}
     # The task keeps its device indices after it ends (its Allocation rows do not).
-    claimed = update_rows(
-        Task,
-        {
-            b.task_id: (ready[b.node], sorted(b.devices))
-            for job_id in ok
-            for b in binds_by_job[job_id]
-        },
-        per_row=["node", "device_indices"],
-        constants={"state": TaskState.ASSIGNED, "assigned_at": now, "kill_requested": False},
+    binds = [b for job_id in ok for b in binds_by_job[job_id]]
+    claimed = move_rows(
+        Task, TASKS, dict.fromkeys(task_job, TaskState.PENDING), TaskEvent.ASSIGN, now,
+        per_row={"node": {b.task_id: ready[b.node] for b in binds},
+                 "device_indices": {b.task_id: sorted(b.devices) for b in binds}},
         guards={"state": TaskState.PENDING},
-    )
+    )  # fmt: skip
     failed = {job_id for task_id, job_id in task_job.items() if task_id not in claimed}
     failed |= _allocate_devices({j: binds_by_job[j] for j in ok - failed}, loaded, now)
     if failed:
         undo = [t for t, job_id in task_job.items() if job_id in failed and t in claimed]
-        for ids in chunks(undo):
-            Task.objects.filter(pk__in=ids).update(
-                state=TaskState.PENDING, node=None, assigned_at=None, device_indices=[]
-            )
+        move_rows(Task, TASKS, dict.fromkeys(undo, TaskState.ASSIGNED), TaskEvent.EVICT, now)
     return ok - failed
 
 

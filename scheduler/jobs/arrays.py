@@ -32,6 +32,7 @@ from scheduler.intake.arrayspec import format_indices, parse_array
 from scheduler.intake.specs import array_max_elements
 from scheduler.jobs.events import record
 from scheduler.lifecycle.moves import move_job, move_jobs
+from scheduler.lifecycle.transitions import kill_pending_tasks
 from scheduler.models import Event, Job, Queue, Task
 from scheduler.sql import insert_array_elements, update_rows
 from scheduler.states.codes import EventKind, Reason
@@ -42,7 +43,6 @@ from scheduler.states.names import (
     TASK_ON_NODE,
     JobRequest,
     JobState,
-    TaskState,
 )
 
 # What a parent's refresh from its elements writes.
@@ -207,9 +207,7 @@ def cancel_requested_elements(now: datetime | None = None) -> int:
         if not rows:
             return 0
         for chunk in _chunks([r[0] for r in rows]):
-            Task.objects.filter(job_id__in=chunk, state=TaskState.PENDING).update(
-                state=TaskState.KILLED, finished_at=now, message="cancelled by user"
-            )
+            kill_pending_tasks(Task.objects.filter(job_id__in=chunk), "cancelled by user", now)
         locked = {pk: (state, None) for pk, state, _, _ in rows}
         move_jobs(locked, JobEvent.CANCEL, dict.fromkeys(locked, "cancelled by user"), now,
                   constants={"requested_action": JobRequest.NONE}, record_each=False)  # fmt: skip

@@ -1,14 +1,16 @@
-"""The two job movers: every change of `Job.state` goes through one of them.
+"""The movers: every change of a job's or a task's state goes through one of them.
 
-Both ask the job state machine (scheduler/states/job.py) where an event takes a job and what
-the move writes besides the state (its reason code, the fields it clears, the times it
-stamps, whether the job is done), record the event that says why, and count a job that ends.
+Each asks its kind's state machine (scheduler/states/) where an event takes a row and what
+the move writes besides the state (the fields it clears, the times it stamps; for jobs also
+the reason code, whether the job is done):
 
-- `move_job`: one job in memory, saved by its caller, for the writers that decide job by job
-  (a user's request, a failed task, a job whose tasks finished stopping, an array's parent).
-- `move_jobs`: many rows in one set-based UPDATE (per chunk), for the moves the cycle makes in
-  bulk (placed, started, every task succeeded, preempted, cancelled array elements). Its
-  caller has locked the rows, in the states the event may leave, and passes what it read.
+- `move_row`: one row in memory, saved by its caller (alone, or with others in one
+  statement); `move_rows`: many rows in one set-based UPDATE per chunk, whose caller has
+  locked them (or guards the UPDATE) in the states the event may leave. Any kind.
+- `move_job` and `move_jobs`: the same for jobs, which also record the JobStateChanged event
+  that says why and count a job that ends. Job writers call these: a user's request, a failed
+  task, a job whose tasks finished stopping, an array's parent one by one; the cycle's
+  placements, starts, successes, evictions and an array's cancelled elements set-based.
 """
 
 from __future__ import annotations
@@ -17,13 +19,66 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Model
+
 from scheduler.jobs.events import record
 from scheduler.models import Event, Job
 from scheduler.ops import accounting
 from scheduler.sql import update_rows
 from scheduler.states.codes import EventKind
 from scheduler.states.job import MACHINE, JobEvent
-from scheduler.states.machine import Effects, IllegalTransition
+from scheduler.states.machine import Effects, IllegalTransition, Machine
+
+
+def move_row(row: Any, machine: Machine[Any, Any], event: Any, now: datetime) -> str:
+    """Apply `event` to `row` in memory: its state and what the event's effects write;
+    returns the state it was in. IllegalTransition if the table does not allow it."""
+    old = row.state
+    row.state = machine.next_state(old, event)
+    effects = machine.effects_of(event)
+    for name, value in effects.cleared().items():
+        setattr(row, name, value)
+    for name in effects.stamps:
+        if getattr(row, name) is None:
+            setattr(row, name, now)
+    for name in effects.times:
+        setattr(row, name, now)
+    return str(old)
+
+
+def move_rows(
+    model: type[Model],
+    machine: Machine[Any, Any],
+    states: Mapping[int, str],
+    event: Any,
+    now: datetime,
+    *,
+    per_row: Mapping[str, Mapping[int, Any]] | None = None,
+    constants: Mapping[str, Any] | None = None,
+    guards: Mapping[str, Any] | None = None,
+) -> set[int]:
+    """Apply `event` to the rows of `states` (pk -> the state read under the caller's lock,
+    or the one `guards` checks in the UPDATE) in one UPDATE per chunk; returns the pks
+    written. `per_row` gives fields their value row by row (field -> pk -> value: a stamped
+    time there is the value used where the row has none), `constants` more fields the writer
+    sets; nothing is written when one row may not move."""
+    for state in states.values():
+        machine.next_state(state, event)
+    effects = machine.effects_of(event)
+    given = dict(per_row or {})
+    for name in effects.stamps:
+        given.setdefault(name, {})
+    names = list(given)
+    rows = {pk: tuple(given[n].get(pk, now) for n in names) for pk in states}
+    return update_rows(
+        model,
+        rows,
+        per_row=names,
+        keep=[n for n in names if n in effects.stamps],
+        constants={**effects.cleared(), **dict.fromkeys(effects.times, now), **(constants or {})},
+        guards=guards,
+        raw=[machine.case_sql(event)],
+    )
 
 
 def _reason(event: JobEvent, effects: Effects, reason: str) -> str:
@@ -36,18 +91,10 @@ def move_job(job: Job, event: JobEvent, message: str, now: datetime, reason: str
     """Apply `event` to `job` (saved by the caller) with the event's own reason code unless
     `reason` names a more precise one, and record it; IllegalTransition if the table does not
     allow it from the job's state."""
-    old = job.state
-    state = MACHINE.next_state(old, event)
     effects = MACHINE.effects_of(event)
     job.reason = _reason(event, effects, reason)
-    job.state, job.message = state, message
-    for name, value in effects.cleared().items():
-        setattr(job, name, value)
-    for name in effects.stamps:
-        if getattr(job, name) is None:
-            setattr(job, name, now)
-    for name in effects.times:
-        setattr(job, name, now)
+    old = move_row(job, MACHINE, event, now)
+    state, job.message = job.state, message
     if effects.ends and job.array_size is None:  # an array is counted by its elements
         accounting.record_job_end(job, state)
     if state != old or effects.record_stay:
@@ -81,9 +128,11 @@ def move_jobs(
         return
     effects = MACHINE.effects_of(event)
     code = _reason(event, effects, reason)
-    for state, _ in locked.values():
-        MACHINE.next_state(state, event)  # refused before anything is written
-    _write(locked, event, effects, code, messages, now, stamps or {}, constants or {})
+    per_row: dict[str, Mapping[int, Any]] = {"message": messages}
+    if stamps is not None:
+        per_row.update(dict.fromkeys(effects.stamps, stamps))
+    move_rows(Job, MACHINE, {pk: state for pk, (state, _) in locked.items()}, event, now,
+              per_row=per_row, constants={"reason": code, **(constants or {})})  # fmt: skip
     if record_each:
         changes = _state_events(locked, event, effects, code, messages, event_reasons or {})
         if events is None:
@@ -92,33 +141,6 @@ def move_jobs(
             events.extend(changes)
     if effects.ends:
         _count_ends(locked, event)
-
-
-def _write(
-    locked: Mapping[int, tuple[str, int | None]],
-    event: JobEvent,
-    effects: Effects,
-    code: str,
-    messages: Mapping[int, str],
-    now: datetime,
-    stamps: Mapping[int, datetime | None],
-    constants: Mapping[str, Any],
-) -> None:
-    stamped = list(effects.stamps)
-    rows = {pk: (messages[pk], *[stamps.get(pk, now)] * len(stamped)) for pk in locked}
-    update_rows(
-        Job,
-        rows,
-        per_row=["message", *stamped],
-        keep=stamped,
-        constants={
-            "reason": code,
-            **effects.cleared(),
-            **dict.fromkeys(effects.times, now),
-            **constants,
-        },
-        raw=[MACHINE.case_sql(event)],
-    )
 
 
 def _state_events(

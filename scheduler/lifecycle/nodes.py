@@ -13,11 +13,14 @@ from django.db.models import Q, QuerySet
 from scheduler import notify
 from scheduler.cycle import leader
 from scheduler.jobs.events import record
+from scheduler.lifecycle.moves import move_rows
 from scheduler.lifecycle.transitions import now_or, release
 from scheduler.models import Node, Task
 from scheduler.ops import accounting
 from scheduler.states.codes import EventKind, Reason
 from scheduler.states.names import TASK_ON_NODE, NodeState, TaskState
+from scheduler.states.task import MACHINE as TASKS
+from scheduler.states.task import TaskEvent
 
 
 def check_nodes(now: datetime | None = None) -> int:
@@ -87,9 +90,8 @@ def _lose(
     on_node = tasks.filter(state__in=TASK_ON_NODE).select_related("job")
     lost = list(on_node.select_for_update(of=("self",)))
     release(lost)
-    Task.objects.filter(pk__in=[t.pk for t in lost]).update(
-        state=TaskState.LOST, finished_at=now, message=why
-    )
+    move_rows(Task, TASKS, {t.pk: t.state for t in lost}, TaskEvent.LOSE, now,
+              constants={"message": why})  # fmt: skip
     accounting.record_task_ends(lost, now, state=TaskState.LOST)
     for job in {t.job_id: t.job for t in lost}.values():
         record(EventKind.TASK_LOST, reason, why, job=job)

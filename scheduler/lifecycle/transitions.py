@@ -8,14 +8,17 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from scheduler import notify
-from scheduler.lifecycle.moves import move_job
+from scheduler.lifecycle.moves import move_job, move_row, move_rows
 from scheduler.models import Allocation, Job, Task
 from scheduler.states.codes import Reason
 from scheduler.states.job import MACHINE, JobEvent
 from scheduler.states.names import TASK_ON_NODE, JobRequest, JobState, TaskState
+from scheduler.states.task import MACHINE as TASKS
+from scheduler.states.task import TaskEvent
 
 # Reasons a job is Suspended: a preempted job (states.PREEMPTED) resumes by itself, a
 # user-suspended one waits.
@@ -44,9 +47,7 @@ def terminate_job(
     MACHINE.next_state(JobState.TERMINATING, event)  # refused before anything is written
     with transaction.atomic():
         on_node = list(job.tasks.filter(state__in=TASK_ON_NODE))
-        job.tasks.filter(state=TaskState.PENDING).update(
-            state=TaskState.KILLED, finished_at=now, message=message
-        )
+        kill_pending_tasks(job.tasks.all(), message, now)
         if on_node:
             Task.objects.filter(pk__in=[t.pk for t in on_node]).update(kill_requested=True)
             move_job(job, JobEvent.STOP, message, now, reason)
@@ -100,11 +101,14 @@ def fresh_attempt(task: Task) -> None:
     """The task waits to run again as a new attempt (an agent still reporting the old attempt
     is told to kill it)."""
     task.attempt += 1
-    task.state = TaskState.PENDING
-    task.node = None
-    task.device_indices = []
-    task.exit_code = None
-    task.reason = ""
-    task.kill_requested = False
-    task.assigned_at = task.started_at = task.finished_at = None
+    move_row(task, TASKS, TaskEvent.RETRY, timezone.now())
     task.save()
+
+
+def kill_pending_tasks(tasks: QuerySet[Task], message: str, now: datetime) -> int:
+    """Tasks of `tasks` not yet on a node end Killed at once (nothing runs to stop)."""
+    pending = tasks.filter(state=TaskState.PENDING).values_list("pk", flat=True)
+    states = dict.fromkeys(pending, TaskState.PENDING)
+    guard = {"state": TaskState.PENDING}  # one placed meanwhile is stopped by its agent
+    return len(move_rows(Task, TASKS, states, TaskEvent.KILL, now, guards=guard,
+                         constants={"message": message}))  # fmt: skip

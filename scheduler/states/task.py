@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from scheduler.states.machine import Machine
+from scheduler.states.machine import Effects, Machine
 from scheduler.states.names import TaskState
 
 
@@ -34,6 +34,9 @@ _OK, _FAILED, _KILLED, _LOST = (
     TaskState.LOST,
 )
 ENDED = frozenset({_OK, _FAILED, _KILLED, _LOST})
+_END = Effects(times=("finished_at",))
+# Off its node: no node, no devices, no times of the placement it lost.
+_OFF: dict[str, object] = {"node": None, "device_indices": [], "assigned_at": None}
 
 MACHINE: Machine[TaskState, TaskEvent] = Machine(
     kind="task",
@@ -57,4 +60,24 @@ MACHINE: Machine[TaskState, TaskEvent] = Machine(
         _KILLED: TaskEvent.KILL,
         _LOST: TaskEvent.LOSE,
     },  # fmt: skip
+    # When it started is the agent's word, bounded (scheduler/agent/times.py): START's writers
+    # give it row by row. A retry's writer also counts the attempt up.
+    effects={
+        TaskEvent.ASSIGN: Effects(clears={"kill_requested": False}, times=("assigned_at",)),
+        TaskEvent.EVICT: Effects(clears=_OFF),
+        TaskEvent.SUCCEED: _END,
+        TaskEvent.FAIL: _END,
+        TaskEvent.KILL: _END,
+        TaskEvent.LOSE: _END,
+        TaskEvent.RETRY: Effects(
+            clears={
+                **_OFF,
+                "exit_code": None,
+                "reason": "",
+                "kill_requested": False,
+                "started_at": None,
+                "finished_at": None,
+            }
+        ),  # fmt: skip
+    },
 )
