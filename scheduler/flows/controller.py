@@ -20,8 +20,10 @@ from scheduler.intake.specs import SpecError, step_job_spec
 from scheduler.jobs.events import record
 from scheduler.jobs.submit import submit_job
 from scheduler.lifecycle import terminate_job
+from scheduler.lifecycle.moves import move_row
 from scheduler.models import Flow, FlowStep, Job
 from scheduler.states.codes import EventKind, Reason
+from scheduler.states.flow import FLOW, STEP, FlowEvent
 from scheduler.states.names import FlowState, JobState
 
 log = logging.getLogger("berth.flows")
@@ -65,7 +67,7 @@ def reconcile_flow(flow_id: int) -> bool:
                     cancel=flow.cancel_requested)  # fmt: skip
     changed = False
     if flow.state == FlowState.PENDING:
-        flow.state, flow.started_at = FlowState.RUNNING, now
+        move_row(flow, FLOW, FlowEvent.START, now)
         record(EventKind.FLOW_STATE_CHANGED, Reason.STARTED, "Pending -> Running", flow=flow)
         changed = True
     if decision.stop_all:
@@ -73,7 +75,7 @@ def reconcile_flow(flow_id: int) -> bool:
         changed = True
     failed_step = _create_jobs(flow, steps, decision, now)
     changed |= bool(decision.create)
-    changed |= _save_step_states(flow, steps, decision, keep=failed_step)
+    changed |= _save_step_states(flow, steps, decision, now, keep=failed_step)
     if flow.state == FlowState.RUNNING:
         changed |= _release_holds(flow)
         changed |= _finish(flow, decision, jobs, now)
@@ -149,7 +151,7 @@ def _create_jobs(flow: Flow, steps: list[FlowStep], decision: FlowDecision, now:
 
 
 def _save_step_states(
-    flow: Flow, steps: list[FlowStep], decision: FlowDecision, *, keep: str
+    flow: Flow, steps: list[FlowStep], decision: FlowDecision, now: datetime, *, keep: str
 ) -> bool:
     """Save each step's state as planned, but the step named `keep` (failed just now)."""
     changed = False
@@ -158,9 +160,9 @@ def _save_step_states(
         if step.name == keep:
             continue
         if step.state != new:
-            record(EventKind.STEP_STATE_CHANGED, new, f"step {step.name}: {step.state} -> {new}",
+            old = move_row(step, STEP, STEP.event_into(new), now)
+            record(EventKind.STEP_STATE_CHANGED, new, f"step {step.name}: {old} -> {new}",
                    flow=flow)  # fmt: skip
-            step.state = new
             step.save(update_fields=["state"])
             changed = True
     return changed
@@ -170,10 +172,9 @@ def _finish(flow: Flow, decision: FlowDecision, jobs: list[Job], now: datetime) 
     """Give the flow its final state once the decision has one."""
     if decision.state is None:
         return False
-    flow.state = decision.state
-    flow.finished_at = now
-    flow.reason = {"Succeeded": Reason.COMPLETED, "Failed": Reason.STEP_FAILED,
-                   "Cancelled": "Cancelled"}[decision.state]  # fmt: skip
+    move_row(flow, FLOW, FLOW.event_into(decision.state), now)
+    flow.reason = {FlowState.SUCCEEDED: Reason.COMPLETED, FlowState.FAILED: Reason.STEP_FAILED,
+                   FlowState.CANCELLED: Reason.CANCELLED}[FlowState(decision.state)]  # fmt: skip
     flow.message = (
         _failure_text(decision, jobs) if decision.state == FlowState.FAILED
         else "all steps succeeded" if decision.state == FlowState.SUCCEEDED

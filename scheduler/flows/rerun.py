@@ -13,13 +13,16 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Max
+from django.utils import timezone
 
 from scheduler import notify
 from scheduler.jobs.events import record
 from scheduler.jobs.operations import OperationError
 from scheduler.jobs.submit import create_flow
+from scheduler.lifecycle.moves import move_row
 from scheduler.models import Flow
 from scheduler.states.codes import EventKind, Reason
+from scheduler.states.flow import FLOW, STEP, FlowEvent, StepEvent
 from scheduler.states.names import JOB_ACTIVE, FlowState
 
 FLOW_DONE = (FlowState.SUCCEEDED, FlowState.CANCELLED)  # finished, and not by failing
@@ -41,11 +44,12 @@ def retry_flow(flow: Flow, user: Any) -> Flow:
         # Every job a later attempt makes gets a larger id than any job made so far.
         newest = flow.jobs.aggregate(newest=Max("id"))["newest"] or 0
         again = [s for s in flow.steps.all() if s.state != "Succeeded"]
+        now = timezone.now()
         for step in again:
-            step.state, step.message, step.retried_below = "Pending", "", newest + 1
+            move_row(step, STEP, StepEvent.RETRY, now)
+            step.retried_below = newest + 1
             step.save(update_fields=["state", "message", "retried_below"])
-        flow.state, flow.reason, flow.message = FlowState.RUNNING, "", ""
-        flow.finished_at, flow.cancel_requested = None, False
+        move_row(flow, FLOW, FlowEvent.RETRY, now)
         flow.save(update_fields=["state", "reason", "message", "finished_at",
                                  "cancel_requested"])  # fmt: skip
         names = ", ".join(s.name for s in again)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from scheduler.states.machine import Machine
+from scheduler.states.machine import Effects, Machine
 from scheduler.states.names import FlowState, StepState
 
 
@@ -54,6 +54,21 @@ FLOW: Machine[FlowState, FlowEvent] = Machine(
         _FFAILED: FlowEvent.FAIL,
         _FCANCELLED: FlowEvent.CANCEL,
     },  # fmt: skip
+    effects={
+        FlowEvent.START: Effects(stamps=("started_at",)),
+        FlowEvent.SUCCEED: Effects(times=("finished_at",)),
+        FlowEvent.FAIL: Effects(times=("finished_at",)),
+        FlowEvent.CANCEL: Effects(times=("finished_at",)),
+        # A retried flow runs again: nothing of how it ended is left.
+        FlowEvent.RETRY: Effects(
+            clears={
+                "reason": "",
+                "message": "",
+                "finished_at": None,
+                "cancel_requested": False,
+            }
+        ),  # fmt: skip
+    },
 )
 
 _SP, _SR = StepState.PENDING, StepState.RUNNING
@@ -81,4 +96,5 @@ STEP: Machine[StepState, StepEvent] = Machine(
         _SSKIPPED: StepEvent.SKIP,
         _SP: StepEvent.RETRY,
     },  # fmt: skip
+    effects={StepEvent.RETRY: Effects(clears={"message": ""})},
 )

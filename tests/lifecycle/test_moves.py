@@ -1,21 +1,25 @@
-"""The two job movers (scheduler/lifecycle/moves.py) write what the job table says, and the
-same thing: every (event, state) pair the table allows, moved once row by row and once
-set-based, leaves the same row, the same event and the same count of finished jobs."""
+"""The movers (scheduler/lifecycle/moves.py) write what the tables say: for jobs, every
+(event, state) pair the table allows, moved once row by row and once set-based, leaves the
+same row, the same event and the same count of finished jobs; for every kind, a single-row
+move writes its state and its effects."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler.lifecycle.moves import move_job, move_jobs
+from scheduler.lifecycle.moves import move_job, move_jobs, move_row
 from scheduler.models import Event, FinishedJobCount, Job
+from scheduler.states.flow import FLOW, STEP
 from scheduler.states.job import MACHINE, JobEvent
 from scheduler.states.machine import IllegalTransition
 from scheduler.states.names import JobState
+from scheduler.states.task import MACHINE as TASKS
 from tests.factories import make_job, seed
 
 pytestmark = pytest.mark.django_db
@@ -98,3 +102,31 @@ def test_an_event_without_a_code_of_its_own_needs_its_writers_reason(owner):
     job = _dirty_job(owner, "j", JobState.RUNNING, None)
     with pytest.raises(IllegalTransition, match="names its reason"):
         move_job(job, JobEvent.FAIL, "no reason given", timezone.now())
+
+
+KINDS = {"task": TASKS, "flow": FLOW, "step": STEP, "job": MACHINE}
+ROWS = [(kind, event, state) for kind, machine in KINDS.items()
+        for event, moves in machine.table.items() for state in moves]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "event", "state"), ROWS,
+                         ids=[f"{k}-{e}-{s}" for k, e, s in ROWS])  # fmt: skip
+def test_move_row_writes_each_kinds_effects(kind, event, state):
+    """Every kind's single-row move: the state its table names, the fields its effects clear
+    (fresh lists and dicts), the times it stamps where empty and those it sets."""
+    machine, now, earlier = KINDS[kind], timezone.now(), timezone.now() - timedelta(hours=1)
+    effects = machine.effects_of(event)
+    names = {*effects.clears, *effects.stamps, *effects.times}
+    row = SimpleNamespace(state=state, **dict.fromkeys(names, "left over"))
+    for name in effects.stamps:
+        setattr(row, name, earlier)  # already stamped: kept (an empty one: the job test)
+    assert move_row(row, machine, event, now) == state
+    assert row.state == machine.table[event][state]
+    for name, value in effects.clears.items():
+        assert getattr(row, name) == value
+        if isinstance(value, list | dict):
+            assert getattr(row, name) is not value  # never the table's own object
+    for name in effects.stamps:
+        assert getattr(row, name) == earlier
+    for name in effects.times:
+        assert getattr(row, name) == now
