@@ -12,7 +12,7 @@ from typing import Any
 
 from scheduler.core import predict
 from scheduler.core.model import JobInfo, SchedulingPolicy, TaskInfo
-from scheduler.core.priority import Factors, age_factor, combine, fair_share_factors
+from scheduler.core.priority import Factors, fair_share_factors, new_factors
 from scheduler.core.resources import DIMENSIONS, Resources
 from scheduler.core.session import Plugin, Session
 from scheduler.core.status import Code, Status
@@ -33,6 +33,8 @@ class PriorityPlugin(Plugin):
         self.weights = session.config.priority_weights
         self.fair: dict[str, float] = {}
         self.top_queue = max((q.info.priority for q in session.queues.values()), default=0)
+        # (owner, queue) -> (fair-share factor, queue factor): the same for all their jobs.
+        self._constant: dict[tuple[str, str], tuple[float, float]] = {}
         if self.weights.fair_share:
             owners = {job.owner for job in session.candidates}
             self.fair = fair_share_factors(session.usage, session.shares, owners)
@@ -45,23 +47,43 @@ class PriorityPlugin(Plugin):
         return (-factors.priority, -job.priority, job.created_at)
 
     def factors(self, session: Session, job: JobInfo) -> Factors:
+        """`combine` of the job's factors, the owner's and queue's worked out once."""
+        weights = self.weights
+        constant = self._constant.get((job.owner, job.queue))
+        if constant is None:
+            constant = self._constants(session, job)
+        fair, queue = constant
+        # `age_factor`, spelled out (this runs for every pending job of every cycle).
+        waited = session.now - job.created_at
+        age = (0.0 if 0.0 > waited else waited) / weights.max_age
+        if 1.0 < age:
+            age = 1.0
+        size = min(1.0, session.share(session.min_request(job))) if weights.job_size else 0.0
+        if weights.favor_small:
+            size = 1.0 - size
+        total = (  # as `combine` adds them up
+            weights.age * age
+            + weights.fair_share * fair
+            + weights.job_size * size
+            + weights.queue * queue
+            + weights.priority * job.priority
+        )
+        return new_factors(total, age, fair, size, queue, job.priority)
+
+    def _constants(self, session: Session, job: JobInfo) -> tuple[float, float]:
         weights = self.weights
         fair = 0.0
         if weights.fair_share:
             if job.owner not in self.fair:  # a standing session's newcomer
                 owners = set(self.fair) | {job.owner}
                 self.fair = fair_share_factors(session.usage, session.shares, owners)
+                self._constant = {}  # every owner's factor moved
             fair = self.fair[job.owner]
         queue = session.queues.get(job.queue)
         queue_priority = queue.info.priority if queue is not None else 0
-        return combine(
-            weights,
-            age=age_factor(session.now - job.created_at, weights.max_age),
-            fair=fair,
-            size=min(1.0, session.share(session.min_request(job))) if weights.job_size else 0.0,
-            queue=max(0, queue_priority) / self.top_queue if self.top_queue > 0 else 0.0,
-            job_priority=job.priority,
-        )
+        queue_factor = max(0, queue_priority) / self.top_queue if self.top_queue > 0 else 0.0
+        constant = self._constant[(job.owner, job.queue)] = (fair, queue_factor)
+        return constant
 
     def preemptable(
         self, session: Session, preemptor: JobInfo, victims: list[JobInfo]

@@ -245,7 +245,7 @@ class Session:
 
     def _load_running(self) -> None:
         for job in self.jobs.values():
-            held = Resources()
+            held: Resources | None = None  # (None: nothing held, as most pending jobs)
             shared = 0
             for task in job.tasks:
                 if task.state not in HOLDS_RESOURCES or task.node is None:
@@ -261,8 +261,10 @@ class Session:
                     node.rel_memory += task.resources.memory
                     node.rel_devices += whole_devices(task)
                 node.tasks.append((job, task))
-                held = held + held_resources(task)
+                held = held_resources(task) if held is None else held + held_resources(task)
                 shared += task.gpu_share
+            if held is None:
+                continue  # no task of it on a known node: its queue holds nothing for it
             queue = self.queues.get(job.queue)
             if queue is not None and not held.is_zero():
                 queue.allocated = queue.allocated + held
@@ -712,6 +714,10 @@ class Session:
         static, positions = self._static_reasons(job, task)
         first = dict(static[1])
         counts: Counter[str] = Counter(static[0])
+        # Each dynamic reason counted here, with the position of its first node (nodes are
+        # looked at in position order: the first time a reason is seen is its first).
+        seen: dict[str, int] = {}
+        seen_first: dict[str, int] = {}
         request, nominated = task.resources, self.nominated
         cpu, memory, gpu = request
         for node, position in zip(eligible, positions, strict=True):
@@ -729,10 +735,17 @@ class Session:
                 reason = "insufficient gpu"
             else:
                 reason = "held for the reservation"
+            count = seen.get(reason)
+            if count is None:
+                seen[reason] = 1
+                seen_first[reason] = position
+            else:
+                seen[reason] = count + 1
+        for reason, position in seen_first.items():
             known = first.get(reason)
             if known is None or position < known:  # (a static reason may come later)
                 first[reason] = position
-            counts[reason] += 1
+            counts[reason] += seen[reason]
         counts = Counter({r: counts[r] for r in sorted(counts, key=first.__getitem__)})
         could_fit = bool(eligible)
         parts = ", ".join(
@@ -794,6 +807,8 @@ class NodeScan:
                 if session.max_devices == 0 and session.static_node_order
                 else session.candidate_nodes(task)
             )
+            if task.resources.gpu and not task.gpu_share:
+                return self._first_with_devices(task, order)
             scan = (n for n in order if n.free_cpu >= cpu and n.free_memory >= memory)
         if task.gpu_share:  # a fraction: the node the placement policy scores best
             self._scan = None
@@ -806,6 +821,31 @@ class NodeScan:
         self._scan, self._last_task, self._last_node = scan, task, None
         for node in scan:
             if session.accepts(job, task, node, fits):
+                self._last_node = node
+                return node
+        return None
+
+
+    def _first_with_devices(self, task: TaskInfo, order: Iterable[NodeView]) -> NodeView | None:
+        """`find` for a task asking whole devices: the first node in `order` that
+        `accepts` it, its tests spelled out. Such a scan is never resumed (a task resumes
+        only the scan of an alike task without devices), so none is kept."""
+        session, job, fits = self.session, self.job, self.fits
+        self._scan, self._last_task, self._last_node = None, task, None
+        cpu, memory, gpu = task.resources
+        nominated, predicates = session.nominated, session.placing_predicates
+        for node in order:
+            if (
+                node.free_cpu >= cpu
+                and node.free_memory >= memory
+                and len(node.free_devices) >= gpu
+                and node.name not in nominated
+                and (
+                    not predicates
+                    or all(p.predicate(session, job, task, node) is None for p in predicates)
+                )
+                and (fits is None or fits(node, task))
+            ):
                 self._last_node = node
                 return node
         return None
@@ -881,7 +921,10 @@ def request_floor(jobs: list[JobInfo]) -> tuple[int, int]:
 
 def need_of(job: JobInfo) -> int:
     """How many pending tasks must be placed at once: the gang minus what already runs."""
-    held = sum(1 for t in job.tasks if t.state in ("Assigned", "Running") and t.node)
+    held = 0
+    for task in job.tasks:
+        if task.node and task.state in ("Assigned", "Running"):
+            held += 1
     return max(0, job.min_available - held)
 
 
