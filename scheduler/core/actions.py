@@ -145,8 +145,9 @@ def place(
     if over is not None:
         return Failure(over.code, over.message, False)
     key = Memo.key(session, job)
-    if key is not None and key in memo.max_placeable:
-        most, failure = memo.max_placeable[key]
+    known = memo.max_placeable.get(key) if key is not None else None
+    if known is not None:
+        most, failure = known
         if need > most:
             return _failure(
                 session, job, failure.detail, failure.blocked_by_resources, most,
@@ -193,6 +194,8 @@ def _refusal_by_total(session: Session, job: JobInfo) -> Failure | None:
 def total_refusal(session: Session, job: JobInfo, cpu: int, memory: int) -> Failure | None:
     """The failure of a job whose gang of alike tasks without devices needs more than `cpu`
     or `memory` in total, if it is one and failures are not explained."""
+    if session.explain_failures or not session.gang_decides:
+        return None  # (`_cannot_fit_in` would say so)
     need = session.needed(job)
     if not _cannot_fit_in(session, job, need, cpu, memory):
         return None

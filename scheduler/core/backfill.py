@@ -8,6 +8,7 @@ from typing import Any
 from scheduler.core import predict
 from scheduler.core.actions import (
     Memo,
+    _GangRoom,
     in_order,
     place,
     quick_refusal,
@@ -495,6 +496,11 @@ def _earliest(
         ends = [e for e in ends if e[1] in room]
     need = session.min_request(job)
     applied = 0  # ends added to `room` so far
+    # For a gang of one run of alike tasks, how many of them each node's room holds, kept
+    # as ends are added: first fit places it exactly when the sum is enough (`_GangRoom`),
+    # so `simulate` (a walk over every eligible node) is asked only then.
+    gang: _GangRoom | None = None
+    counted = False
     count, i, now = len(ends), 0, session.now
     while i < count:
         moment = max(now, ends[i][0])
@@ -505,7 +511,14 @@ def _earliest(
         if need.cpu > cpu or need.memory > memory or need.gpu > gpu:
             continue
         _release_into(room, ends[applied:i])
+        if not counted:
+            gang, counted = _GangRoom.of(session, job, room), True
+        elif gang is not None:
+            for entry in ends[applied:i]:
+                gang.changed(entry[1], room[entry[1]])
         applied = i
+        if gang is not None and not gang.enough():
+            continue
         placement = simulate(session, job, room)
         if placement is not None:
             # The room then is what the totals counted; the gang takes `need` of it.

@@ -127,6 +127,8 @@ class Session:
         self.placing_predicates = [p for p in self.hooks["predicate"] if not p.implied_by_index]
         self.static_node_order = all(p.static_node_order for p in self.hooks["node_order"])
         self.gang_decides = any(p.name == "gang" for p in self.hooks["job_ready"])
+        # Every `overused` says None for a queue without a capability or per-user limits.
+        self.limits_only_overuse = all(p.alike_overused for p in self.hooks["overused"])
         self._open_shortcuts()
         self.nodes = [NodeView(n) for n in snapshot.nodes]
         self.node_by_name = {n.name: n for n in self.nodes}
@@ -427,7 +429,9 @@ class Session:
         known = self._shapes.get(job.id, _UNKNOWN)
         if known is not _UNKNOWN:
             return known
-        tasks = self.pending_tasks(job)
+        tasks = self._pending_tasks.get(job.id)
+        if tasks is None:
+            tasks = self.pending_tasks(job)
         shape: Shape | None = None
         if tasks:
             first = tasks[0]
@@ -522,6 +526,12 @@ class Session:
         return None
 
     def overused(self, queue: QueueState, job: JobInfo) -> Status | None:
+        if (
+            self.limits_only_overuse
+            and queue.info.capability is None
+            and queue.info.name not in self.user_limited
+        ):
+            return None  # what every `alike_overused` plugin says of such a queue's jobs
         for plugin in self.hooks["overused"]:
             problem = plugin.overused(self, queue, job)
             if problem is not None:
@@ -537,7 +547,10 @@ class Session:
         return None
 
     def job_ready(self, job: JobInfo, placed: int) -> bool:
-        return all(plugin.job_ready(self, job, placed) for plugin in self.hooks["job_ready"])
+        for plugin in self.hooks["job_ready"]:
+            if not plugin.job_ready(self, job, placed):
+                return False
+        return True
 
     def preemptable(self, preemptor: JobInfo, victims: list[JobInfo]) -> list[JobInfo]:
         for plugin in self.hooks["preemptable"]:
@@ -682,7 +695,7 @@ class Session:
             known = by_kind.get(kind, _UNKNOWN)
             if known is _UNKNOWN:
                 known = by_kind[kind] = self.node_reason(job, task, node)
-            return known  # type: ignore[no-any-return]
+            return known
 
         return reason
 
@@ -852,8 +865,12 @@ class NodeScan:
 
 
 def task_shape(task: TaskInfo) -> Shape:
-    fraction = (task.gpu_share, task.gpu_memory, task.gpu_modes) if task.gpu_share else ()
-    return (task.resources, selector_key(task.node_selector), fraction)
+    selector = task.node_selector
+    return (
+        task.resources,
+        tuple(sorted(selector.items())) if selector else (),  # `selector_key`
+        (task.gpu_share, task.gpu_memory, task.gpu_modes) if task.gpu_share else (),
+    )
 
 
 def alike(a: TaskInfo, b: TaskInfo) -> bool:
