@@ -274,9 +274,7 @@ def _allocate_alike(
     tasks = session.pending_tasks(job)
     first = tasks[0]
     cpu, memory = first.resources.cpu, first.resources.memory
-    order = (
-        session.ordered_nodes(first) if session.max_devices == 0 else session.candidate_nodes(first)
-    )
+    order = session.ordered_nodes(first) if session.max_devices == 0 else session.walk_once(first)
     nominated = session.nominated
     many = getattr(fits, "many", None)  # how many alike tasks fit, if it can tell at once
     count, placed = len(tasks), 0

@@ -335,17 +335,26 @@ class BinpackPlugin(Plugin):
         # Nodes with too little cpu or memory free for any pending task are left out.
         scans = [group.scan_buckets(task.resources) for group in groups]
         # A scan for a task with devices is never resumed after a placement (`NodeScan`
-        # starts over for each such task), so nothing moves while it walks a bucket: it
-        # need not copy the bucket first, which costs as much as the bucket is large when
-        # the first node takes the task. Other scans walk a copy.
-        lazy = task.resources.gpu > 0
+        # starts over for each such task), and one `Session.walk_once` asks for changes
+        # nothing while it walks: nothing moves while it walks a bucket, so it need not
+        # copy the bucket first, which costs as much as the bucket is large when the first
+        # node takes the task. Other scans walk a copy.
+        lazy = task.resources.gpu > 0 or session.walking_once
         # A fraction may also go on a node without a whole free device (onto a shared one).
         least = 0 if task.gpu_share else task.resources.gpu
-        for free in range(least, session.max_devices + 1):
-            for buckets in scans:
-                bucket = buckets.get(free)
-                if bucket:
-                    yield from bucket.values() if lazy else list(bucket.values())
+        return _binpack_walk(scans, range(least, session.max_devices + 1), lazy)
+
+
+def _binpack_walk(
+    scans: list[dict[int, dict[str, NodeView]]], counts: range, lazy: bool
+) -> Iterator[NodeView]:
+    """The nodes of `scans`' buckets, bucket by bucket in `counts` order (copied first
+    unless `lazy`)."""
+    for free in counts:
+        for buckets in scans:
+            bucket = buckets.get(free)
+            if bucket:
+                yield from bucket.values() if lazy else list(bucket.values())
 
 
 class SpreadPlugin(Plugin):

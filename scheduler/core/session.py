@@ -96,6 +96,9 @@ class Plugin:
     def node_order(
         self, session: Session, task: TaskInfo, groups: list[LabelGroup]
     ) -> Iterator[NodeView] | None:
+        """The nodes of `groups` to try for the task, in order (None: no say). While
+        `session.walking_once` the caller changes nothing in the index until it is done
+        with the order."""
         return None
 
 
@@ -127,6 +130,7 @@ class Session:
         self.placing_predicates = [p for p in self.hooks["predicate"] if not p.implied_by_index]
         self.static_node_order = all(p.static_node_order for p in self.hooks["node_order"])
         self.gang_decides = any(p.name == "gang" for p in self.hooks["job_ready"])
+        self.walking_once = False  # `walk_once`
         # Every `overused` says None for a queue without a capability or per-user limits.
         self.limits_only_overuse = all(p.alike_overused for p in self.hooks["overused"])
         self._open_shortcuts()
@@ -570,6 +574,16 @@ class Session:
             if order is not None:
                 return order
         return (n for g in groups for b in sorted(g.buckets) for n in list(g.buckets[b].values()))
+
+    def walk_once(self, task: TaskInfo) -> Iterator[NodeView]:
+        """`candidate_nodes` for a caller that walks the order once and changes nothing in
+        the index while it does (`walking_once` tells `node_order` so while it is asked:
+        it may then hand out the index's own buckets rather than copies)."""
+        self.walking_once = True
+        try:
+            return self.candidate_nodes(task)
+        finally:
+            self.walking_once = False
 
     def ordered_nodes(self, task: TaskInfo) -> list[NodeView]:
         """`candidate_nodes` as a list, kept until a node moves in the index (only for an
