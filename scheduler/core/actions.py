@@ -16,7 +16,7 @@ from itertools import filterfalse
 from scheduler.core import sharing
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources
-from scheduler.core.session import Fits, NodeScan, Session, alike, whole_devices
+from scheduler.core.session import Fits, NodeScan, Session, Shape, alike, whole_devices
 from scheduler.core.statement import Statement
 from scheduler.core.status import Code, Status
 from scheduler.core.types import Failure, NodeView
@@ -144,7 +144,8 @@ def place(
     over = session.overused(queue, job)
     if over is not None:
         return Failure(over.code, over.message, False)
-    key = Memo.key(session, job)
+    shape = session.shape(job)
+    key = None if shape is None else (shape, job.queue)  # `Memo.key`
     known = memo.max_placeable.get(key) if key is not None else None
     if known is not None:
         most, failure = known
@@ -157,7 +158,7 @@ def place(
     if refusal is not None:
         return refusal
     statement = Statement(session)
-    placed, first_miss = _allocate_tasks(session, job, statement, fits)
+    placed, first_miss = _allocate_tasks(session, job, statement, fits, shape)
     if placed and (first_miss is None or session.job_ready(job, placed)):
         statement.commit(action)
         return None
@@ -226,11 +227,12 @@ def _cannot_fit_in(session: Session, job: JobInfo, need: int, cpu: int, memory: 
 
 
 def _allocate_tasks(
-    session: Session, job: JobInfo, statement: Statement, fits: Fits | None
+    session: Session, job: JobInfo, statement: Statement, fits: Fits | None, shape: Shape | None
 ) -> tuple[int, TaskInfo | None]:
-    """Allocate what fits of the job's pending tasks; how many, and the first that did not."""
+    """Allocate what fits of the job's pending tasks (of `shape`, if all alike); how many,
+    and the first that did not."""
     cap = session.queues[job.queue].info.capability
-    if cap is None and _alike_at_once(session, job):
+    if cap is None and _alike_at_once(session, shape):
         return _allocate_alike(session, job, statement, fits)
     need = session.needed(job)
     room = cap - session.queues[job.queue].allocated if cap is not None else None
@@ -253,13 +255,13 @@ def _allocate_tasks(
     return placed, first_miss
 
 
-def _alike_at_once(session: Session, job: JobInfo) -> bool:
-    """May the job's pending tasks be placed in one scan (`_allocate_alike`)? When they are
-    all alike and without devices, the node order is static and no predicate is asked when
-    placing: placing one then changes only what is free on its node."""
+def _alike_at_once(session: Session, shape: Shape | None) -> bool:
+    """May a job's pending tasks, of `shape` if all alike, be placed in one scan
+    (`_allocate_alike`)? When they are all alike and without devices, the node order is
+    static and no predicate is asked when placing: placing one then changes only what is
+    free on its node."""
     if not session.alike_at_once or session.placing_predicates or not session.static_node_order:
         return False
-    shape = session.shape(job)
     return shape is not None and shape[0].gpu == 0
 
 

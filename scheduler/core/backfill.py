@@ -107,14 +107,16 @@ class _Backfill:
             if self._refused_quickly(job):
                 return
         reservation = self.planned()
-        fits = _fits_around(session, job, reservation) if reservation else None
-        alike = self._alike(job, reservation, fits)
+        around = reservation is not None and _runs_past(session, job, reservation)
+        alike = self._alike(job, not around)
         if alike is not None:
             kept_alike = self.alike_refused.get(alike)
             if kept_alike is not None and self._unchanged(kept_alike[0], alike, reservation):
                 session.failures[job.id] = kept_alike[1]
                 session.pending[job.id] = kept_alike[2]
                 return
+        # The extra test its tasks must pass so the reservation is not delayed.
+        fits = _AroundReservation(reservation.spare) if around and reservation else None
         self._try(job, reservation, fits)
         if alike is not None and job.id not in session.placed:
             self._keep_refusal(job, alike, reservation)
@@ -155,14 +157,13 @@ class _Backfill:
     # `total_refusal`), nothing bound. Its status is the same too (`_explain_wait` decides
     # once per shape). Only jobs waiting to start (not a running job's extra tasks).
 
-    def _alike(
-        self, job: JobInfo, reservation: Reservation | None, fits: Fits | None
-    ) -> tuple[object, ...] | None:
+    def _alike(self, job: JobInfo, free: bool) -> tuple[object, ...] | None:
+        """The job's alike key and whether it need not fit around the reservation."""
         session = self.session
         if not session.alike_refusals or not job.is_candidate or session.needed(job) <= 0:
             return None
         key = session.alike_key(job)
-        return None if key is None else (key, fits is None)
+        return None if key is None else (key, free)
 
     def _state(self, alike: tuple[Any, ...], reservation: Reservation | None) -> tuple[Any, ...]:
         """What decides the refusal of a job that is `alike`, as it stands now."""
@@ -315,17 +316,15 @@ def _ends_before(session: Session, job: JobInfo, reservation: Reservation | None
     )
 
 
-def _fits_around(session: Session, job: JobInfo, reservation: Reservation) -> Fits | None:
-    """The extra test a backfilled job's tasks must pass so the reservation is not delayed."""
+def _runs_past(session: Session, job: JobInfo, reservation: Reservation) -> bool:
+    """Must a backfilled job's tasks fit around the reservation (`_AroundReservation`)?"""
     if not reservation.placed:
-        return None  # the reserved job fits nowhere for now: nothing to protect
-    if (
+        return False  # the reserved job fits nowhere for now: nothing to protect
+    return not (
         reservation.start is not None
         and (ran := predict.runtime(job)) is not None
         and session.now + ran <= reservation.start
-    ):
-        return None  # it ends before the reservation starts (walltime, or prediction)
-    return _AroundReservation(reservation.spare)
+    )  # (False: it ends before the reservation starts, by walltime or prediction)
 
 
 class _AroundReservation:

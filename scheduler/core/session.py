@@ -404,7 +404,7 @@ class Session:
         """The node's free cpu or memory changed: keep its group's `roomy` true; a node back
         in it may be in an order kept by `ordered_nodes`, which is then made again."""
         group = self._groups.get(node.label_key)
-        if group is not None and group.resized(node):
+        if group is not None and group.resized(node) and self._orders:
             self._orders = {}
 
     def free_on_ready_nodes(self) -> dict[str, Resources]:
@@ -418,7 +418,8 @@ class Session:
         """The node's free device count changed from `old_free`."""
         self._groups[node.label_key].move(node, old_free)
         self.index_dirty = True  # buckets are no longer in snapshot order
-        self._orders = {}
+        if self._orders:
+            self._orders = {}
 
     # --- per job, cached while its pending tasks do not change ---------------------------
 

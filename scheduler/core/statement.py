@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from scheduler.core import sharing
 from scheduler.core.model import JobInfo, TaskInfo
-from scheduler.core.resources import Resources
+from scheduler.core.resources import Resources, tuple_new
 from scheduler.core.session import Session, held_resources, whole_devices
 from scheduler.core.types import Bind, Evict, NodeView, new_bind
 
@@ -153,7 +153,10 @@ class Statement:
                     gpu += request.gpu
             queue = session.queues.get(job.queue)
             if queue is not None:
-                queue.allocated = queue.allocated + Resources(cpu, memory, gpu)
+                held = queue.allocated  # `+` spelled out: once per job a cycle starts
+                queue.allocated = tuple_new(
+                    Resources, (held.cpu + cpu, held.memory + memory, held.gpu + gpu)
+                )
                 queue.shared_gpu += shared
             session.placed.add(job.id)
             session.pending.pop(job.id, None)
