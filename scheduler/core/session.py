@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat
+from operator import attrgetter, gt, lt, or_
 from typing import Any
 
 from scheduler.core import gpushare, predict, sharing
@@ -742,12 +744,33 @@ class Session:
         static, positions = self._static_reasons(job, task)
         first = dict(static[1])
         counts: Counter[str] = Counter(static[0])
-        # Each dynamic reason counted here, with the position of its first node (nodes are
-        # looked at in position order: the first time a reason is seen is its first).
+        if self.nominated or task.gpu_share:
+            seen, seen_first = self._node_reasons(task, eligible, positions)
+        else:
+            seen, seen_first = _short_of(task.resources, eligible, positions)
+        for reason, position in seen_first.items():
+            known = first.get(reason)
+            if known is None or position < known:  # (a static reason may come later)
+                first[reason] = position
+            counts[reason] += seen[reason]
+        counts = Counter({r: counts[r] for r in sorted(counts, key=first.__getitem__)})
+        could_fit = bool(eligible)
+        parts = ", ".join(
+            f"{n} {r}" for r, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))
+        )
+        detail = f"0/{len(self.nodes)} nodes fit: {parts}" if parts else "no nodes"
+        return detail, could_fit, dict(counts)
+
+    def _node_reasons(
+        self, task: TaskInfo, eligible: list[NodeView], positions: list[int]
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Why each of `eligible` (at `positions`) cannot take the task now: how many give
+        each reason, and the position of the first to give it (nodes are looked at in
+        position order: the first time a reason is seen is its first)."""
         seen: dict[str, int] = {}
         seen_first: dict[str, int] = {}
-        request, nominated = task.resources, self.nominated
-        cpu, memory, gpu = request
+        nominated = self.nominated
+        cpu, memory, gpu = task.resources
         for node, position in zip(eligible, positions, strict=True):
             if node.name in nominated:
                 reason = "reserved for a preempting job"
@@ -769,18 +792,7 @@ class Session:
                 seen_first[reason] = position
             else:
                 seen[reason] = count + 1
-        for reason, position in seen_first.items():
-            known = first.get(reason)
-            if known is None or position < known:  # (a static reason may come later)
-                first[reason] = position
-            counts[reason] += seen[reason]
-        counts = Counter({r: counts[r] for r in sorted(counts, key=first.__getitem__)})
-        could_fit = bool(eligible)
-        parts = ", ".join(
-            f"{n} {r}" for r, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))
-        )
-        detail = f"0/{len(self.nodes)} nodes fit: {parts}" if parts else "no nodes"
-        return detail, could_fit, dict(counts)
+        return seen, seen_first
 
     def status_of(self, failure: Failure) -> Status:
         """The failure's status: made once for a refusal kept in `refusals` (statuses are
@@ -877,6 +889,38 @@ class NodeScan:
                 self._last_node = node
                 return node
         return None
+
+
+_free_cpu = attrgetter("free_cpu")
+_free_memory = attrgetter("free_memory")
+_free_devices = attrgetter("free_devices")
+
+
+def _short_of(
+    request: Resources, eligible: list[NodeView], positions: list[int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """`Session._node_reasons` with nothing nominated and a task asking whole devices, in
+    whole-list passes rather than a test per node: a node is short of cpu, else of memory,
+    else of devices, else it is held for the reservation."""
+    cpu, memory, gpu = request
+    short_cpu = list(map(lt, map(_free_cpu, eligible), repeat(cpu)))
+    short_memory = list(map(lt, map(_free_memory, eligible), repeat(memory)))
+    short_gpu = list(map(lt, map(len, map(_free_devices, eligible)), repeat(gpu)))
+    before_gpu = list(map(or_, short_cpu, short_memory))
+    short = list(map(or_, before_gpu, short_gpu))
+    seen: dict[str, int] = {}
+    seen_first: dict[str, int] = {}
+    for reason, marks, mark in (
+        ("insufficient cpu", short_cpu, True),
+        ("insufficient memory", list(map(gt, short_memory, short_cpu)), True),  # and not cpu
+        ("insufficient gpu", list(map(gt, short_gpu, before_gpu)), True),
+        ("held for the reservation", short, False),
+    ):
+        count = marks.count(mark)
+        if count:
+            seen[reason] = count
+            seen_first[reason] = positions[marks.index(mark)]
+    return seen, seen_first
 
 
 def task_shape(task: TaskInfo) -> Shape:
