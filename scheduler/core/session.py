@@ -865,7 +865,6 @@ class NodeScan:
                 return node
         return None
 
-
     def _first_with_devices(self, task: TaskInfo, order: Iterable[NodeView]) -> NodeView | None:
         """`find` for a task asking whole devices: the first node in `order` that
         `accepts` it, its tests spelled out. Such a scan is never resumed (a task resumes
