@@ -101,9 +101,12 @@ def _across_queues(session: Session, cursors: dict[str, Iterator[JobInfo]]) -> I
     heapq.heapify(heap)
     while heap:
         served, name = heapq.heappop(heap)
-        cursor = cursors[name]
+        cursor, queue = cursors[name], session.queues[name]
         for job in cursor:
             yield job
+            known = keys[name]
+            if known[0] is queue.allocated and known[1] == queue.shared_gpu:
+                continue  # it holds the very same as when its key was made (most jobs wait)
             now = key(name)
             if now != served:
                 heapq.heappush(heap, (now, name))

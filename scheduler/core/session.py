@@ -453,8 +453,13 @@ class Session:
         key = self._alike_keys.get(job.id, _UNKNOWN)
         if key is _UNKNOWN:
             shape = self.shape(job)
-            owner = job.owner if job.queue in self.user_limited else ""
-            key = None if shape is None else (shape, job.queue, self.needed(job), owner)
+            if shape is None:
+                key = None
+            else:
+                owner = job.owner if job.queue in self.user_limited else ""
+                need = self.need.get(job.id)  # `needed`
+                need = job.min_available if need is None else need
+                key = (shape, job.queue, need, owner)
             self._alike_keys[job.id] = key
         return key  # type: ignore[no-any-return]
 
@@ -506,9 +511,13 @@ class Session:
     def job_key(self, job: JobInfo) -> tuple[Any, ...]:
         key = self._job_keys.get(job.id)
         if key is None:
-            key = ()
-            for plugin in self.hooks["job_key"]:
-                key += plugin.job_key(self, job)
+            hooks = self.hooks["job_key"]
+            if len(hooks) == 1:  # (the default: the priority plugin's key alone)
+                key = hooks[0].job_key(self, job)
+            else:
+                key = ()
+                for plugin in hooks:
+                    key += plugin.job_key(self, job)
             key = self._job_keys[job.id] = key + (job.id,)
         return key
 
