@@ -753,10 +753,10 @@ class Session:
         static, positions = self._static_reasons(job, task)
         first = dict(static[1])
         counts: Counter[str] = Counter(static[0])
-        if self.nominated or task.gpu_share:
+        if task.gpu_share:
             seen, seen_first = self._node_reasons(task, eligible, positions)
         else:
-            seen, seen_first = _short_of(task.resources, eligible, positions)
+            seen, seen_first = _short_of(task.resources, eligible, positions, self.nominated)
         for reason, position in seen_first.items():
             known = first.get(reason)
             if known is None or position < known:  # (a static reason may come later)
@@ -899,35 +899,43 @@ class NodeScan:
         return None
 
 
+_name = attrgetter("name")
 _free_cpu = attrgetter("free_cpu")
 _free_memory = attrgetter("free_memory")
 _free_devices = attrgetter("free_devices")
 
 
 def _short_of(
-    request: Resources, eligible: list[NodeView], positions: list[int]
+    request: Resources, eligible: list[NodeView], positions: list[int], nominated: set[str]
 ) -> tuple[dict[str, int], dict[str, int]]:
-    """`Session._node_reasons` with nothing nominated and a task asking whole devices, in
-    whole-list passes rather than a test per node: a node is short of cpu, else of memory,
-    else of devices, else it is held for the reservation."""
+    """`Session._node_reasons` for a task asking whole devices, in whole-list passes rather
+    than a test per node: a node is nominated for a preempting job, else short of cpu, else
+    of memory, else of devices, else it is held for the reservation."""
     cpu, memory, gpu = request
-    short_cpu = list(map(lt, map(_free_cpu, eligible), repeat(cpu)))
-    short_memory = list(map(lt, map(_free_memory, eligible), repeat(memory)))
-    short_gpu = list(map(lt, map(len, map(_free_devices, eligible)), repeat(gpu)))
-    before_gpu = list(map(or_, short_cpu, short_memory))
-    short = list(map(or_, before_gpu, short_gpu))
+    before = (  # nodes that gave a reason so far
+        list(map(nominated.__contains__, map(_name, eligible)))
+        if nominated
+        else [False] * len(eligible)
+    )
     seen: dict[str, int] = {}
     seen_first: dict[str, int] = {}
-    for reason, marks, mark in (
-        ("insufficient cpu", short_cpu, True),
-        ("insufficient memory", list(map(gt, short_memory, short_cpu)), True),  # and not cpu
-        ("insufficient gpu", list(map(gt, short_gpu, before_gpu)), True),
-        ("held for the reservation", short, False),
-    ):
-        count = marks.count(mark)
-        if count:
-            seen[reason] = count
+
+    def count(reason: str, marks: list[bool], mark: bool = True) -> None:
+        found = marks.count(mark)
+        if found:
+            seen[reason] = found
             seen_first[reason] = positions[marks.index(mark)]
+
+    count("reserved for a preempting job", before)
+    for reason, short in (
+        ("insufficient cpu", map(lt, map(_free_cpu, eligible), repeat(cpu))),
+        ("insufficient memory", map(lt, map(_free_memory, eligible), repeat(memory))),
+        ("insufficient gpu", map(lt, map(len, map(_free_devices, eligible)), repeat(gpu))),
+    ):
+        shorts = list(short)
+        count(reason, list(map(gt, shorts, before)))  # short, and no reason before
+        before = list(map(or_, before, shorts))
+    count("held for the reservation", before, False)
     return seen, seen_first
 
 
