@@ -444,13 +444,11 @@ def allocate(session: Session) -> None:
         except Exception as exc:  # noqa: BLE001 - fault isolation is the point
             record_fault(session, job, exc)
     if session.blocked is not None and session.config.strict_order and session.explain_failures:
+        message = f"waiting for job {session.blocked.id} (first in order)"
         for job in in_order(
             session, skip=lambda j: j.id in session.failures or j.id in session.placed
         ):
-            session.set_pending(
-                job,
-                Status(Code.PRIORITY, f"waiting for job {session.blocked.id} (first in order)"),
-            )
+            session.set_pending(job, Status(Code.PRIORITY, message))  # one each: not shared
 
 
 # --- preempt and reclaim -----------------------------------------------------------------
