@@ -53,6 +53,7 @@ def enqueue(session: Session) -> None:
             session.set_pending(session.jobs[job_id], problem)
             session.failures[job_id] = Failure(problem.code, problem.message, False)
         return
+    session.key_all(session.candidates)
     for job in sorted(session.candidates, key=session.job_key):
         try:  # `guarded`, without a closure per job
             _admit(session, job)

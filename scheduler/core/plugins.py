@@ -42,33 +42,49 @@ class PriorityPlugin(Plugin):
     def job_key(self, session: Session, job: JobInfo) -> tuple[Any, ...]:
         if self.weights.off:
             return (-job.priority, job.created_at)
-        factors = self.factors(session, job)
-        session.factors[job.id] = factors
+        factors = session.factors[job.id] = self.factors(session, job)
         return (-factors.priority, -job.priority, job.created_at)
 
+    def job_keys(self, session: Session, jobs: list[JobInfo]) -> list[tuple[Any, ...]]:
+        """`job_key` of each of `jobs`, worked out in one pass (a whole backlog's)."""
+        if self.weights.off:
+            return [(-job.priority, job.created_at) for job in jobs]
+        made = self.all_factors(session, jobs)
+        session.factors.update(zip([job.id for job in jobs], made, strict=True))
+        return [
+            (-factors.priority, -job.priority, job.created_at)
+            for job, factors in zip(jobs, made, strict=True)
+        ]
+
     def factors(self, session: Session, job: JobInfo) -> Factors:
-        """`combine` of the job's factors, the owner's and queue's worked out once."""
+        return self.all_factors(session, [job])[0]
+
+    def all_factors(self, session: Session, jobs: list[JobInfo]) -> list[Factors]:
+        """`combine` of each job's factors, the owner's and queue's worked out once, the
+        weights read once: the same arithmetic in the same order, so the same floats."""
         weights = self.weights
-        constant = self._constant.get((job.owner, job.queue))
-        if constant is None:
-            constant = self._constants(session, job)
-        fair, queue = constant
-        # `age_factor`, spelled out (this runs for every pending job of every cycle).
-        waited = session.now - job.created_at
-        age = (0.0 if 0.0 > waited else waited) / weights.max_age
-        if 1.0 < age:
-            age = 1.0
-        size = min(1.0, session.share(session.min_request(job))) if weights.job_size else 0.0
-        if weights.favor_small:
-            size = 1.0 - size
-        total = (  # as `combine` adds them up
-            weights.age * age
-            + weights.fair_share * fair
-            + weights.job_size * size
-            + weights.queue * queue
-            + weights.priority * job.priority
-        )
-        return new_factors(total, age, fair, size, queue, job.priority)
+        w_age, w_fair, w_size = weights.age, weights.fair_share, weights.job_size
+        w_queue, w_priority, max_age = weights.queue, weights.priority, weights.max_age
+        now, favor_small = session.now, weights.favor_small
+        made = []
+        for job in jobs:
+            constant = self._constant.get((job.owner, job.queue))
+            if constant is None:
+                constant = self._constants(session, job)
+            fair, queue = constant
+            waited = now - job.created_at  # `age_factor`, spelled out
+            age = (0.0 if 0.0 > waited else waited) / max_age
+            if 1.0 < age:
+                age = 1.0
+            size = min(1.0, session.share(session.min_request(job))) if w_size else 0.0
+            if favor_small:
+                size = 1.0 - size
+            total = (
+                w_age * age + w_fair * fair + w_size * size + w_queue * queue
+                + w_priority * job.priority
+            )  # fmt: skip
+            made.append(new_factors(total, age, fair, size, queue, job.priority))
+        return made
 
     def _constants(self, session: Session, job: JobInfo) -> tuple[float, float]:
         weights = self.weights

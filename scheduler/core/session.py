@@ -151,9 +151,7 @@ class Session:
         self.jobs = {j.id: j for j in snapshot.jobs}
         # A Running job with pending tasks left (a gang started with min_available) is a
         # candidate for the rest, unless it is being stopped.
-        self.candidates = [j for j in snapshot.jobs if j.is_candidate or grows(j)]
-        self.need = {j.id: need_of(j) for j in self.candidates}
-        self.running = [j for j in snapshot.jobs if j.state == "Running"]
+        self.candidates, self.need, self.running = _sort_out(snapshot.jobs)
         self._open_caches()
         self._load_running()
         self._open_totals()
@@ -520,6 +518,19 @@ class Session:
                     key += plugin.job_key(self, job)
             key = self._job_keys[job.id] = key + (job.id,)
         return key
+
+    def key_all(self, jobs: list[JobInfo]) -> None:
+        """Work out the keys of those of `jobs` not keyed yet in one pass, where the one
+        plugin keying jobs can (a `job_keys` method, as the priority plugin's): `job_key`
+        then finds them made. The same keys as one by one, in the same order."""
+        hooks = self.hooks["job_key"]
+        batch = getattr(hooks[0], "job_keys", None) if len(hooks) == 1 else None
+        if batch is None:
+            return
+        known = self._job_keys
+        todo = [job for job in jobs if job.id not in known]
+        for job, key in zip(todo, batch(self, todo), strict=True):
+            known[job.id] = key + (job.id,)
 
     def refresh_keys(self) -> None:
         """Work out every job's key again and reorder the queues by them (a standing
@@ -1009,6 +1020,26 @@ def request_floor(jobs: list[JobInfo]) -> tuple[int, int]:
                 if memory < 0 or request.memory < memory:
                     memory = request.memory
     return (max(cpu, 0), max(memory, 0))
+
+
+def _sort_out(jobs: list[JobInfo]) -> tuple[list[JobInfo], dict[int, int], list[JobInfo]]:
+    """The candidates (in snapshot order) with how many tasks each needs at once
+    (`need_of`), and the running jobs: one pass over a backlog of any size."""
+    candidates: list[JobInfo] = []
+    need: dict[int, int] = {}
+    running: list[JobInfo] = []
+    for job in jobs:
+        if job.state == "Running":
+            running.append(job)
+        if job.is_candidate or grows(job):
+            candidates.append(job)
+            held = 0
+            for task in job.tasks:
+                if task.node and task.state in ("Assigned", "Running"):
+                    held += 1
+            more = job.min_available - held
+            need[job.id] = more if more > 0 else 0  # `need_of`
+    return candidates, need, running
 
 
 def need_of(job: JobInfo) -> int:
