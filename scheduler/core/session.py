@@ -66,6 +66,9 @@ class Plugin:
         """Called once when the session opens."""
 
     def job_key(self, session: Session, job: JobInfo) -> tuple[Any, ...]:
+        """The job's place in its queue (keys are compared, least first). A plugin may also
+        offer `job_keys(session, jobs)`, the keys of many jobs at once, each equal to its
+        `job_key`: `Session.key_all` asks it when it is the only plugin keying jobs."""
         return ()
 
     def queue_key(self, session: Session, queue: QueueState) -> tuple[Any, ...]:
