@@ -70,7 +70,13 @@ class _Backfill:
         # (alike key, whether it need not fit around the reservation) -> (the state it was
         # refused in, its failure, its status): `_alike`.
         self.alike_refused: dict[object, tuple[tuple[Any, ...], Failure, Status]] = {}
+        self.skipped = {
+            *session.placed,
+            *session.pipelined,
+            *(i for i, failure in session.failures.items() if not failure.blocked_by_resources),
+        }
         if self.holder is not None:
+            self.skipped.add(self.holder.id)
             self._defer(self.holder)
 
     def _defer(self, holder: JobInfo) -> None:
@@ -83,11 +89,10 @@ class _Backfill:
         )
 
     def skip(self, job: JobInfo) -> bool:
-        session = self.session
-        if job.id in session.placed or job.id in session.pipelined or job is self.holder:
-            return True
-        failure = session.failures.get(job.id)
-        return failure is not None and not failure.blocked_by_resources
+        """Placed, pipelined, the holder, or refused for good before this pass. Worked out
+        when the pass starts: what the pass changes is only ever the job it serves (`in_order`
+        asks as each job comes up, so asking first skips the same jobs)."""
+        return job.id in self.skipped
 
     def planned(self) -> Reservation | None:
         if self.deferred is not None:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from itertools import repeat
-from operator import attrgetter, gt, lt, or_
-from typing import Any
+from itertools import compress, repeat
+from operator import attrgetter, gt, is_, lt, or_
+from typing import Any, cast
 
 from scheduler.core import gpushare, predict, sharing
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
@@ -189,7 +189,10 @@ class Session:
         self._eligible: dict[Shape, list[NodeView]] = {}
         self._eligible_names: dict[Shape, list[str]] = {}
         self._static: dict[Shape, tuple[tuple[Counter[str], dict[str, int]], list[int]]] = {}
-        self._node_kinds: dict[str, tuple[object, ...]] | None = None  # `_reasons_by_kind`
+        # Each node's kind, in position order, and the first node of each (`_reasons_by_kind`).
+        self._node_kinds: (
+            tuple[list[tuple[object, ...]], dict[tuple[object, ...], NodeView]] | None
+        ) = None
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
         # The backfill's quick refusals, with the state they were made in (what is free and
@@ -695,29 +698,25 @@ class Session:
         shape = task_shape(task)
         known = self._static.get(shape)
         if known is None:
-            counts: Counter[str] = Counter()
-            first: dict[str, int] = {}
-            positions = []
             reasons = self._reasons_by_kind(job, task)
-            for position, node in enumerate(self.nodes):
-                reason = reasons(node)
-                if reason is None:
-                    positions.append(position)
-                    continue
-                first.setdefault(reason, position)
-                counts[reason] += 1
+            tallied: Counter[str | None] = Counter(reasons)  # (in the order each first occurs)
+            tallied.pop(None, None)
+            counts = cast(Counter[str], tallied)
+            first = {reason: reasons.index(reason) for reason in counts}
+            positions = list(compress(range(len(reasons)), map(is_, reasons, repeat(None))))
             known = self._static[shape] = ((counts, first), positions)
         return known
 
-    def _reasons_by_kind(self, job: JobInfo, task: TaskInfo) -> Callable[[NodeView], str | None]:
-        """`node_reason` for the task, asked once per kind of node (state, labels, capacity
-        and GPU sharing, all it depends on when every predicate only says what the index
-        does: `Plugin.implied_by_index`), else once per node."""
+    def _reasons_by_kind(self, job: JobInfo, task: TaskInfo) -> list[str | None]:
+        """`node_reason` for the task of each node, in position order: asked once per kind
+        of node (state, labels, capacity and GPU sharing, all it depends on when every
+        predicate only says what the index does: `Plugin.implied_by_index`), of the first
+        node of the kind; else once per node."""
         if self.placing_predicates:
-            return lambda node: self.node_reason(job, task, node)
+            return [self.node_reason(job, task, node) for node in self.nodes]
         if self._node_kinds is None:
-            self._node_kinds = {
-                node.name: (
+            kinds = [
+                (
                     node.state,
                     node.label_key,
                     node.allocatable,
@@ -726,18 +725,14 @@ class Session:
                     max(node.device_memory.values(), default=0),
                 )
                 for node in self.nodes
-            }
-        kinds = self._node_kinds
-        by_kind: dict[tuple[object, ...], str | None] = {}
-
-        def reason(node: NodeView) -> str | None:
-            kind = kinds[node.name]
-            known = by_kind.get(kind, _UNKNOWN)
-            if known is _UNKNOWN:
-                known = by_kind[kind] = self.node_reason(job, task, node)
-            return known
-
-        return reason
+            ]
+            firsts: dict[tuple[object, ...], NodeView] = {}
+            for kind, node in zip(kinds, self.nodes, strict=True):
+                firsts.setdefault(kind, node)
+            self._node_kinds = (kinds, firsts)
+        kinds, firsts = self._node_kinds
+        by_kind = {kind: self.node_reason(job, task, node) for kind, node in firsts.items()}
+        return list(map(by_kind.__getitem__, kinds))
 
     def node_reason(self, job: JobInfo, task: TaskInfo, node: NodeView) -> str | None:
         """Why the node can never take this task as it stands (None: only resources)."""
