@@ -714,8 +714,9 @@ class Session:
         node of the kind; else once per node."""
         if self.placing_predicates:
             return [self.node_reason(job, task, node) for node in self.nodes]
-        if self._node_kinds is None:
-            kinds = [
+        known = self._node_kinds
+        if known is None:
+            kinds: list[tuple[object, ...]] = [
                 (
                     node.state,
                     node.label_key,
@@ -729,10 +730,9 @@ class Session:
             firsts: dict[tuple[object, ...], NodeView] = {}
             for kind, node in zip(kinds, self.nodes, strict=True):
                 firsts.setdefault(kind, node)
-            self._node_kinds = (kinds, firsts)
-        kinds, firsts = self._node_kinds
-        by_kind = {kind: self.node_reason(job, task, node) for kind, node in firsts.items()}
-        return list(map(by_kind.__getitem__, kinds))
+            known = self._node_kinds = (kinds, firsts)
+        by_kind = {kind: self.node_reason(job, task, node) for kind, node in known[1].items()}
+        return list(map(by_kind.__getitem__, known[0]))
 
     def node_reason(self, job: JobInfo, task: TaskInfo, node: NodeView) -> str | None:
         """Why the node can never take this task as it stands (None: only resources)."""
