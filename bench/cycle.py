@@ -2,6 +2,7 @@
 
     python bench/cycle.py --nodes 1000 --gpus-per-node 8 --jobs 10000 --seed 1
     python bench/cycle.py --sweep          # 1k/10k/100k jobs on 1,000 nodes; 100/1k/10k nodes
+    python bench/cycle.py --nodes 10000 --jobs 100000 --factors --digest   # and what it decided
 
 The cluster has GPU nodes of two models (labels) and some CPU-only nodes; a third of the GPUs
 are held by running jobs with walltimes (so preemption and backfill have work). The backlog
@@ -12,6 +13,7 @@ few unplaceable jobs (a selector no node matches, more GPUs than any node has). 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import sys
@@ -21,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler.core.cycle import run_cycle  # noqa: E402
+from scheduler.core.cycle import CycleResult, run_cycle  # noqa: E402
 from scheduler.core.model import (  # noqa: E402
     DeviceInfo,
     JobInfo,
@@ -169,19 +171,56 @@ def _pending_job(job: _JobMaker, gpus: int, queues: int) -> JobInfo:
 FACTORS = PriorityWeights(age=1000, fair_share=10_000, priority=100)
 
 
-def measure(
-    nodes: int, gpus: int, jobs: int, seed: int, queues: int, repeat: int, factors: bool = False
-) -> dict[str, Any]:
+def digest(result: CycleResult) -> str:
+    """A fingerprint of everything the cycle decided, in the order it decided it: each bind,
+    eviction, pending status (code, message, node reasons in order, estimated start) and
+    priority factors. Two versions of the core that give a snapshot the same digest made
+    the same schedule (a speed-up must leave it as it is)."""
+    sha = hashlib.sha256()
+    for b in result.binds:
+        sha.update(repr((b.job_id, b.task_id, b.node, b.devices, b.action)).encode())
+    for e in result.evictions:
+        sha.update(repr((e.job_id, e.reason, e.preemptor_job_id, e.message)).encode())
+    for job_id, s in result.pending.items():
+        reasons = list(s.node_reasons.items())
+        sha.update(repr((job_id, str(s.code), s.message, reasons, s.estimated_start)).encode())
+    for job_id, f in result.factors.items():
+        sha.update(repr((job_id, f)).encode())
+    return sha.hexdigest()[:16]
+
+
+def setup(
+    nodes: int, gpus: int, jobs: int, seed: int, queues: int, factors: bool
+) -> tuple[Snapshot, SchedulingPolicy]:
+    """The snapshot and policy of one size (with `factors`, 37 owners of different usage)."""
     snapshot = build(nodes, gpus, jobs, seed, queues)
     policy = SchedulingPolicy(priority_weights=FACTORS if factors else PriorityWeights())
     if factors:
         snapshot.usage = {f"user-{i}": 1000.0 * i for i in range(37)}
+    return snapshot, policy
+
+
+def measure(
+    nodes: int,
+    gpus: int,
+    jobs: int,
+    seed: int,
+    queues: int,
+    repeat: int,
+    factors: bool = False,
+    with_digest: bool = False,
+) -> dict[str, Any]:
+    snapshot, policy = setup(nodes, gpus, jobs, seed, queues, factors)
     best: dict[str, Any] | None = None
     for _ in range(repeat):
         started, cpu_started = time.perf_counter(), time.process_time()
         result = run_cycle(snapshot, policy)
         total = time.perf_counter() - started
         cpu = time.process_time() - cpu_started
+        if with_digest:
+            decided = digest(result)
+            if best is not None and best["digest"] != decided:
+                raise AssertionError("the same snapshot gave different decisions")
         if best is None or total < best["total_s"]:
             best = {
                 "nodes": nodes,
@@ -200,6 +239,8 @@ def measure(
                 "evictions": len(result.evictions),
                 "pending": len(result.pending),
             }
+            if with_digest:
+                best["digest"] = decided
     assert best is not None
     return best
 
@@ -214,6 +255,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs; the fastest is reported")
     parser.add_argument("--sweep", action="store_true", help="the growth series of the issue")
     parser.add_argument("--factors", action="store_true", help="order by the priority factors")
+    parser.add_argument(
+        "--digest", action="store_true", help="also print a fingerprint of the decisions"
+    )
     args = parser.parse_args()
     for name in ("nodes", "gpus_per_node", "jobs", "queues", "repeat"):
         if getattr(args, name) < 1:
@@ -229,6 +273,7 @@ def main() -> None:
                     args.queues,
                     args.repeat,
                     args.factors,
+                    args.digest,
                 ),
                 indent=1,
             )

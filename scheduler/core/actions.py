@@ -16,7 +16,7 @@ from itertools import filterfalse
 from scheduler.core import sharing
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources
-from scheduler.core.session import Fits, NodeScan, Session, alike, whole_devices
+from scheduler.core.session import Fits, NodeScan, Session, Shape, alike, whole_devices
 from scheduler.core.statement import Statement
 from scheduler.core.status import Code, Status
 from scheduler.core.types import Failure, NodeView
@@ -53,6 +53,7 @@ def enqueue(session: Session) -> None:
             session.set_pending(session.jobs[job_id], problem)
             session.failures[job_id] = Failure(problem.code, problem.message, False)
         return
+    session.key_all(session.candidates)
     for job in sorted(session.candidates, key=session.job_key):
         try:  # `guarded`, without a closure per job
             _admit(session, job)
@@ -101,9 +102,12 @@ def _across_queues(session: Session, cursors: dict[str, Iterator[JobInfo]]) -> I
     heapq.heapify(heap)
     while heap:
         served, name = heapq.heappop(heap)
-        cursor = cursors[name]
+        cursor, queue = cursors[name], session.queues[name]
         for job in cursor:
             yield job
+            known = keys[name]
+            if known[0] is queue.allocated and known[1] == queue.shared_gpu:
+                continue  # it holds the very same as when its key was made (most jobs wait)
             now = key(name)
             if now != served:
                 heapq.heappush(heap, (now, name))
@@ -144,9 +148,11 @@ def place(
     over = session.overused(queue, job)
     if over is not None:
         return Failure(over.code, over.message, False)
-    key = Memo.key(session, job)
-    if key is not None and key in memo.max_placeable:
-        most, failure = memo.max_placeable[key]
+    shape = session.shape(job)
+    key = None if shape is None else (shape, job.queue)  # `Memo.key`
+    known = memo.max_placeable.get(key) if key is not None else None
+    if known is not None:
+        most, failure = known
         if need > most:
             return _failure(
                 session, job, failure.detail, failure.blocked_by_resources, most,
@@ -156,7 +162,7 @@ def place(
     if refusal is not None:
         return refusal
     statement = Statement(session)
-    placed, first_miss = _allocate_tasks(session, job, statement, fits)
+    placed, first_miss = _allocate_tasks(session, job, statement, fits, shape)
     if placed and (first_miss is None or session.job_ready(job, placed)):
         statement.commit(action)
         return None
@@ -193,6 +199,8 @@ def _refusal_by_total(session: Session, job: JobInfo) -> Failure | None:
 def total_refusal(session: Session, job: JobInfo, cpu: int, memory: int) -> Failure | None:
     """The failure of a job whose gang of alike tasks without devices needs more than `cpu`
     or `memory` in total, if it is one and failures are not explained."""
+    if session.explain_failures or not session.gang_decides:
+        return None  # (`_cannot_fit_in` would say so)
     need = session.needed(job)
     if not _cannot_fit_in(session, job, need, cpu, memory):
         return None
@@ -223,11 +231,12 @@ def _cannot_fit_in(session: Session, job: JobInfo, need: int, cpu: int, memory: 
 
 
 def _allocate_tasks(
-    session: Session, job: JobInfo, statement: Statement, fits: Fits | None
+    session: Session, job: JobInfo, statement: Statement, fits: Fits | None, shape: Shape | None
 ) -> tuple[int, TaskInfo | None]:
-    """Allocate what fits of the job's pending tasks; how many, and the first that did not."""
+    """Allocate what fits of the job's pending tasks (of `shape`, if all alike); how many,
+    and the first that did not."""
     cap = session.queues[job.queue].info.capability
-    if cap is None and _alike_at_once(session, job):
+    if cap is None and _alike_at_once(session, shape):
         return _allocate_alike(session, job, statement, fits)
     need = session.needed(job)
     room = cap - session.queues[job.queue].allocated if cap is not None else None
@@ -250,13 +259,13 @@ def _allocate_tasks(
     return placed, first_miss
 
 
-def _alike_at_once(session: Session, job: JobInfo) -> bool:
-    """May the job's pending tasks be placed in one scan (`_allocate_alike`)? When they are
-    all alike and without devices, the node order is static and no predicate is asked when
-    placing: placing one then changes only what is free on its node."""
+def _alike_at_once(session: Session, shape: Shape | None) -> bool:
+    """May a job's pending tasks, of `shape` if all alike, be placed in one scan
+    (`_allocate_alike`)? When they are all alike and without devices, the node order is
+    static and no predicate is asked when placing: placing one then changes only what is
+    free on its node."""
     if not session.alike_at_once or session.placing_predicates or not session.static_node_order:
         return False
-    shape = session.shape(job)
     return shape is not None and shape[0].gpu == 0
 
 
@@ -271,9 +280,7 @@ def _allocate_alike(
     tasks = session.pending_tasks(job)
     first = tasks[0]
     cpu, memory = first.resources.cpu, first.resources.memory
-    order = (
-        session.ordered_nodes(first) if session.max_devices == 0 else session.candidate_nodes(first)
-    )
+    order = session.ordered_nodes(first) if session.max_devices == 0 else session.walk_once(first)
     nominated = session.nominated
     many = getattr(fits, "many", None)  # how many alike tasks fit, if it can tell at once
     count, placed = len(tasks), 0
@@ -438,13 +445,11 @@ def allocate(session: Session) -> None:
         except Exception as exc:  # noqa: BLE001 - fault isolation is the point
             record_fault(session, job, exc)
     if session.blocked is not None and session.config.strict_order and session.explain_failures:
+        message = f"waiting for job {session.blocked.id} (first in order)"
         for job in in_order(
             session, skip=lambda j: j.id in session.failures or j.id in session.placed
         ):
-            session.set_pending(
-                job,
-                Status(Code.PRIORITY, f"waiting for job {session.blocked.id} (first in order)"),
-            )
+            session.set_pending(job, Status(Code.PRIORITY, message))  # one each: not shared
 
 
 # --- preempt and reclaim -----------------------------------------------------------------

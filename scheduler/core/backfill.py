@@ -8,6 +8,7 @@ from typing import Any
 from scheduler.core import predict
 from scheduler.core.actions import (
     Memo,
+    _GangRoom,
     in_order,
     place,
     quick_refusal,
@@ -69,7 +70,13 @@ class _Backfill:
         # (alike key, whether it need not fit around the reservation) -> (the state it was
         # refused in, its failure, its status): `_alike`.
         self.alike_refused: dict[object, tuple[tuple[Any, ...], Failure, Status]] = {}
+        self.skipped = {
+            *session.placed,
+            *session.pipelined,
+            *(i for i, failure in session.failures.items() if not failure.blocked_by_resources),
+        }
         if self.holder is not None:
+            self.skipped.add(self.holder.id)
             self._defer(self.holder)
 
     def _defer(self, holder: JobInfo) -> None:
@@ -82,11 +89,10 @@ class _Backfill:
         )
 
     def skip(self, job: JobInfo) -> bool:
-        session = self.session
-        if job.id in session.placed or job.id in session.pipelined or job is self.holder:
-            return True
-        failure = session.failures.get(job.id)
-        return failure is not None and not failure.blocked_by_resources
+        """Placed, pipelined, the holder, or refused for good before this pass. Worked out
+        when the pass starts: what the pass changes is only ever the job it serves (`in_order`
+        asks as each job comes up, so asking first skips the same jobs)."""
+        return job.id in self.skipped
 
     def planned(self) -> Reservation | None:
         if self.deferred is not None:
@@ -106,14 +112,16 @@ class _Backfill:
             if self._refused_quickly(job):
                 return
         reservation = self.planned()
-        fits = _fits_around(session, job, reservation) if reservation else None
-        alike = self._alike(job, reservation, fits)
+        around = reservation is not None and _runs_past(session, job, reservation)
+        alike = self._alike(job, not around)
         if alike is not None:
             kept_alike = self.alike_refused.get(alike)
             if kept_alike is not None and self._unchanged(kept_alike[0], alike, reservation):
                 session.failures[job.id] = kept_alike[1]
                 session.pending[job.id] = kept_alike[2]
                 return
+        # The extra test its tasks must pass so the reservation is not delayed.
+        fits = _AroundReservation(reservation.spare) if around and reservation else None
         self._try(job, reservation, fits)
         if alike is not None and job.id not in session.placed:
             self._keep_refusal(job, alike, reservation)
@@ -154,14 +162,13 @@ class _Backfill:
     # `total_refusal`), nothing bound. Its status is the same too (`_explain_wait` decides
     # once per shape). Only jobs waiting to start (not a running job's extra tasks).
 
-    def _alike(
-        self, job: JobInfo, reservation: Reservation | None, fits: Fits | None
-    ) -> tuple[object, ...] | None:
+    def _alike(self, job: JobInfo, free: bool) -> tuple[object, ...] | None:
+        """The job's alike key and whether it need not fit around the reservation."""
         session = self.session
         if not session.alike_refusals or not job.is_candidate or session.needed(job) <= 0:
             return None
         key = session.alike_key(job)
-        return None if key is None else (key, fits is None)
+        return None if key is None else (key, free)
 
     def _state(self, alike: tuple[Any, ...], reservation: Reservation | None) -> tuple[Any, ...]:
         """What decides the refusal of a job that is `alike`, as it stands now."""
@@ -314,17 +321,15 @@ def _ends_before(session: Session, job: JobInfo, reservation: Reservation | None
     )
 
 
-def _fits_around(session: Session, job: JobInfo, reservation: Reservation) -> Fits | None:
-    """The extra test a backfilled job's tasks must pass so the reservation is not delayed."""
+def _runs_past(session: Session, job: JobInfo, reservation: Reservation) -> bool:
+    """Must a backfilled job's tasks fit around the reservation (`_AroundReservation`)?"""
     if not reservation.placed:
-        return None  # the reserved job fits nowhere for now: nothing to protect
-    if (
+        return False  # the reserved job fits nowhere for now: nothing to protect
+    return not (
         reservation.start is not None
         and (ran := predict.runtime(job)) is not None
         and session.now + ran <= reservation.start
-    ):
-        return None  # it ends before the reservation starts (walltime, or prediction)
-    return _AroundReservation(reservation.spare)
+    )  # (False: it ends before the reservation starts, by walltime or prediction)
 
 
 class _AroundReservation:
@@ -495,6 +500,11 @@ def _earliest(
         ends = [e for e in ends if e[1] in room]
     need = session.min_request(job)
     applied = 0  # ends added to `room` so far
+    # For a gang of one run of alike tasks, how many of them each node's room holds, kept
+    # as ends are added: first fit places it exactly when the sum is enough (`_GangRoom`),
+    # so `simulate` (a walk over every eligible node) is asked only then.
+    gang: _GangRoom | None = None
+    counted = False
     count, i, now = len(ends), 0, session.now
     while i < count:
         moment = max(now, ends[i][0])
@@ -505,7 +515,14 @@ def _earliest(
         if need.cpu > cpu or need.memory > memory or need.gpu > gpu:
             continue
         _release_into(room, ends[applied:i])
+        if not counted:
+            gang, counted = _GangRoom.of(session, job, room), True
+        elif gang is not None:
+            for entry in ends[applied:i]:
+                gang.changed(entry[1], room[entry[1]])
         applied = i
+        if gang is not None and not gang.enough():
+            continue
         placement = simulate(session, job, room)
         if placement is not None:
             # The room then is what the totals counted; the gang takes `need` of it.

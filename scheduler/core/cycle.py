@@ -47,7 +47,11 @@ def run_cycle(snapshot: Snapshot, config: SchedulingPolicy | None = None) -> Cyc
     with collector_paused():
         started = time.perf_counter()
         session = Session(snapshot, config, default_plugins(config))
-        return run_actions(session, {"open": time.perf_counter() - started})
+        result = run_actions(session, {"open": time.perf_counter() - started})
+        # Freed now, by reference counting, not walked by the collection that turning the
+        # collector back on sets off (it walks every object made since it was paused).
+        del session
+    return result
 
 
 @contextmanager

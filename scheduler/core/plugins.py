@@ -12,7 +12,7 @@ from typing import Any
 
 from scheduler.core import predict
 from scheduler.core.model import JobInfo, SchedulingPolicy, TaskInfo
-from scheduler.core.priority import Factors, age_factor, combine, fair_share_factors
+from scheduler.core.priority import Factors, fair_share_factors, new_factors
 from scheduler.core.resources import DIMENSIONS, Resources
 from scheduler.core.session import Plugin, Session
 from scheduler.core.status import Code, Status
@@ -33,6 +33,8 @@ class PriorityPlugin(Plugin):
         self.weights = session.config.priority_weights
         self.fair: dict[str, float] = {}
         self.top_queue = max((q.info.priority for q in session.queues.values()), default=0)
+        # (owner, queue) -> (fair-share factor, queue factor): the same for all their jobs.
+        self._constant: dict[tuple[str, str], tuple[float, float]] = {}
         if self.weights.fair_share:
             owners = {job.owner for job in session.candidates}
             self.fair = fair_share_factors(session.usage, session.shares, owners)
@@ -40,28 +42,64 @@ class PriorityPlugin(Plugin):
     def job_key(self, session: Session, job: JobInfo) -> tuple[Any, ...]:
         if self.weights.off:
             return (-job.priority, job.created_at)
-        factors = self.factors(session, job)
-        session.factors[job.id] = factors
+        factors = session.factors[job.id] = self.factors(session, job)
         return (-factors.priority, -job.priority, job.created_at)
 
+    def job_keys(self, session: Session, jobs: list[JobInfo]) -> list[tuple[Any, ...]]:
+        """`job_key` of each of `jobs`, worked out in one pass (a whole backlog's)."""
+        if self.weights.off:
+            return [(-job.priority, job.created_at) for job in jobs]
+        made = self.all_factors(session, jobs)
+        session.factors.update(zip([job.id for job in jobs], made, strict=True))
+        return [
+            (-factors.priority, -job.priority, job.created_at)
+            for job, factors in zip(jobs, made, strict=True)
+        ]
+
     def factors(self, session: Session, job: JobInfo) -> Factors:
+        return self.all_factors(session, [job])[0]
+
+    def all_factors(self, session: Session, jobs: list[JobInfo]) -> list[Factors]:
+        """`combine` of each job's factors, the owner's and queue's worked out once, the
+        weights read once: the same arithmetic in the same order, so the same floats."""
+        weights = self.weights
+        w_age, w_fair, w_size = weights.age, weights.fair_share, weights.job_size
+        w_queue, w_priority, max_age = weights.queue, weights.priority, weights.max_age
+        now, favor_small = session.now, weights.favor_small
+        made = []
+        for job in jobs:
+            constant = self._constant.get((job.owner, job.queue))
+            if constant is None:
+                constant = self._constants(session, job)
+            fair, queue = constant
+            waited = now - job.created_at  # `age_factor`, spelled out
+            age = (0.0 if 0.0 > waited else waited) / max_age
+            if 1.0 < age:
+                age = 1.0
+            size = min(1.0, session.share(session.min_request(job))) if w_size else 0.0
+            if favor_small:
+                size = 1.0 - size
+            total = (
+                w_age * age + w_fair * fair + w_size * size + w_queue * queue
+                + w_priority * job.priority
+            )  # fmt: skip
+            made.append(new_factors(total, age, fair, size, queue, job.priority))
+        return made
+
+    def _constants(self, session: Session, job: JobInfo) -> tuple[float, float]:
         weights = self.weights
         fair = 0.0
         if weights.fair_share:
             if job.owner not in self.fair:  # a standing session's newcomer
                 owners = set(self.fair) | {job.owner}
                 self.fair = fair_share_factors(session.usage, session.shares, owners)
+                self._constant = {}  # every owner's factor moved
             fair = self.fair[job.owner]
         queue = session.queues.get(job.queue)
         queue_priority = queue.info.priority if queue is not None else 0
-        return combine(
-            weights,
-            age=age_factor(session.now - job.created_at, weights.max_age),
-            fair=fair,
-            size=min(1.0, session.share(session.min_request(job))) if weights.job_size else 0.0,
-            queue=max(0, queue_priority) / self.top_queue if self.top_queue > 0 else 0.0,
-            job_priority=job.priority,
-        )
+        queue_factor = max(0, queue_priority) / self.top_queue if self.top_queue > 0 else 0.0
+        constant = self._constant[(job.owner, job.queue)] = (fair, queue_factor)
+        return constant
 
     def preemptable(
         self, session: Session, preemptor: JobInfo, victims: list[JobInfo]
@@ -313,17 +351,26 @@ class BinpackPlugin(Plugin):
         # Nodes with too little cpu or memory free for any pending task are left out.
         scans = [group.scan_buckets(task.resources) for group in groups]
         # A scan for a task with devices is never resumed after a placement (`NodeScan`
-        # starts over for each such task), so nothing moves while it walks a bucket: it
-        # need not copy the bucket first, which costs as much as the bucket is large when
-        # the first node takes the task. Other scans walk a copy.
-        lazy = task.resources.gpu > 0
+        # starts over for each such task), and one `Session.walk_once` asks for changes
+        # nothing while it walks: nothing moves while it walks a bucket, so it need not
+        # copy the bucket first, which costs as much as the bucket is large when the first
+        # node takes the task. Other scans walk a copy.
+        lazy = task.resources.gpu > 0 or session.walking_once
         # A fraction may also go on a node without a whole free device (onto a shared one).
         least = 0 if task.gpu_share else task.resources.gpu
-        for free in range(least, session.max_devices + 1):
-            for buckets in scans:
-                bucket = buckets.get(free)
-                if bucket:
-                    yield from bucket.values() if lazy else list(bucket.values())
+        return _binpack_walk(scans, range(least, session.max_devices + 1), lazy)
+
+
+def _binpack_walk(
+    scans: list[dict[int, dict[str, NodeView]]], counts: range, lazy: bool
+) -> Iterator[NodeView]:
+    """The nodes of `scans`' buckets, bucket by bucket in `counts` order (copied first
+    unless `lazy`)."""
+    for free in counts:
+        for buckets in scans:
+            bucket = buckets.get(free)
+            if bucket:
+                yield from bucket.values() if lazy else list(bucket.values())
 
 
 class SpreadPlugin(Plugin):

@@ -47,11 +47,14 @@ class Resources(NamedTuple):
         """DRF's dominant share: the largest fraction of `total` this holds in any dimension
         (a dimension the cluster has none of counts 0). The scheduler's queue order and the
         dashboard's queue bars both read it here."""
-        best = 0.0
-        for dim in DIMENSIONS:
-            whole = getattr(total, dim)
-            if whole:
-                best = max(best, getattr(self, dim) / whole)
+        best = 0.0  # each dimension in turn, as `max(best, share)` would keep it
+        cpu, memory, gpu = total
+        if cpu and self.cpu / cpu > best:
+            best = self.cpu / cpu
+        if memory and self.memory / memory > best:
+            best = self.memory / memory
+        if gpu and self.gpu / gpu > best:
+            best = self.gpu / gpu
         return best
 
     @classmethod

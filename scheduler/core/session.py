@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from itertools import compress, repeat
+from operator import attrgetter, gt, is_, lt, or_
+from typing import Any, cast
 
 from scheduler.core import gpushare, predict, sharing
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
@@ -64,6 +66,9 @@ class Plugin:
         """Called once when the session opens."""
 
     def job_key(self, session: Session, job: JobInfo) -> tuple[Any, ...]:
+        """The job's place in its queue (keys are compared, least first). A plugin may also
+        offer `job_keys(session, jobs)`, the keys of many jobs at once, each equal to its
+        `job_key`: `Session.key_all` asks it when it is the only plugin keying jobs."""
         return ()
 
     def queue_key(self, session: Session, queue: QueueState) -> tuple[Any, ...]:
@@ -96,6 +101,9 @@ class Plugin:
     def node_order(
         self, session: Session, task: TaskInfo, groups: list[LabelGroup]
     ) -> Iterator[NodeView] | None:
+        """The nodes of `groups` to try for the task, in order (None: no say). While
+        `session.walking_once` the caller changes nothing in the index until it is done
+        with the order."""
         return None
 
 
@@ -127,6 +135,9 @@ class Session:
         self.placing_predicates = [p for p in self.hooks["predicate"] if not p.implied_by_index]
         self.static_node_order = all(p.static_node_order for p in self.hooks["node_order"])
         self.gang_decides = any(p.name == "gang" for p in self.hooks["job_ready"])
+        self.walking_once = False  # `walk_once`
+        # Every `overused` says None for a queue without a capability or per-user limits.
+        self.limits_only_overuse = all(p.alike_overused for p in self.hooks["overused"])
         self._open_shortcuts()
         self.nodes = [NodeView(n) for n in snapshot.nodes]
         self.node_by_name = {n.name: n for n in self.nodes}
@@ -143,9 +154,7 @@ class Session:
         self.jobs = {j.id: j for j in snapshot.jobs}
         # A Running job with pending tasks left (a gang started with min_available) is a
         # candidate for the rest, unless it is being stopped.
-        self.candidates = [j for j in snapshot.jobs if j.is_candidate or grows(j)]
-        self.need = {j.id: need_of(j) for j in self.candidates}
-        self.running = [j for j in snapshot.jobs if j.state == "Running"]
+        self.candidates, self.need, self.running = _sort_out(snapshot.jobs)
         self._open_caches()
         self._load_running()
         self._open_totals()
@@ -180,7 +189,10 @@ class Session:
         self._eligible: dict[Shape, list[NodeView]] = {}
         self._eligible_names: dict[Shape, list[str]] = {}
         self._static: dict[Shape, tuple[tuple[Counter[str], dict[str, int]], list[int]]] = {}
-        self._node_kinds: dict[str, tuple[object, ...]] | None = None  # `_reasons_by_kind`
+        # Each node's kind, in position order, and the first node of each (`_reasons_by_kind`).
+        self._node_kinds: (
+            tuple[list[tuple[object, ...]], dict[tuple[object, ...], NodeView]] | None
+        ) = None
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
         # The backfill's quick refusals, with the state they were made in (what is free and
@@ -245,7 +257,7 @@ class Session:
 
     def _load_running(self) -> None:
         for job in self.jobs.values():
-            held = Resources()
+            held: Resources | None = None  # (None: nothing held, as most pending jobs)
             shared = 0
             for task in job.tasks:
                 if task.state not in HOLDS_RESOURCES or task.node is None:
@@ -261,8 +273,10 @@ class Session:
                     node.rel_memory += task.resources.memory
                     node.rel_devices += whole_devices(task)
                 node.tasks.append((job, task))
-                held = held + held_resources(task)
+                held = held_resources(task) if held is None else held + held_resources(task)
                 shared += task.gpu_share
+            if held is None:
+                continue  # no task of it on a known node: its queue holds nothing for it
             queue = self.queues.get(job.queue)
             if queue is not None and not held.is_zero():
                 queue.allocated = queue.allocated + held
@@ -396,7 +410,7 @@ class Session:
         """The node's free cpu or memory changed: keep its group's `roomy` true; a node back
         in it may be in an order kept by `ordered_nodes`, which is then made again."""
         group = self._groups.get(node.label_key)
-        if group is not None and group.resized(node):
+        if group is not None and group.resized(node) and self._orders:
             self._orders = {}
 
     def free_on_ready_nodes(self) -> dict[str, Resources]:
@@ -410,7 +424,8 @@ class Session:
         """The node's free device count changed from `old_free`."""
         self._groups[node.label_key].move(node, old_free)
         self.index_dirty = True  # buckets are no longer in snapshot order
-        self._orders = {}
+        if self._orders:
+            self._orders = {}
 
     # --- per job, cached while its pending tasks do not change ---------------------------
 
@@ -425,7 +440,9 @@ class Session:
         known = self._shapes.get(job.id, _UNKNOWN)
         if known is not _UNKNOWN:
             return known
-        tasks = self.pending_tasks(job)
+        tasks = self._pending_tasks.get(job.id)
+        if tasks is None:
+            tasks = self.pending_tasks(job)
         shape: Shape | None = None
         if tasks:
             first = tasks[0]
@@ -440,8 +457,13 @@ class Session:
         key = self._alike_keys.get(job.id, _UNKNOWN)
         if key is _UNKNOWN:
             shape = self.shape(job)
-            owner = job.owner if job.queue in self.user_limited else ""
-            key = None if shape is None else (shape, job.queue, self.needed(job), owner)
+            if shape is None:
+                key = None
+            else:
+                owner = job.owner if job.queue in self.user_limited else ""
+                need = self.need.get(job.id)  # `needed`
+                need = job.min_available if need is None else need
+                key = (shape, job.queue, need, owner)
             self._alike_keys[job.id] = key
         return key  # type: ignore[no-any-return]
 
@@ -493,11 +515,28 @@ class Session:
     def job_key(self, job: JobInfo) -> tuple[Any, ...]:
         key = self._job_keys.get(job.id)
         if key is None:
-            key = ()
-            for plugin in self.hooks["job_key"]:
-                key += plugin.job_key(self, job)
+            hooks = self.hooks["job_key"]
+            if len(hooks) == 1:  # (the default: the priority plugin's key alone)
+                key = hooks[0].job_key(self, job)
+            else:
+                key = ()
+                for plugin in hooks:
+                    key += plugin.job_key(self, job)
             key = self._job_keys[job.id] = key + (job.id,)
         return key
+
+    def key_all(self, jobs: list[JobInfo]) -> None:
+        """Work out the keys of those of `jobs` not keyed yet in one pass, where the one
+        plugin keying jobs can (a `job_keys` method, as the priority plugin's): `job_key`
+        then finds them made. The same keys as one by one, in the same order."""
+        hooks = self.hooks["job_key"]
+        batch = getattr(hooks[0], "job_keys", None) if len(hooks) == 1 else None
+        if batch is None:
+            return
+        known = self._job_keys
+        todo = [job for job in jobs if job.id not in known]
+        for job, key in zip(todo, batch(self, todo), strict=True):
+            known[job.id] = key + (job.id,)
 
     def refresh_keys(self) -> None:
         """Work out every job's key again and reorder the queues by them (a standing
@@ -520,6 +559,12 @@ class Session:
         return None
 
     def overused(self, queue: QueueState, job: JobInfo) -> Status | None:
+        if (
+            self.limits_only_overuse
+            and queue.info.capability is None
+            and queue.info.name not in self.user_limited
+        ):
+            return None  # what every `alike_overused` plugin says of such a queue's jobs
         for plugin in self.hooks["overused"]:
             problem = plugin.overused(self, queue, job)
             if problem is not None:
@@ -535,7 +580,10 @@ class Session:
         return None
 
     def job_ready(self, job: JobInfo, placed: int) -> bool:
-        return all(plugin.job_ready(self, job, placed) for plugin in self.hooks["job_ready"])
+        for plugin in self.hooks["job_ready"]:
+            if not plugin.job_ready(self, job, placed):
+                return False
+        return True
 
     def preemptable(self, preemptor: JobInfo, victims: list[JobInfo]) -> list[JobInfo]:
         for plugin in self.hooks["preemptable"]:
@@ -555,6 +603,16 @@ class Session:
             if order is not None:
                 return order
         return (n for g in groups for b in sorted(g.buckets) for n in list(g.buckets[b].values()))
+
+    def walk_once(self, task: TaskInfo) -> Iterator[NodeView]:
+        """`candidate_nodes` for a caller that walks the order once and changes nothing in
+        the index while it does (`walking_once` tells `node_order` so while it is asked:
+        it may then hand out the index's own buckets rather than copies)."""
+        self.walking_once = True
+        try:
+            return self.candidate_nodes(task)
+        finally:
+            self.walking_once = False
 
     def ordered_nodes(self, task: TaskInfo) -> list[NodeView]:
         """`candidate_nodes` as a list, kept until a node moves in the index (only for an
@@ -640,29 +698,26 @@ class Session:
         shape = task_shape(task)
         known = self._static.get(shape)
         if known is None:
-            counts: Counter[str] = Counter()
-            first: dict[str, int] = {}
-            positions = []
             reasons = self._reasons_by_kind(job, task)
-            for position, node in enumerate(self.nodes):
-                reason = reasons(node)
-                if reason is None:
-                    positions.append(position)
-                    continue
-                first.setdefault(reason, position)
-                counts[reason] += 1
+            tallied: Counter[str | None] = Counter(reasons)  # (in the order each first occurs)
+            tallied.pop(None, None)
+            counts = cast(Counter[str], tallied)
+            first = {reason: reasons.index(reason) for reason in counts}
+            positions = list(compress(range(len(reasons)), map(is_, reasons, repeat(None))))
             known = self._static[shape] = ((counts, first), positions)
         return known
 
-    def _reasons_by_kind(self, job: JobInfo, task: TaskInfo) -> Callable[[NodeView], str | None]:
-        """`node_reason` for the task, asked once per kind of node (state, labels, capacity
-        and GPU sharing, all it depends on when every predicate only says what the index
-        does: `Plugin.implied_by_index`), else once per node."""
+    def _reasons_by_kind(self, job: JobInfo, task: TaskInfo) -> list[str | None]:
+        """`node_reason` for the task of each node, in position order: asked once per kind
+        of node (state, labels, capacity and GPU sharing, all it depends on when every
+        predicate only says what the index does: `Plugin.implied_by_index`), of the first
+        node of the kind; else once per node."""
         if self.placing_predicates:
-            return lambda node: self.node_reason(job, task, node)
-        if self._node_kinds is None:
-            self._node_kinds = {
-                node.name: (
+            return [self.node_reason(job, task, node) for node in self.nodes]
+        known = self._node_kinds
+        if known is None:
+            kinds: list[tuple[object, ...]] = [
+                (
                     node.state,
                     node.label_key,
                     node.allocatable,
@@ -671,18 +726,13 @@ class Session:
                     max(node.device_memory.values(), default=0),
                 )
                 for node in self.nodes
-            }
-        kinds = self._node_kinds
-        by_kind: dict[tuple[object, ...], str | None] = {}
-
-        def reason(node: NodeView) -> str | None:
-            kind = kinds[node.name]
-            known = by_kind.get(kind, _UNKNOWN)
-            if known is _UNKNOWN:
-                known = by_kind[kind] = self.node_reason(job, task, node)
-            return known  # type: ignore[no-any-return]
-
-        return reason
+            ]
+            firsts: dict[tuple[object, ...], NodeView] = {}
+            for kind, node in zip(kinds, self.nodes, strict=True):
+                firsts.setdefault(kind, node)
+            known = self._node_kinds = (kinds, firsts)
+        by_kind = {kind: self.node_reason(job, task, node) for kind, node in known[1].items()}
+        return list(map(by_kind.__getitem__, known[0]))
 
     def node_reason(self, job: JobInfo, task: TaskInfo, node: NodeView) -> str | None:
         """Why the node can never take this task as it stands (None: only resources)."""
@@ -712,8 +762,33 @@ class Session:
         static, positions = self._static_reasons(job, task)
         first = dict(static[1])
         counts: Counter[str] = Counter(static[0])
-        request, nominated = task.resources, self.nominated
-        cpu, memory, gpu = request
+        if task.gpu_share:
+            seen, seen_first = self._node_reasons(task, eligible, positions)
+        else:
+            seen, seen_first = _short_of(task.resources, eligible, positions, self.nominated)
+        for reason, position in seen_first.items():
+            known = first.get(reason)
+            if known is None or position < known:  # (a static reason may come later)
+                first[reason] = position
+            counts[reason] += seen[reason]
+        counts = Counter({r: counts[r] for r in sorted(counts, key=first.__getitem__)})
+        could_fit = bool(eligible)
+        parts = ", ".join(
+            f"{n} {r}" for r, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))
+        )
+        detail = f"0/{len(self.nodes)} nodes fit: {parts}" if parts else "no nodes"
+        return detail, could_fit, dict(counts)
+
+    def _node_reasons(
+        self, task: TaskInfo, eligible: list[NodeView], positions: list[int]
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Why each of `eligible` (at `positions`) cannot take the task now: how many give
+        each reason, and the position of the first to give it (nodes are looked at in
+        position order: the first time a reason is seen is its first)."""
+        seen: dict[str, int] = {}
+        seen_first: dict[str, int] = {}
+        nominated = self.nominated
+        cpu, memory, gpu = task.resources
         for node, position in zip(eligible, positions, strict=True):
             if node.name in nominated:
                 reason = "reserved for a preempting job"
@@ -729,17 +804,13 @@ class Session:
                 reason = "insufficient gpu"
             else:
                 reason = "held for the reservation"
-            known = first.get(reason)
-            if known is None or position < known:  # (a static reason may come later)
-                first[reason] = position
-            counts[reason] += 1
-        counts = Counter({r: counts[r] for r in sorted(counts, key=first.__getitem__)})
-        could_fit = bool(eligible)
-        parts = ", ".join(
-            f"{n} {r}" for r, n in sorted(counts.items(), key=lambda i: (-i[1], i[0]))
-        )
-        detail = f"0/{len(self.nodes)} nodes fit: {parts}" if parts else "no nodes"
-        return detail, could_fit, dict(counts)
+            count = seen.get(reason)
+            if count is None:
+                seen[reason] = 1
+                seen_first[reason] = position
+            else:
+                seen[reason] = count + 1
+        return seen, seen_first
 
     def status_of(self, failure: Failure) -> Status:
         """The failure's status: made once for a refusal kept in `refusals` (statuses are
@@ -794,6 +865,8 @@ class NodeScan:
                 if session.max_devices == 0 and session.static_node_order
                 else session.candidate_nodes(task)
             )
+            if task.resources.gpu and not task.gpu_share:
+                return self._first_with_devices(task, order)
             scan = (n for n in order if n.free_cpu >= cpu and n.free_memory >= memory)
         if task.gpu_share:  # a fraction: the node the placement policy scores best
             self._scan = None
@@ -810,10 +883,78 @@ class NodeScan:
                 return node
         return None
 
+    def _first_with_devices(self, task: TaskInfo, order: Iterable[NodeView]) -> NodeView | None:
+        """`find` for a task asking whole devices: the first node in `order` that
+        `accepts` it, its tests spelled out. Such a scan is never resumed (a task resumes
+        only the scan of an alike task without devices), so none is kept."""
+        session, job, fits = self.session, self.job, self.fits
+        self._scan, self._last_task, self._last_node = None, task, None
+        cpu, memory, gpu = task.resources
+        nominated, predicates = session.nominated, session.placing_predicates
+        for node in order:
+            if (
+                node.free_cpu >= cpu
+                and node.free_memory >= memory
+                and len(node.free_devices) >= gpu
+                and node.name not in nominated
+                and (
+                    not predicates
+                    or all(p.predicate(session, job, task, node) is None for p in predicates)
+                )
+                and (fits is None or fits(node, task))
+            ):
+                self._last_node = node
+                return node
+        return None
+
+
+_name = attrgetter("name")
+_free_cpu = attrgetter("free_cpu")
+_free_memory = attrgetter("free_memory")
+_free_devices = attrgetter("free_devices")
+
+
+def _short_of(
+    request: Resources, eligible: list[NodeView], positions: list[int], nominated: set[str]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """`Session._node_reasons` for a task asking whole devices, in whole-list passes rather
+    than a test per node: a node is nominated for a preempting job, else short of cpu, else
+    of memory, else of devices, else it is held for the reservation."""
+    cpu, memory, gpu = request
+    before = (  # nodes that gave a reason so far
+        list(map(nominated.__contains__, map(_name, eligible)))
+        if nominated
+        else [False] * len(eligible)
+    )
+    seen: dict[str, int] = {}
+    seen_first: dict[str, int] = {}
+
+    def count(reason: str, marks: list[bool], mark: bool = True) -> None:
+        found = marks.count(mark)
+        if found:
+            seen[reason] = found
+            seen_first[reason] = positions[marks.index(mark)]
+
+    count("reserved for a preempting job", before)
+    for reason, short in (
+        ("insufficient cpu", map(lt, map(_free_cpu, eligible), repeat(cpu))),
+        ("insufficient memory", map(lt, map(_free_memory, eligible), repeat(memory))),
+        ("insufficient gpu", map(lt, map(len, map(_free_devices, eligible)), repeat(gpu))),
+    ):
+        shorts = list(short)
+        count(reason, list(map(gt, shorts, before)))  # short, and no reason before
+        before = list(map(or_, before, shorts))
+    count("held for the reservation", before, False)
+    return seen, seen_first
+
 
 def task_shape(task: TaskInfo) -> Shape:
-    fraction = (task.gpu_share, task.gpu_memory, task.gpu_modes) if task.gpu_share else ()
-    return (task.resources, selector_key(task.node_selector), fraction)
+    selector = task.node_selector
+    return (
+        task.resources,
+        tuple(sorted(selector.items())) if selector else (),  # `selector_key`
+        (task.gpu_share, task.gpu_memory, task.gpu_modes) if task.gpu_share else (),
+    )
 
 
 def alike(a: TaskInfo, b: TaskInfo) -> bool:
@@ -879,9 +1020,32 @@ def request_floor(jobs: list[JobInfo]) -> tuple[int, int]:
     return (max(cpu, 0), max(memory, 0))
 
 
+def _sort_out(jobs: list[JobInfo]) -> tuple[list[JobInfo], dict[int, int], list[JobInfo]]:
+    """The candidates (in snapshot order) with how many tasks each needs at once
+    (`need_of`), and the running jobs: one pass over a backlog of any size."""
+    candidates: list[JobInfo] = []
+    need: dict[int, int] = {}
+    running: list[JobInfo] = []
+    for job in jobs:
+        if job.state == "Running":
+            running.append(job)
+        if job.is_candidate or grows(job):
+            candidates.append(job)
+            held = 0
+            for task in job.tasks:
+                if task.node and task.state in ("Assigned", "Running"):
+                    held += 1
+            more = job.min_available - held
+            need[job.id] = more if more > 0 else 0  # `need_of`
+    return candidates, need, running
+
+
 def need_of(job: JobInfo) -> int:
     """How many pending tasks must be placed at once: the gang minus what already runs."""
-    held = sum(1 for t in job.tasks if t.state in ("Assigned", "Running") and t.node)
+    held = 0
+    for task in job.tasks:
+        if task.node and task.state in ("Assigned", "Running"):
+            held += 1
     return max(0, job.min_available - held)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from scheduler.core import sharing
 from scheduler.core.model import JobInfo, TaskInfo
-from scheduler.core.resources import Resources
+from scheduler.core.resources import Resources, tuple_new
 from scheduler.core.session import Session, held_resources, whole_devices
 from scheduler.core.types import Bind, Evict, NodeView, new_bind
 
@@ -130,25 +130,33 @@ class Statement:
     def commit(self, action: str) -> list[Bind]:
         """Record the binds and evictions as the cycle's decisions."""
         session = self.session
-        if self.allocations or self.evictions:
+        allocations = self.allocations
+        if allocations or self.evictions:
             session.version += 1
-        session.evictions.extend(evict for _victim, evict in self.evictions)
+        if self.evictions:
+            session.evictions.extend(evict for _victim, evict in self.evictions)
         binds = [
             new_bind(job.id, task.id, node.name, devices, action)
-            for job, task, node, devices in self.allocations
+            for job, task, node, devices in allocations
         ]
         session.binds.extend(binds)
-        session.bound.extend(self.allocations)
-        if self.allocations:
-            job = self.allocations[0][0]  # a statement is one job's
+        session.bound.extend(allocations)
+        if allocations:
+            job = allocations[0][0]  # a statement is one job's
             cpu = memory = gpu = shared = 0
-            for _job, task, _node, _devices in self.allocations:
-                request = held_resources(task)
-                cpu, memory, gpu = cpu + request.cpu, memory + request.memory, gpu + request.gpu
-                shared += task.gpu_share
+            for _job, task, _node, _devices in allocations:
+                request = task.resources  # what it holds (`held_resources`), spelled out
+                cpu, memory = cpu + request.cpu, memory + request.memory
+                if task.gpu_share:
+                    shared += task.gpu_share  # a fraction holds no device whole
+                else:
+                    gpu += request.gpu
             queue = session.queues.get(job.queue)
             if queue is not None:
-                queue.allocated = queue.allocated + Resources(cpu, memory, gpu)
+                held = queue.allocated  # `+` spelled out: once per job a cycle starts
+                queue.allocated = tuple_new(
+                    Resources, (held.cpu + cpu, held.memory + memory, held.gpu + gpu)
+                )
                 queue.shared_gpu += shared
             session.placed.add(job.id)
             session.pending.pop(job.id, None)

@@ -208,9 +208,15 @@ class Spare:
 
     def take(self, node: str, used: Resources) -> None:
         spare = self.get(node)
-        if spare is not None:
-            self.changed[node] = spare - used
-            self.total = self.total - used
+        if spare is not None:  # (`-` spelled out: once per task backfill starts)
+            cpu, memory, gpu = used
+            self.changed[node] = tuple_new(
+                Resources, (spare.cpu - cpu, spare.memory - memory, spare.gpu - gpu)
+            )
+            total = self.total
+            self.total = tuple_new(
+                Resources, (total.cpu - cpu, total.memory - memory, total.gpu - gpu)
+            )
 
     def copy(self) -> Spare:
         """The same spare with nothing taken since (the room and taken are shared)."""
