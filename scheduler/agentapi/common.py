@@ -8,6 +8,7 @@ from typing import Any
 
 from scheduler.agent.wire import PROTOCOL
 from scheduler.jobs.events import record
+from scheduler.lifecycle.moves import move_node
 from scheduler.models import Node, hash_token
 from scheduler.sql import row_by
 from scheduler.states.codes import EventKind, Reason
@@ -55,8 +56,7 @@ def renewal_due(last: Any, now: Any) -> bool:
 def renew(node: Node, now: Any) -> None:
     """The agent is alive: renew the lease, and bring a NotReady node back (caller saves)."""
     node.last_heartbeat = now
-    was = node.state
-    node.state = node.derive_state(alive=True)
+    was = move_node(node, alive=True)
     if was != node.state:
         record(EventKind.NODE_READY, Reason.LEASE_RENEWED, f"{was} -> {node.state}", node=node)
 

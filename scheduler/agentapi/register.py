@@ -18,6 +18,7 @@ from scheduler.agentapi.logs import inline_output_bytes, storable_text
 from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.intake.specs import NAME_RE, NAME_RULE, label_problems
 from scheduler.jobs.events import record
+from scheduler.lifecycle.moves import move_node
 from scheduler.models import Allocation, Device, Node, hash_token, sharing_problems
 from scheduler.states.codes import EventKind, Reason
 
@@ -127,11 +128,11 @@ def register(data: object, node_token: str | None = None, address: str = "") -> 
         node.address = _ip(address)  # where app proxies connect: never what the agent says
         node.agent_version = str(data.get("version", ""))[:64]
         node.last_heartbeat = now
-        node.state = node.derive_state(alive=True)
+        move_node(node, alive=True)
         node.save()
         _reconcile_devices(node, devices)
         origin = f" from {address}" if address else ""
-        record(EventKind.NODE_REGISTERED, Reason.REGISTERED if created else "Reregistered",
+        record(EventKind.NODE_REGISTERED, Reason.REGISTERED if created else Reason.REREGISTERED,
                f"{len(devices)} GPUs, cpu {data.get('cpu')}, memory {data.get('memory')}{origin}",
                node=node)  # fmt: skip
         if node.enforcement_problem():

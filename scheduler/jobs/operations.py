@@ -15,9 +15,11 @@ from scheduler import lifecycle, notify
 from scheduler.jobs import arrays
 from scheduler.jobs.events import record
 from scheduler.jobs.submit import submit_job
+from scheduler.lifecycle.moves import move_node
 from scheduler.models import Flow, Job, Node
 from scheduler.states.codes import EventKind, Reason
 from scheduler.states.names import FLOW_FINAL, JOB_FINAL, JobRequest, JobState, NodeState
+from scheduler.states.node import NodeEvent
 
 
 class OperationError(Exception):
@@ -84,29 +86,28 @@ def request_flow_cancel(flow: Flow, user: Any) -> Flow:
     return flow
 
 
-def _set_admin_state(node: Node, admin_state: str, kind: str, user: Any) -> Node:
+def _set_admin_state(node: Node, event: NodeEvent, kind: EventKind, user: Any) -> Node:
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node.pk)
-        node.admin_state = admin_state
-        node.state = node.derive_state(alive=node.state != NodeState.NOT_READY)
+        move_node(node, alive=node.state != NodeState.NOT_READY, admin=event)
         node.save(update_fields=["admin_state", "state"])
-        record(kind, "Operator", f"by {getattr(user, 'username', 'system')}", node=node)
+        record(kind, Reason.OPERATOR, f"by {getattr(user, 'username', 'system')}", node=node)
         notify.changed(nodes=[node.pk])
     return node
 
 
 def cordon_node(node: Node, user: Any) -> Node:
     """No new task lands on the node; running ones go on."""
-    return _set_admin_state(node, NodeState.CORDONED, "NodeCordoned", user)
+    return _set_admin_state(node, NodeEvent.CORDON, EventKind.NODE_CORDONED, user)
 
 
 def uncordon_node(node: Node, user: Any) -> Node:
-    return _set_admin_state(node, "", "NodeUncordoned", user)
+    return _set_admin_state(node, NodeEvent.UNCORDON, EventKind.NODE_UNCORDONED, user)
 
 
 def drain_node(node: Node, user: Any) -> Node:
     """No new task; running jobs finish; then the node is Drained."""
-    return _set_admin_state(node, NodeState.DRAINING, "NodeDraining", user)
+    return _set_admin_state(node, NodeEvent.DRAIN, EventKind.NODE_DRAINING, user)
 
 
 def delete_node(node: Node, user: Any) -> int:

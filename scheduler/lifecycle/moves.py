@@ -7,6 +7,8 @@ the reason code, whether the job is done):
 - `move_row`: one row in memory, saved by its caller (alone, or with others in one
   statement); `move_rows`: many rows in one set-based UPDATE per chunk, whose caller has
   locked them (or guards the UPDATE) in the states the event may leave. Any kind.
+- `move_node`: a node's admin state by an operator's event, and its shown state, which
+  follows the admin state and the agent's liveness (`Node.derive_state`).
 - `move_job` and `move_jobs`: the same for jobs, which also record the JobStateChanged event
   that says why and count a job that ends. Job writers call these: a user's request, a failed
   task, a job whose tasks finished stopping, an array's parent one by one; the cycle's
@@ -22,12 +24,13 @@ from typing import Any
 from django.db.models import Model
 
 from scheduler.jobs.events import record
-from scheduler.models import Event, Job
+from scheduler.models import Event, Job, Node
 from scheduler.ops import accounting
 from scheduler.sql import update_rows
 from scheduler.states.codes import EventKind
 from scheduler.states.job import MACHINE, JobEvent
 from scheduler.states.machine import Effects, IllegalTransition, Machine
+from scheduler.states.node import ADMIN, SHOWN, NodeEvent
 
 
 def move_row(row: Any, machine: Machine[Any, Any], event: Any, now: datetime) -> str:
@@ -79,6 +82,19 @@ def move_rows(
         guards=guards,
         raw=[machine.case_sql(event)],
     )
+
+
+def move_node(node: Node, *, alive: bool, admin: NodeEvent | None = None) -> str:
+    """The operator's `admin` event (if any) moves the node's admin state; its shown state then
+    follows that and whether its agent is `alive`, by a move the table allows (else
+    IllegalTransition). The caller saves the node; returns the shown state it was in."""
+    if admin is not None:
+        node.admin_state = ADMIN.next_state(node.admin_state, admin)
+    old, new = node.state, node.derive_state(alive=alive)
+    if new != old and not SHOWN.allows(old, new):
+        raise IllegalTransition(f"a {old} node cannot become {new}")
+    node.state = new
+    return str(old)
 
 
 def _reason(event: JobEvent, effects: Effects, reason: str) -> str:

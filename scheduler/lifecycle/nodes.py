@@ -13,12 +13,13 @@ from django.db.models import Q, QuerySet
 from scheduler import notify
 from scheduler.cycle import leader
 from scheduler.jobs.events import record
-from scheduler.lifecycle.moves import move_rows
+from scheduler.lifecycle.moves import move_node, move_rows
 from scheduler.lifecycle.transitions import now_or, release
 from scheduler.models import Node, Task
 from scheduler.ops import accounting
 from scheduler.states.codes import EventKind, Reason
 from scheduler.states.names import TASK_ON_NODE, NodeState, TaskState
+from scheduler.states.node import SHOWN, NodeEvent
 from scheduler.states.task import MACHINE as TASKS
 from scheduler.states.task import TaskEvent
 
@@ -49,11 +50,9 @@ def check_nodes(now: datetime | None = None) -> int:
 
 def _mark_not_ready(node: Node, now: datetime) -> bool:
     with transaction.atomic():
-        claimed = (
-            Node.objects.filter(pk=node.pk)
-            .exclude(state=NodeState.NOT_READY)
-            .update(state=NodeState.NOT_READY)
-        )
+        # Claimed in the UPDATE: a node whose state changed since it was read waits a cycle.
+        claimed = move_rows(Node, SHOWN, {node.pk: node.state}, NodeEvent.LOSE, now,
+                            guards={"state": node.state})  # fmt: skip
         if not claimed:
             return False
         why = f"node {node.name} not ready"
@@ -70,12 +69,12 @@ def _mark_not_ready(node: Node, now: datetime) -> bool:
 
 def _mark_drained(node: Node) -> bool:
     with transaction.atomic():
-        updated = Node.objects.filter(pk=node.pk, admin_state=NodeState.DRAINING).update(
-            admin_state=NodeState.DRAINED,
-            state=NodeState.NOT_READY if node.state == NodeState.NOT_READY else NodeState.DRAINED,
-        )
-        if not updated:
+        draining = Node.objects.select_for_update().filter(admin_state=NodeState.DRAINING)
+        locked = draining.filter(pk=node.pk).first()
+        if locked is None:
             return False
+        move_node(locked, alive=locked.state != NodeState.NOT_READY, admin=NodeEvent.DRAINED)
+        locked.save(update_fields=["admin_state", "state"])
         record(EventKind.NODE_DRAINED, Reason.DRAINED, "no task left on the node", node=node)
         notify.changed(nodes=[node.pk])
         return True

@@ -4,8 +4,9 @@
 (no new task; Drained once nothing runs there). `state` is what users see: NotReady while the
 agent is silent or cannot enforce limits, else the operator's choice (Ready when none;
 `Node.derive_state`). A node that comes back takes the state its `admin_state` says.
-Writers: scheduler/jobs/operations.py (cordon, drain), scheduler/lifecycle/nodes.py (silent,
-drained), scheduler/agentapi/ (registered, lease renewed).
+Writers, each through `move_node` or `move_rows` (scheduler/lifecycle/moves.py):
+scheduler/jobs/operations.py (cordon, drain), scheduler/lifecycle/nodes.py (silent, drained),
+scheduler/agentapi/ (registered, lease renewed).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from scheduler.lifecycle.moves import move_job, move_jobs, move_row
 from scheduler.models import Event, FinishedJobCount, Job
 from scheduler.states.flow import FLOW, STEP
 from scheduler.states.job import MACHINE, JobEvent
-from scheduler.states.machine import IllegalTransition
+from scheduler.states.machine import IllegalTransition, Machine
 from scheduler.states.names import JobState
 from scheduler.states.task import MACHINE as TASKS
 from tests.factories import make_job, seed
@@ -104,7 +104,7 @@ def test_an_event_without_a_code_of_its_own_needs_its_writers_reason(owner):
         move_job(job, JobEvent.FAIL, "no reason given", timezone.now())
 
 
-KINDS = {"task": TASKS, "flow": FLOW, "step": STEP, "job": MACHINE}
+KINDS: dict[str, Machine[Any, Any]] = {"task": TASKS, "flow": FLOW, "step": STEP, "job": MACHINE}
 ROWS = [(kind, event, state) for kind, machine in KINDS.items()
         for event, moves in machine.table.items() for state in moves]  # fmt: skip
 
