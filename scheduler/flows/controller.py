@@ -23,7 +23,7 @@ from scheduler.lifecycle import terminate_job
 from scheduler.lifecycle.moves import move_row
 from scheduler.models import Flow, FlowStep, Job
 from scheduler.states.codes import EventKind, Reason
-from scheduler.states.flow import FLOW, STEP, FlowEvent
+from scheduler.states.flow import FLOW, STEP, FlowEvent, StepEvent
 from scheduler.states.names import FlowState, JobState
 
 log = logging.getLogger("berth.flows")
@@ -141,11 +141,12 @@ def _create_jobs(flow: Flow, steps: list[FlowStep], decision: FlowDecision, now:
             )  # fmt: skip
         except SpecError as exc:
             # The spec and overrides make no valid job: the step fails as a job would.
-            step.state, step.message = "Failed", f"cannot make its job: {exc}"
+            move_row(step, STEP, StepEvent.FAIL, now)
+            step.message = f"cannot make its job: {exc}"
             step.save(update_fields=["state", "message"])
             record(EventKind.STEP_STATE_CHANGED, Reason.INVALID_JOB_SPEC, step.message, flow=flow)
-            flow.state, flow.finished_at = FlowState.FAILED, now
-            flow.reason, flow.message = "InvalidJobSpec", f"step {step.name}: {exc}"
+            move_row(flow, FLOW, FlowEvent.FAIL, now)
+            flow.reason, flow.message = Reason.INVALID_JOB_SPEC, f"step {step.name}: {exc}"
             return step.name
     return ""
 
