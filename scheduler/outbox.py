@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from scheduler.intake.specs import NOTIFY_EVENTS, notify_events
 from scheduler.models import Event, Job, Outbox
+from scheduler.states.codes import EventKind
 from scheduler.states.names import JobState
 
 STATE_CHANGE = re.compile(r"(\w+) -> (\w+)")
@@ -57,7 +58,7 @@ def enqueue_for_events(events: Iterable[Event]) -> int:
     told of; returns how many were written."""
     into: dict[int, tuple[str, str]] = {}  # job -> (its new state, why)
     for event in events:
-        if event.kind != "JobStateChanged" or event.job_id is None:
+        if event.kind != EventKind.JOB_STATE_CHANGED or event.job_id is None:
             continue
         match = STATE_CHANGE.match(event.message)
         if match and match[1] != match[2] and match[2] in KINDS_INTO:

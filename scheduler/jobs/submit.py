@@ -121,10 +121,10 @@ def _write_new_job(
     """Insert one job, its tasks and its submission events (scheduler/sql.py, write_job)."""
     job = Job(**_job_fields(spec), owner=owner, queue=queue, labels=labels, **links)
     tasks = _new_tasks(job, spec)
-    events = [_event(job, "JobSubmitted", "Submitted",
+    events = [_event(job, EventKind.JOB_SUBMITTED, Reason.SUBMITTED,
                      f"{len(tasks)} tasks in queue {queue.name}")]  # fmt: skip
     if lowered:
-        events.append(_event(job, "PriorityLowered", "PriorityPolicy", lowered))
+        events.append(_event(job, EventKind.PRIORITY_LOWERED, Reason.PRIORITY_POLICY, lowered))
     write_job(job, tasks, events)  # one statement, atomic (scheduler/sql.py, write_job)
     _created_with(job, tasks)
     return job

@@ -81,7 +81,7 @@ def _mark_drained(node: Node) -> bool:
 
 
 def _lose(
-    tasks: QuerySet[Task], why: str, now: datetime, reason: str = "NodeDeleted"
+    tasks: QuerySet[Task], why: str, now: datetime, reason: str = Reason.NODE_DELETED
 ) -> list[Task]:
     """End the tasks of `tasks` that are on a node as Lost, free their devices and account
     for what they used (a silent node, a deleted one); `sync_jobs` then sends each job

@@ -15,6 +15,7 @@ from enum import StrEnum
 class EventKind(StrEnum):
     JOB_SUBMITTED = "JobSubmitted"
     JOB_RESUBMITTED = "JobResubmitted"
+    PRIORITY_LOWERED = "PriorityLowered"  # a template's priority lowered to its owner's cap
     JOB_STATE_CHANGED = "JobStateChanged"
     SCHEDULED = "Scheduled"  # the scheduler placed a job (its reason says how: Bind, Preempt...)
     JOB_INVALID = "JobInvalid"
@@ -75,6 +76,7 @@ class Reason(StrEnum):
     OUT_OF_MEMORY = "OutOfMemory"  # the kernel killed a task at its memory limit
     ELEMENT_FAILED = "ElementFailed"
     INVALID_JOB = "InvalidJob"
+    PRIORITY_POLICY = "PriorityPolicy"
     GPUS_IDLE = "GpusIdle"
     GPUS_BUSY = "GpusBusy"
     # flows
@@ -84,6 +86,7 @@ class Reason(StrEnum):
     STEP_FAILED = "StepFailed"
     # nodes and queues
     OPERATOR = "Operator"
+    NODE_DELETED = "NodeDeleted"
     REGISTERED = "Registered"
     REREGISTERED = "Reregistered"
     CANNOT_ENFORCE = "CannotEnforce"
