@@ -289,6 +289,9 @@ def show(job_ref: JobRef, as_json: bool) -> None:
         click.echo(f"{'remaining':>12}: {_remaining(job['walltime_ends_at'])}")
     if job.get("gpu_idle_since"):
         click.echo(f"{'gpu idle':>12}: GPUs held idle (below 1 %) since {job['gpu_idle_since']}")
+    if job.get("idle_ends_at"):
+        click.echo(f"{'idle':>12}: warned at {job['idle_warned_at']}: ends at {job['idle_ends_at']}"
+                   " (GPUs idle, no terminal input) unless used first")  # fmt: skip
     if job.get("state") in ("Pending", "Suspended"):
         click.echo(f"{'position':>12}: {job_position(job) or '-'}")
         basis = job.get("estimate_basis")
