@@ -118,9 +118,9 @@ def _warn(job: Job, since: datetime, now: datetime) -> bool:
     grace = min(float(settings.BERTH_IDLE_SESSION_GRACE_MINUTES), MAX_MINUTES)
     ends = now + timedelta(minutes=grace)
     with transaction.atomic():
-        claimed = Job.objects.filter(
-            pk=job.pk, state=JobState.RUNNING, idle_warned_at=None
-        ).update(idle_warned_at=now, idle_ends_at=ends)
+        claimed = Job.objects.filter(pk=job.pk, state=JobState.RUNNING, idle_warned_at=None).update(
+            idle_warned_at=now, idle_ends_at=ends
+        )
         if not claimed:
             return False
         held = _minutes((now - since).total_seconds())

@@ -59,8 +59,10 @@ def task_of(job: Job) -> Task:
 def lease(token: str, *utilisation: tuple[Job, float | None]) -> dict[str, Any]:
     """A lease renewal carrying each job's task's GPU utilisation."""
     items = [{"id": task_of(job).pk, "attempt": 0, "state": "Running", "output_bytes": 0,
-              "exit_code": None, "gpu_utilization": value} for job, value in utilisation]  # fmt: skip
-    response = agent(token).post("/api/v1/agent/lease/", {"tasks": items, "wait": 0}, format="json")
+              "exit_code": None, "gpu_utilization": value}
+             for job, value in utilisation]  # fmt: skip
+    body = {"tasks": items, "wait": 0}
+    response = agent(token).post("/api/v1/agent/lease/", body, format="json")
     assert response.status_code == 200, response.json()
     return dict(response.json())
 
@@ -158,7 +160,9 @@ def test_gpu_use_withdraws_the_warning_and_a_new_stretch_starts_from_zero(
     age(31)
     cycle()
     assert [k for k, _ in idle_events(job)] == [
-        "SessionIdleWarning", "SessionIdleCleared", "SessionIdleWarning"
+        "SessionIdleWarning",
+        "SessionIdleCleared",
+        "SessionIdleWarning",
     ]
 
 
