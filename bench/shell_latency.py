@@ -148,7 +148,7 @@ def keystrokes(url: str, token: str, job_id: int, keys: int) -> dict[str, float]
     return percentiles(times)
 
 
-def shell_to_prompt(url: str, token: str, tmp: Path) -> dict[str, float]:
+def shell_to_prompt(url: str, token: str, tmp: Path) -> dict[str, Any]:
     """`berth shell` started on a pseudo-terminal, timed to the remote prompt."""
     import pexpect
 

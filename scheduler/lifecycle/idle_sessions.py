@@ -180,7 +180,7 @@ def _judge(job: Job, stretch: _Stretch, now: datetime) -> bool:
     since = stretch.since
     idle = since is not None and now - since >= timedelta(minutes=_limit(job))
     if job.idle_warned_at is None:
-        return idle and _warn(job, since, now)  # type: ignore[arg-type]
+        return since is not None and idle and _warn(job, since, now)
     if not idle or since is None or since > job.idle_warned_at:  # used since the warning
         return _clear(job, stretch, now)
     if job.idle_ends_at is not None and job.idle_ends_at <= now:

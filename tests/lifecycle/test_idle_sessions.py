@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from django.test import Client as DjangoClient
 from django.utils import timezone
 
 from berth.cli import main
@@ -70,14 +71,16 @@ def lease(token: str, *utilisation: tuple[Job, float | None]) -> dict[str, Any]:
 def age(minutes: float) -> None:
     """`minutes` pass: every time the rule reads moves back that much."""
     back = timedelta(minutes=minutes)
-    for model, fields in ((Task, ("gpu_idle_since", "started_at")),
-                          (Job, ("started_at", "idle_warned_at", "idle_ends_at")),
-                          (ShellSession, ("opened_at", "last_input_at"))):  # fmt: skip
-        for row in model.objects.all():  # type: ignore[attr-defined]
-            for name in fields:
-                if getattr(row, name) is not None:
-                    setattr(row, name, getattr(row, name) - back)
-            model.objects.filter(pk=row.pk).update(**{n: getattr(row, n) for n in fields})  # type: ignore[attr-defined]
+
+    def shift(rows: Any, *fields: str) -> None:
+        for row in rows.values("pk", *fields):
+            moved = {name: row[name] - back for name in fields if row[name] is not None}
+            if moved:
+                rows.filter(pk=row["pk"]).update(**moved)
+
+    shift(Task.objects.all(), "gpu_idle_since", "started_at")
+    shift(Job.objects.all(), "started_at", "idle_warned_at", "idle_ends_at")
+    shift(ShellSession.objects.all(), "opened_at", "last_input_at")
 
 
 def cycle(times: int = 1) -> None:
@@ -173,7 +176,7 @@ def test_terminal_input_withdraws_the_warning(token: str, api: Any, owner: Any) 
 
     job = submit(api, owner)
     session = ShellSession.objects.create(
-        key="k" * 48, job=job, task=task_of(job), node=task_of(job).node, user=owner,
+        key="k" * 48, job=job, task=task_of(job), node=Node.objects.get(name="gpu-01"), user=owner,
         state=ShellSession.State.OPEN, opened_at=timezone.now(),
     )  # fmt: skip
     lease(token, (job, 0.0))
@@ -228,7 +231,7 @@ def test_the_queues_limit_decides_and_zero_turns_it_off(
     assert fresh(job).state == "Running"
 
 
-def test_berth_show_says_when_a_warned_session_ends(
+def test_berth_show_and_the_job_page_say_when_a_warned_session_ends(
     token: str, api: Any, owner: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = submit(api, owner)
@@ -244,3 +247,8 @@ def test_berth_show_says_when_a_warned_session_ends(
     result = CliRunner().invoke(main.cli, ["show", str(job.pk)])
     assert result.exit_code == 0, result.output
     assert "ends at" in result.output and "no terminal input" in result.output
+    # The job page too.
+    page = DjangoClient()
+    page.force_login(owner)
+    html = page.get(f"/jobs/{job.pk}/").content.decode()
+    assert f'id="job-{job.pk}-idle-warning"' in html and "will be ended at" in html
