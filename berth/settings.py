@@ -431,6 +431,10 @@ BERTH_GPU_SAMPLE_SECONDS = env_float("BERTH_GPU_SAMPLE_SECONDS", 5.0, minimum=1.
 # A running job whose GPU task stays below 1 % for this many minutes is flagged (an event, the
 # job's `gpu_idle_since`, berth_jobs_gpu_idle: scheduler/ops/gpu_idle.py); 0 turns it off.
 BERTH_GPU_IDLE_MINUTES = env_float("BERTH_GPU_IDLE_MINUTES", 30.0, minimum=0.0)
+# An interactive job warned for holding GPUs idle with no terminal input (its queue's
+# interactive_gpu_idle_minutes) is ended this many minutes later if still idle
+# (scheduler/ops/idle_sessions.py, docs/interactive.md).
+BERTH_IDLE_SESSION_GRACE_MINUTES = env_float("BERTH_IDLE_SESSION_GRACE_MINUTES", 10.0, minimum=0.0)
 # Token creation (POST /api/v1/tokens/, what `berth login` calls): per address or user.
 BERTH_TOKEN_CREATE_RATE = env_rate("BERTH_TOKEN_CREATE_RATE", "20/minute")
 # /metrics also answers `Authorization: Bearer <this>` (for Prometheus) when set.

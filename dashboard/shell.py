@@ -6,7 +6,8 @@ AllowedHostsOriginValidator, so another site cannot open one with the user's coo
 allows it; anyone else is refused as if the job did not exist. The first frame is
 `{"type": "open", "command", "rows", "cols", "term"}`; then binary frames are keystrokes and
 `{"type": "resize", "rows", "cols"}` a new size. The server answers `{"type": "ready"}` once
-the node's agent joined, then binary output, and ends with `{"type": "exit", "status"}` or
+the node's agent joined, then binary output, `{"type": "notice", "message"}` for a line from
+Berth (an idle GPU session's warning), and ends with `{"type": "exit", "status"}` or
 `{"type": "error", "message"}`. The relay to the agent's socket is in
 scheduler/agentapi/terminal.py.
 """
@@ -162,6 +163,11 @@ class ShellConsumer(AsyncWebsocketConsumer):
     async def shell_output(self, event: dict[str, Any]) -> None:
         await self.send(bytes_data=event["data"])
         await self._to_agent({"type": "shell.ack", "n": 1})
+
+    async def shell_notice(self, event: dict[str, Any]) -> None:
+        """A line from Berth for this terminal's user (an idle warning, scheduler/notify.py)."""
+        if not self.ended:
+            await self.send(text_data=json.dumps({"type": "notice", "message": event["message"]}))
 
     async def shell_exit(self, event: dict[str, Any]) -> None:
         self.ended = True

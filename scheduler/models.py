@@ -151,6 +151,16 @@ class Queue(models.Model):
         validators=[MinValueValidator(0), MaxValueValidator(10**6)],
         help_text="a terminal session with no input for this long ends (0: never)",
     )
+    # Interactive GPU sessions (scheduler/ops/idle_sessions.py, docs/interactive.md): an
+    # interactive job whose GPUs are idle and whose terminals get no input for this long is
+    # warned, and ended (GpuIdleTimeout) when still idle BERTH_IDLE_SESSION_GRACE_MINUTES
+    # later; 0: never. Batch jobs are only flagged (BERTH_GPU_IDLE_MINUTES), never ended.
+    interactive_gpu_idle_minutes = models.FloatField(
+        default=60.0,
+        validators=[MinValueValidator(0), MaxValueValidator(10**6)],
+        help_text="an interactive job holding GPUs idle (below 1 %) with no terminal input for"
+        " this long is warned, then ended after the grace period (0: never)",
+    )
     staff_shell = models.BooleanField(
         default=False,
         help_text="staff may open terminal sessions in other users' running jobs here",
@@ -515,6 +525,11 @@ class Job(models.Model):
     # Set while the running job is flagged for holding GPUs idle (scheduler/ops/gpu_idle.py): since
     # when its idle task's GPUs have stayed below GPU_IDLE_PERCENT. Null: not flagged.
     gpu_idle_since = models.DateTimeField(null=True, blank=True, editable=False)
+    # Set while a running interactive job is warned that it will be ended for holding GPUs
+    # idle with no terminal input (scheduler/ops/idle_sessions.py): when it was warned, and
+    # when it ends unless its GPUs or terminals are used first. Null: not warned.
+    idle_warned_at = models.DateTimeField(null=True, blank=True, editable=False)
+    idle_ends_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -577,6 +592,12 @@ class Job(models.Model):
                 fields=["gpu_idle_since"],
                 condition=Q(gpu_idle_since__isnull=False),
                 name="job_gpu_idle",
+            ),
+            # The idle-session check reads the warned jobs (few rows).
+            models.Index(
+                fields=["idle_warned_at"],
+                condition=Q(idle_warned_at__isnull=False),
+                name="job_idle_warned",
             ),
             # Job lists show top-level jobs (plain jobs and array parents) newest first.
             models.Index(
@@ -1064,6 +1085,9 @@ class ShellSession(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     ordered_at = models.DateTimeField(null=True, blank=True)  # last put in a lease's answer
     opened_at = models.DateTimeField(null=True, blank=True)
+    # The latest input (keys, resizes) its agent's socket relayed, written at most every
+    # INPUT_MARK_SECONDS (scheduler/agentapi/terminal.py): idle sessions are judged on it.
+    last_input_at = models.DateTimeField(null=True, blank=True)
     closed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

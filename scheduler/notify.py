@@ -7,6 +7,7 @@ nothing is sent for a transaction that rolls back.
   with `connect()` (the dashboard connects its renderer in `DashboardConfig.ready()`), so the
   scheduler never imports the web side; with no listener nothing is sent.
 - `log_appended()`: a task's new output, handed to the listeners of `connect_log()`.
+- `terminal_notice()`: a line for the users of some terminal sessions (an idle warning).
 - `orders()`: some nodes have new orders (a task to start or to stop). Agents wait for orders
   in a held lease request (scheduler/agentapi/views.py); this wakes the ones concerned through
   the channel layer's group `AGENT_GROUP`, in whatever web process holds them, as soon as
@@ -146,6 +147,32 @@ def _wake_agents(node_ids: set[int], job_ids: set[int]) -> None:
             run_on_layer_loop(layer.group_send(AGENT_GROUP, message))
     except Exception:  # agents still get their orders when they renew their lease
         log.exception("waking agents failed")
+
+
+def terminal_notice(channels: Iterable[str], message: str) -> None:
+    """Right after commit, show `message` in the terminals whose users' sockets
+    (dashboard/shell.py) are `channels`: a line from Berth between the session's output."""
+    targets = [c for c in channels if c]
+    if targets:
+        transaction.on_commit(lambda: _send_notice(targets, message))
+
+
+def _send_notice(channels: list[str], message: str) -> None:
+    from channels.exceptions import ChannelFull
+
+    async def send_all(layer: Any) -> None:
+        for channel in channels:
+            try:
+                await layer.send(channel, {"type": "shell.notice", "message": message})
+            except ChannelFull:
+                pass  # that terminal is too slow to take it: the event and mail still say it
+
+    try:
+        layer = get_channel_layer("shell")
+        if layer is not None:
+            run_on_layer_loop(send_all(layer))
+    except Exception:  # the warning is also an event and a notification
+        log.exception("telling terminals failed")
 
 
 def cross_process_problem() -> str | None:

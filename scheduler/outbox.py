@@ -9,7 +9,8 @@ no notification behind. Time-limit warnings are not state changes: `enqueue_time
 finds running jobs past N % of their walltime, or N minutes from its end (run by the
 notifier, scheduler/notifications/delivery.py); a partial unique index makes each fire once.
 A job with a web app is warned 10 and 1 minutes before its walltime unless it or its owner
-chose events.
+chose events. An interactive job about to be ended for holding GPUs idle
+(`session_idle`, `enqueue_idle_warning`) is told on every channel its owner has.
 
 What a job's owner is told of: the job's own `notify` (its spec) or else the user's defaults
 (NotifyPreference). Array elements are not notified one by one: the array's parent is (it
@@ -51,6 +52,7 @@ MINUTES_LEFT = {
 # nor its owner chose any events: its time running out, as a session about to expire.
 INTERACTIVE_DEFAULTS = {"time_limit_10m", "time_limit_1m"}
 VERBS = {"begin": "started", "end": "ended", "fail": "failed"}
+IDLE_WARNING = "session_idle"  # an interactive job about to be ended for idle GPUs
 
 
 def enqueue_for_events(events: Iterable[Event]) -> int:
@@ -112,6 +114,20 @@ def enqueue_time_limits(now: datetime | None = None) -> int:
     return len(rows)
 
 
+def enqueue_idle_warning(job_id: int, text: str) -> int:
+    """Warn the owner of interactive job `job_id` that it is about to be ended for holding
+    GPUs idle with no terminal input (scheduler/ops/idle_sessions.py): on each channel the
+    owner has, whatever events they chose, as the job ends by policy rather than by its own
+    doing. Written in the transaction that marks the job warned, so once per warning."""
+    jobs = _jobs(Job.objects.filter(pk=job_id))
+    if not jobs:
+        return 0
+    _wanted(jobs)  # sets each job's channels
+    rows = _rows(jobs[0], IDLE_WARNING, jobs[0]["state"], text=text)
+    Outbox.objects.bulk_create(rows)
+    return len(rows)
+
+
 def _time_limits_reached(elapsed: float, walltime: int) -> list[tuple[str, str]]:
     """The time-limit warnings a job `elapsed` seconds into its walltime has reached, with
     what each says (a percentage, or minutes). A warning of N minutes left is for jobs that
@@ -163,10 +179,10 @@ def _channels(own: dict[str, Any] | None, settings: dict[str, Any]) -> dict[str,
     return {k: v for k, v in (("email", email), ("webhook", webhook)) if v}
 
 
-def _rows(job: dict[str, Any], kind: str, state: str) -> list[Outbox]:
+def _rows(job: dict[str, Any], kind: str, state: str, text: str = "") -> list[Outbox]:
     """One row per channel of the job's owner. `state` is the state the job moved into (for
-    a time-limit warning: the percentage)."""
-    text = _text(job, kind, state)
+    a time-limit warning: the percentage); `text` what to say, if not the usual line."""
+    text = text or _text(job, kind, state)
     payload = {"text": text, "job": job["id"], "name": job["name"], "event": kind,
                "state": job["state"] if kind.startswith("time_limit_") else state,
                "message": job["message"]}  # fmt: skip

@@ -44,6 +44,9 @@ from berth.cli.terminal import attach as attach_terminal
 JOB_FINAL = ("Succeeded", "Failed", "Cancelled")
 FLOW_FINAL = ("Succeeded", "Failed", "Cancelled")
 POLL_SECONDS = 1.0
+# `berth shell` asks this often while its job has waited less than START_POLL_FOR seconds:
+# on an idle cluster the job runs within a cycle or two, and the prompt should follow at once.
+START_POLL_SECONDS, START_POLL_FOR = 0.2, 10.0
 
 
 class BerthGroup(click.Group):
@@ -289,6 +292,9 @@ def show(job_ref: JobRef, as_json: bool) -> None:
         click.echo(f"{'remaining':>12}: {_remaining(job['walltime_ends_at'])}")
     if job.get("gpu_idle_since"):
         click.echo(f"{'gpu idle':>12}: GPUs held idle (below 1 %) since {job['gpu_idle_since']}")
+    if job.get("idle_ends_at"):
+        click.echo(f"{'idle':>12}: warned at {job['idle_warned_at']}: ends at {job['idle_ends_at']}"
+                   " (GPUs idle, no terminal input) unless used first")  # fmt: skip
     if job.get("state") in ("Pending", "Suspended"):
         click.echo(f"{'position':>12}: {job_position(job) or '-'}")
         basis = job.get("estimate_basis")
@@ -559,8 +565,10 @@ def _command_line(command: tuple[str, ...]) -> str:
 
 
 def _wait_until_running(api: Client, job_id: int) -> None:
-    """Poll while the job waits, saying its place and estimate when they change."""
+    """Poll while the job waits (often at first, then every POLL_SECONDS), saying its place
+    and estimate when they change."""
     said = None
+    began = time.monotonic()
     while True:
         job = api.get(f"jobs/{job_id}/")
         if job["state"] == "Running":
@@ -575,7 +583,8 @@ def _wait_until_running(api: Client, job_id: int) -> None:
         if line != said:
             click.echo(line, err=True)
             said = line
-        time.sleep(POLL_SECONDS)
+        early = time.monotonic() - began < START_POLL_FOR
+        time.sleep(START_POLL_SECONDS if early else POLL_SECONDS)
 
 
 # --- flows ------------------------------------------------------------------------------

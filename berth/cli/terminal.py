@@ -92,6 +92,8 @@ class Attached:
                     return status if isinstance(status, int) else 1
                 if message.get("type") == "error":
                     raise CliError(f"session ended: {message.get('message')}")
+                if message.get("type") == "notice":  # a line from Berth, on stderr
+                    _write_all(sys.stderr.fileno(), f"\r\n[{message.get('message')}]\r\n".encode())
         except ConnectionClosed as exc:
             raise CliError(f"session ended: {_closed(exc)}") from None
         raise CliError("session ended: the server closed the connection")

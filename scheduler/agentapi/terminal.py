@@ -7,13 +7,16 @@ through the channel layer, so the two may be served by different web processes: 
 the group `shell-<key>`; the user's socket's channel is on the session's row, and this end
 says hello to the group with its own; then each sends to the other's channel directly (a full
 channel is a peer too slow, and ends the session, rather than frames silently lost). This end
-also ends a session with no input for the queue's `interactive_idle_minutes`.
+also ends a session with no input for the queue's `interactive_idle_minutes`, and keeps the
+time of the session's latest input on its row (`last_input_at`, at most every
+INPUT_MARK_SECONDS) for the scheduler's idle GPU sessions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import Any
 
@@ -27,6 +30,7 @@ from scheduler.agentapi.common import node_for_token
 from scheduler.jobs import terminals
 
 UNAUTHORIZED, NOT_FOUND, TOO_BIG = 4401, 4404, 4413
+INPUT_MARK_SECONDS = 30.0  # the idle GPU session limits count in minutes
 
 
 def header(scope: dict[str, Any], name: str) -> str:
@@ -47,6 +51,7 @@ class AgentTerminalConsumer(AsyncWebsocketConsumer):
     peer = ""  # the user's socket's channel
     closed = False  # the session's row is closed
     idle_task: asyncio.Task[None] | None = None
+    input_marked = -math.inf  # when the row last got this session's input time
 
     async def connect(self) -> None:
         notify.remember_server_loop()
@@ -133,13 +138,22 @@ class AgentTerminalConsumer(AsyncWebsocketConsumer):
         pass  # its own, sent to the group for the user's socket
 
     async def shell_input(self, event: dict[str, Any]) -> None:
-        self.last_input = time.monotonic()
         await self.send(bytes_data=event["data"])
+        await self._typed()
 
     async def shell_resize(self, event: dict[str, Any]) -> None:
-        self.last_input = time.monotonic()
         await self.send(text_data=json.dumps({"type": "resize", "rows": event["rows"],
                                               "cols": event["cols"]}))  # fmt: skip
+        await self._typed()
+
+    async def _typed(self) -> None:
+        """Input: the idle clock starts again; the session's row says so at most every
+        INPUT_MARK_SECONDS (the first input at once), after the bytes went on, for the
+        scheduler's idle GPU sessions (scheduler/lifecycle/idle_sessions.py)."""
+        self.last_input = time.monotonic()
+        if self.last_input - self.input_marked >= INPUT_MARK_SECONDS:
+            self.input_marked = self.last_input
+            await database_sync_to_async(terminals.mark_input)(self.key)
 
     async def shell_ack(self, event: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps({"type": "ack", "n": event.get("n", 1)}))

@@ -86,6 +86,7 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
                   "open", "default_cpu", "default_memory", "max_user_running_gpus",
                   "max_user_running_cpus", "max_user_running_jobs", "max_user_pending_jobs",
                   "user_limits_exempt_staff", "max_walltime", "gpu_sharing",
+                  "interactive_idle_minutes", "interactive_gpu_idle_minutes", "staff_shell",
                   "created_at"]  # fmt: skip
         read_only_fields = ["created_at"]
 
@@ -274,7 +275,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "walltime", "ttl_seconds_after_finished", "active_deadline_seconds", "max_retry",
             "retries", "labels", "spec", "state", "reason", "message", "status",
             "pending_reasons", "estimated_start_at", "estimate_basis", "queue_position",
-            "priority_factors", "gpu_idle_since",
+            "priority_factors", "gpu_idle_since", "idle_warned_at", "idle_ends_at",
             "requested_action", "flow",
             "template", "step", "item_index", "array", "array_parent", "array_index",
             "tasks", "created_at", "started_at", "finished_at", "walltime_ends_at",

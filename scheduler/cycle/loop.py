@@ -25,6 +25,7 @@ from scheduler.cycle.leader import LostLeadership
 from scheduler.flows import controller as flow_controller
 from scheduler.flows import ttl as flow_ttl
 from scheduler.jobs import arrays
+from scheduler.lifecycle import idle_sessions
 from scheduler.ops import gpu_history, gpu_idle
 from scheduler.ops.faults import dependency_down
 
@@ -247,7 +248,7 @@ def _lifecycle(report: CycleReport, housekeeping: bool) -> None:
 
 def _clock_checks(report: CycleReport) -> None:
     """What the clock decides: deadlines, silent nodes, TTLs, old GPU samples, GPUs held
-    idle."""
+    idle, interactive GPU sessions idle."""
     _phase(report, "lifecycle", lifecycle.enforce_deadlines, "deadlines")
     _phase(report, "lifecycle", lifecycle.check_nodes, "nodes")
     ttl = _phase(report, "lifecycle", lifecycle.cleanup_ttl, "ttl") or 0
@@ -257,3 +258,4 @@ def _clock_checks(report: CycleReport) -> None:
     report.counts["ttl_deleted"] = ttl
     _phase(report, "lifecycle", gpu_history.prune_if_due, "gpu-history")  # once a minute
     _phase(report, "lifecycle", gpu_idle.flag_if_due, "gpu-idle")  # every 10 s
+    _phase(report, "lifecycle", idle_sessions.check_if_due, "idle-sessions")  # every 10 s

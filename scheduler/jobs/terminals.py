@@ -172,3 +172,8 @@ def _end_job_with_session(session: ShellSession) -> None:
 def idle_minutes(session: ShellSession) -> float:
     """The job's queue's idle limit for terminal sessions (0: none)."""
     return float(session.job.queue.interactive_idle_minutes)
+
+
+def mark_input(key: str) -> None:
+    """Session `key` got input now (scheduler/lifecycle/idle_sessions.py reads it)."""
+    ShellSession.objects.filter(key=key).update(last_input_at=timezone.now())

@@ -4,6 +4,7 @@
 - requests: the cancel/suspend/resume requests users made;
 - sync: job states from task states (started, succeeded, failed, lost);
 - deadlines: walltime and active deadlines;
+- idle_sessions: interactive jobs holding GPUs idle with no terminal input, warned then ended;
 - nodes: node health, drains and deleted nodes;
 - ttl: deleting finished jobs whose TTL passed.
 

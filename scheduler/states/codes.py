@@ -24,6 +24,10 @@ class EventKind(StrEnum):
     JOB_RESUME_REQUESTED = "JobResumeRequested"
     JOB_GPU_IDLE = "JobGpuIdle"
     JOB_GPU_BUSY = "JobGpuBusy"
+    # An interactive job holding GPUs idle with no terminal input (scheduler/ops/idle_sessions.py):
+    # warned that it will be ended, and the warning withdrawn when it is used again.
+    SESSION_IDLE_WARNING = "SessionIdleWarning"
+    SESSION_IDLE_CLEARED = "SessionIdleCleared"
     WALLTIME_EXTENDED = "WalltimeExtended"  # its owner gave a running job more time
     TASK_STARTED = "TaskStarted"
     TASK_SUCCEEDED = "TaskSucceeded"
@@ -79,6 +83,8 @@ class Reason(StrEnum):
     PRIORITY_POLICY = "PriorityPolicy"
     GPUS_IDLE = "GpusIdle"
     GPUS_BUSY = "GpusBusy"
+    TERMINAL_INPUT = "TerminalInput"  # an idle session's warning withdrawn: its user typed
+    GPU_IDLE_TIMEOUT = "GpuIdleTimeout"  # an interactive job ended for holding GPUs idle
     # flows
     INVALID_JOB_SPEC = "InvalidJobSpec"
     FLOW_CANCELLED = "FlowCancelled"

@@ -33,6 +33,7 @@
       if (message.type === "ready") { status.textContent = "connected"; term.focus(); }
       else if (message.type === "exit") end("exit status " + message.status);
       else if (message.type === "error") end(message.message);
+      else if (message.type === "notice") { term.write("\r\n\x1b[1;33m[" + message.message + "]\x1b[0m\r\n"); status.textContent = message.message; }
     };
     ws.onclose = function () { if (!ended) end("the connection closed"); button.disabled = false; };
     term.onData(function (data) {

@@ -55,7 +55,8 @@ def test_staff_set_the_cap_in_the_admin_within_the_priority_range(staff, signed_
     queue = Queue.objects.get(name="default")
     form = {"name": "default", "weight": "1", "capability": "null", "reclaimable": "on",
             "priority": "0", "open": "on", "default_cpu": "1000",
-            "default_memory": str(1 << 30), "interactive_idle_minutes": "60"}  # fmt: skip
+            "default_memory": str(1 << 30), "interactive_idle_minutes": "60",
+            "interactive_gpu_idle_minutes": "60"}  # fmt: skip
     url = f"/admin/scheduler/queue/{queue.pk}/change/"
     too_big = signed_in(staff).post(url, {**form, "max_user_priority": "1000001"})
     assert too_big.status_code == 200  # the form again, with the error
