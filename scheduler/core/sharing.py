@@ -157,11 +157,19 @@ def releasers(nodes: Iterable[NodeView], end: Ends) -> set[int]:
             if task.gpu_share:
                 for device in task.devices:
                     by_device.setdefault(device, []).append((job, task))
-        for occupants in by_device.values():
-            ends = [(end(job, task), task.id) for job, task in occupants]
-            open_ended = sorted(task_id for at, task_id in ends if at is None)
-            if open_ended:
-                chosen.add(open_ended[0])
-            else:
-                chosen.add(max((at or 0.0, task_id) for at, task_id in ends)[1])
+        chosen.update(releaser(occupants, end) for occupants in by_device.values())
     return chosen
+
+
+def occupants(node: NodeView, device: int) -> list[tuple[JobInfo, TaskInfo]]:
+    """The fractions running on the node's device (in the node's task order)."""
+    return [(j, t) for j, t in node.tasks if t.gpu_share and device in t.devices]
+
+
+def releaser(occupants: list[tuple[JobInfo, TaskInfo]], end: Ends) -> int:
+    """Of one device's occupants (at least one), the task whose end gives it back whole."""
+    ends = [(end(job, task), task.id) for job, task in occupants]
+    open_ended = sorted(task_id for at, task_id in ends if at is None)
+    if open_ended:
+        return open_ended[0]
+    return max((at or 0.0, task_id) for at, task_id in ends)[1]

@@ -10,7 +10,7 @@ import pytest
 from scheduler.core.cycle import CycleResult, run_cycle
 from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulingPolicy
 from scheduler.core.status import Code
-from tests.core.builders import job, node, snapshot
+from tests.core.builders import NOW, job, node, snapshot
 
 TS = ("timeslice",)
 
@@ -209,3 +209,22 @@ def test_it_counts_fractions_in_drf_as_what_they_are() -> None:
     config = SchedulingPolicy(actions=("enqueue", "allocate"))
     result = run_cycle(snapshot(nodes, jobs, queues), config)
     assert [b.job_id for b in result.binds] == [4, 3]  # q1 (0.25 GPU) served first
+
+
+def test_a_fraction_placed_this_cycle_keeps_the_shared_device_from_a_reservation() -> None:
+    """The device's only occupant is past its walltime, so its end would give the device
+    back whole now; a fraction placed on the device this cycle (no walltime) holds it from
+    then on, so the whole-GPU job reserved after it is not promised the device now (as it
+    was before: "expected to start in 0s", then delayed by the fraction)."""
+    nodes = [node("a", gpus=1, sharing=TS)]
+    jobs = [
+        job(1, share=250, walltime=50.0, running_on=[("a", (0,))], started_at=NOW - 100),
+        job(2, share=250, walltime=None, created_at=1.0),
+        job(3, gpu=1, walltime=None, created_at=2.0),
+    ]
+    config = SchedulingPolicy(actions=("enqueue", "allocate", "backfill"))
+    result = run_cycle(snapshot(nodes, jobs), config)
+    assert [(b.job_id, b.node, b.devices) for b in result.binds] == [(2, "a", (0,))]
+    reserved = result.pending[3]
+    assert reserved.code == Code.RESERVED
+    assert reserved.estimated_start is None, reserved.message
