@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
@@ -9,6 +10,7 @@ import pytest
 
 from scheduler.core.cycle import CycleResult, run_cycle
 from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulingPolicy
+from scheduler.core.standing import StandingSession
 from scheduler.core.status import Code
 from tests.core.builders import NOW, job, node, snapshot
 
@@ -228,3 +230,30 @@ def test_a_fraction_placed_this_cycle_keeps_the_shared_device_from_a_reservation
     reserved = result.pending[3]
     assert reserved.code == Code.RESERVED
     assert reserved.estimated_start is None, reserved.message
+
+
+def test_a_standing_session_gives_a_shared_device_back_at_its_last_occupants_end() -> None:
+    """Two fractions start on one device in two cycles, then a whole-GPU job waits: it is
+    promised the device when the later of the two ends, as a full cycle on the same
+    snapshot promises it (not when the first ends, nor never)."""
+    nodes = [node("a", gpus=1, sharing=TS)]
+    standing = StandingSession(nodes, [QueueInfo("default")], SchedulingPolicy.easy(), True)
+    first = job(1, share=250, walltime=100.0, preemptible=False, created_at=1.0)
+    second = job(2, share=250, walltime=1000.0, preemptible=False, created_at=2.0)
+    whole = job(3, gpu=1, walltime=50.0, preemptible=False, created_at=3.0)
+    standing.submit(first)
+    standing.cycle(0.0)
+    standing.submit(second)
+    standing.cycle(10.0)
+    assert second.tasks[0].devices == (0,)  # on the first one's device
+    snap = snapshot(nodes, copy.deepcopy([first, second, whole]), now=20.0)
+    standing.submit(whole)
+    promised = standing.cycle(20.0).pending[3]
+    assert promised.code == Code.RESERVED
+    assert promised.estimated_start == 1010.0
+    assert run_cycle(snap, SchedulingPolicy.easy()).pending[3].estimated_start == 1010.0
+    # The later one ends early: the device comes back at the other one's end.
+    standing.finish(2)
+    again = snapshot(nodes, copy.deepcopy([first, whole]), now=30.0)
+    assert standing.cycle(30.0).pending[3].estimated_start == 100.0
+    assert run_cycle(again, SchedulingPolicy.easy()).pending[3].estimated_start == 100.0
