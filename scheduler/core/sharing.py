@@ -11,8 +11,9 @@ In the sums the rest of the core works with (`Resources.gpu`: whole devices) a f
 for the one device it may have to open (`resources.gpu` is 1). Planning, backfill's spare,
 queue capabilities and per-user GPU limits therefore count a fraction as a whole device:
 never optimistic, at worst a later estimate. A shared device comes back whole, in plans, when
-its last occupant ends (`releasers`). DRF counts fractions as what they are
-(`QueueState.shared_gpu`).
+its last occupant ends (`releasers`); a device a fraction was bound to in the cycle never
+does in that cycle's plans (`Session.pin_shared`), as a whole device bound in it. DRF counts
+fractions as what they are (`QueueState.shared_gpu`).
 
 The node and device are chosen by the cluster's policy (`SchedulingPolicy.gpu_placement`):
 `fgd` (fragmentation gradient descent over the typical shapes of the tasks in the snapshot,
