@@ -15,6 +15,7 @@ cycle decided.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import compress, repeat
@@ -224,8 +225,10 @@ class Session:
         self._stale_free: set[NodeView] = set()
         self.walltime_ends: list[tuple[float, str, int, int, Resources]] = []
         self.releasing = 0
-        # Per shared device, the task whose end gives it back whole (`sharing.releasers`).
+        # Per shared device, the task whose end gives it back whole (`sharing.releasers`);
+        # none for a device a fraction bound since holds (node, device: `pinned`).
         self.releasers = sharing.releasers(self.nodes, self.end_of)
+        self.pinned: set[tuple[str, int]] = set()
         started: list[tuple[JobInfo, TaskInfo, str]] = []
         for node in self.nodes:
             self.releasing += sum(task.state == "Releasing" for _job, task in node.tasks)
@@ -354,6 +357,46 @@ class Session:
         if task.gpu_share:
             return 1 if task.id in self.releasers else 0
         return len(task.devices)
+
+    def pin_shared(self, node: NodeView, device: int) -> None:
+        """A fraction bound this cycle holds the device, with no end planned: in plans the
+        device comes back whole never (as a whole device bound this cycle), not at the end
+        of the running occupant that was to give it back."""
+        self.pinned.add((node.name, device))
+        self.recount_releaser(node, device)
+
+    def recount_releaser(self, node: NodeView, device: int) -> None:
+        """Work out again which running occupant of the shared device gives it back whole
+        (`sharing.releaser`; none while it is `pinned`) after a fraction joined or left it:
+        its planned end (`walltime_ends`) gives back the device, the others' none."""
+        occupants = sharing.occupants(node, device)
+        if not occupants:
+            return
+        pinned = (node.name, device) in self.pinned
+        chosen = None if pinned else sharing.releaser(occupants, self.end_of)
+        for job, task in occupants:
+            releases = task.id == chosen
+            if (task.id in self.releasers) == releases:
+                continue
+            if releases:
+                self.releasers.add(task.id)
+            else:
+                self.releasers.discard(task.id)
+            self._set_release(job, task, int(releases))
+
+    def _set_release(self, job: JobInfo, task: TaskInfo, devices: int) -> None:
+        """The task's planned end (if it has one) gives back `devices` whole devices."""
+        ends = self.walltime_ends
+        at = self.end_of(job, task)
+        i = bisect.bisect_left(ends, (at,)) if at is not None else len(ends)
+        while i < len(ends) and ends[i][0] == at and ends[i][2] != task.id:
+            i += 1
+        if i == len(ends) or ends[i][2] != task.id:  # not where its end says: anywhere
+            i = next((k for k, entry in enumerate(ends) if entry[2] == task.id), -1)
+            if i < 0:
+                return  # no end planned
+        at_i, name, task_id, job_id, release = ends[i]
+        ends[i] = (at_i, name, task_id, job_id, Resources(release.cpu, release.memory, devices))
 
     @property
     def gpu_policy(self) -> gpushare.Policy:

@@ -11,8 +11,9 @@ In the sums the rest of the core works with (`Resources.gpu`: whole devices) a f
 for the one device it may have to open (`resources.gpu` is 1). Planning, backfill's spare,
 queue capabilities and per-user GPU limits therefore count a fraction as a whole device:
 never optimistic, at worst a later estimate. A shared device comes back whole, in plans, when
-its last occupant ends (`releasers`). DRF counts fractions as what they are
-(`QueueState.shared_gpu`).
+its last occupant ends (`releasers`); a device a fraction was bound to in the cycle never
+does in that cycle's plans (`Session.pin_shared`), as a whole device bound in it. DRF counts
+fractions as what they are (`QueueState.shared_gpu`).
 
 The node and device are chosen by the cluster's policy (`SchedulingPolicy.gpu_placement`):
 `fgd` (fragmentation gradient descent over the typical shapes of the tasks in the snapshot,
@@ -157,11 +158,19 @@ def releasers(nodes: Iterable[NodeView], end: Ends) -> set[int]:
             if task.gpu_share:
                 for device in task.devices:
                     by_device.setdefault(device, []).append((job, task))
-        for occupants in by_device.values():
-            ends = [(end(job, task), task.id) for job, task in occupants]
-            open_ended = sorted(task_id for at, task_id in ends if at is None)
-            if open_ended:
-                chosen.add(open_ended[0])
-            else:
-                chosen.add(max((at or 0.0, task_id) for at, task_id in ends)[1])
+        chosen.update(releaser(occupants, end) for occupants in by_device.values())
     return chosen
+
+
+def occupants(node: NodeView, device: int) -> list[tuple[JobInfo, TaskInfo]]:
+    """The fractions running on the node's device (in the node's task order)."""
+    return [(j, t) for j, t in node.tasks if t.gpu_share and device in t.devices]
+
+
+def releaser(occupants: list[tuple[JobInfo, TaskInfo]], end: Ends) -> int:
+    """Of one device's occupants (at least one), the task whose end gives it back whole."""
+    ends = [(end(job, task), task.id) for job, task in occupants]
+    open_ended = sorted(task_id for at, task_id in ends if at is None)
+    if open_ended:
+        return open_ended[0]
+    return max((at or 0.0, task_id) for at, task_id in ends)[1]

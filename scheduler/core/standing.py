@@ -28,7 +28,7 @@ from scheduler.core.model import (
 )
 from scheduler.core.plugins import default_plugins
 from scheduler.core.resources import Resources
-from scheduler.core.session import Session, grows, held_resources, need_of
+from scheduler.core.session import Session, grows, held_resources, need_of, whole_devices
 from scheduler.core.types import HOLDS_RESOURCES, NodeView
 
 
@@ -95,6 +95,7 @@ class StandingSession:
             queue.allocated = queue.allocated - held
         job.state = "Succeeded"
         ends = _drop_ends(session.walltime_ends, job)
+        self._ended_shared(job)
         session.forget_job(job_id)
         session.forget_key(job_id)
         session.version += 1
@@ -132,6 +133,17 @@ class StandingSession:
             held = node.tasks
             node.tasks = [] if len(held) == 1 else [t for t in held if t[0] is not job]
         return Resources(cpu, memory, gpu)
+
+    def _ended_shared(self, job: JobInfo) -> None:
+        """The job's fractions ended: the other occupants of their devices decide again which
+        of them gives the device back whole."""
+        session = self.session
+        for task in job.tasks:
+            node = session.node_by_name.get(task.node or "")
+            if task.gpu_share and node is not None:
+                session.releasers.discard(task.id)
+                for device in task.devices:
+                    session.recount_releaser(node, device)
 
     def _free_devices(self, node: NodeView, task: TaskInfo) -> int:
         """Give the task's devices back; how many are whole and free again (a shared one
@@ -190,11 +202,12 @@ class StandingSession:
                 request = task.resources
                 release = (
                     request
-                    if request.gpu == len(devices)
-                    else Resources(request.cpu, request.memory, len(devices))
-                )
+                    if request.gpu == len(devices) and not task.gpu_share
+                    else Resources(request.cpu, request.memory, whole_devices(task))
+                )  # (a fraction's end gives back its device if it is the last: below)
                 ends.append((now + ran, node.name, task.id, job.id, release))
         ends.sort()
+        self._recount_shared(bound)
         session.version += 1
         if self._plan_stands(started.values(), now):
             session.carry_plan()
@@ -208,6 +221,17 @@ class StandingSession:
             else:
                 session.need.pop(job.id, None)
                 self._leave(job)
+
+    def _recount_shared(
+        self, bound: list[tuple[JobInfo, TaskInfo, NodeView, tuple[int, ...]]]
+    ) -> None:
+        """The fractions bound have started, with their ends: the devices they pinned
+        (`Session.pin_shared`) come back whole at their last occupant's end again."""
+        session = self.session
+        session.pinned.clear()
+        shared = {(node, devices[0]): None for _job, task, node, devices in bound if task.gpu_share}
+        for node, device in shared:
+            session.recount_releaser(node, device)
 
     def _leave(self, job: JobInfo) -> None:
         """Out of the candidates and its queue (found by identity: most leave near the

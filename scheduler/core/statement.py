@@ -144,11 +144,12 @@ class Statement:
         if allocations:
             job = allocations[0][0]  # a statement is one job's
             cpu = memory = gpu = shared = 0
-            for _job, task, _node, _devices in allocations:
+            for _job, task, node, devices in allocations:
                 request = task.resources  # what it holds (`held_resources`), spelled out
                 cpu, memory = cpu + request.cpu, memory + request.memory
                 if task.gpu_share:
                     shared += task.gpu_share  # a fraction holds no device whole
+                    session.pin_shared(node, devices[0])
                 else:
                     gpu += request.gpu
             queue = session.queues.get(job.queue)

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.core import actions
+from scheduler.core import actions, sharing
 from scheduler.core import session as session_module
 from scheduler.core.cycle import CycleResult, run_cycle
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
@@ -51,13 +51,23 @@ def _explain_from_scratch(
         if reason is None:
             reason = "reserved for a preempting job" if n.name in self.nominated else ""
             if not reason:
-                short = task.resources.short_of(n.free())
+                short = _short_now(task, n)
                 reason = f"insufficient {short[0]}" if short else "held for the reservation"
             could_fit = True
         counts[reason] += 1
     parts = ", ".join(f"{c} {r}" for r, c in sorted(counts.items(), key=lambda i: (-i[1], i[0])))
     detail = f"0/{len(self.nodes)} nodes fit: {parts}" if parts else "no nodes"
     return detail, could_fit, dict(counts)
+
+
+def _short_now(task: TaskInfo, n: Any) -> list[str]:
+    """What the node lacks for the task now. A fraction's `gpu` (1) is the device it may
+    open: it lacks a GPU only when no device has room for its share (`sharing.options`,
+    where placement puts it), not when no device is whole and free."""
+    short = task.resources.short_of(n.free())
+    if task.gpu_share:
+        short = [d for d in short if d != "gpu"] + ([] if sharing.options(n, task) else ["gpu"])
+    return short
 
 
 def _from_scratch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
@@ -9,8 +10,9 @@ import pytest
 
 from scheduler.core.cycle import CycleResult, run_cycle
 from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulingPolicy
+from scheduler.core.standing import StandingSession
 from scheduler.core.status import Code
-from tests.core.builders import job, node, snapshot
+from tests.core.builders import NOW, job, node, snapshot
 
 TS = ("timeslice",)
 
@@ -209,3 +211,49 @@ def test_it_counts_fractions_in_drf_as_what_they_are() -> None:
     config = SchedulingPolicy(actions=("enqueue", "allocate"))
     result = run_cycle(snapshot(nodes, jobs, queues), config)
     assert [b.job_id for b in result.binds] == [4, 3]  # q1 (0.25 GPU) served first
+
+
+def test_a_fraction_placed_this_cycle_keeps_the_shared_device_from_a_reservation() -> None:
+    """The device's only occupant is past its walltime, so its end would give the device
+    back whole now; a fraction placed on the device this cycle (no walltime) holds it from
+    then on, so the whole-GPU job reserved after it is not promised the device now (as it
+    was before: "expected to start in 0s", then delayed by the fraction)."""
+    nodes = [node("a", gpus=1, sharing=TS)]
+    jobs = [
+        job(1, share=250, walltime=50.0, running_on=[("a", (0,))], started_at=NOW - 100),
+        job(2, share=250, walltime=None, created_at=1.0),
+        job(3, gpu=1, walltime=None, created_at=2.0),
+    ]
+    config = SchedulingPolicy(actions=("enqueue", "allocate", "backfill"))
+    result = run_cycle(snapshot(nodes, jobs), config)
+    assert [(b.job_id, b.node, b.devices) for b in result.binds] == [(2, "a", (0,))]
+    reserved = result.pending[3]
+    assert reserved.code == Code.RESERVED
+    assert reserved.estimated_start is None, reserved.message
+
+
+def test_a_standing_session_gives_a_shared_device_back_at_its_last_occupants_end() -> None:
+    """Two fractions start on one device in two cycles, then a whole-GPU job waits: it is
+    promised the device when the later of the two ends, as a full cycle on the same
+    snapshot promises it (not when the first ends, nor never)."""
+    nodes = [node("a", gpus=1, sharing=TS)]
+    standing = StandingSession(nodes, [QueueInfo("default")], SchedulingPolicy.easy(), True)
+    first = job(1, share=250, walltime=100.0, preemptible=False, created_at=1.0)
+    second = job(2, share=250, walltime=1000.0, preemptible=False, created_at=2.0)
+    whole = job(3, gpu=1, walltime=50.0, preemptible=False, created_at=3.0)
+    standing.submit(first)
+    standing.cycle(0.0)
+    standing.submit(second)
+    standing.cycle(10.0)
+    assert second.tasks[0].devices == (0,)  # on the first one's device
+    snap = snapshot(nodes, copy.deepcopy([first, second, whole]), now=20.0)
+    standing.submit(whole)
+    promised = standing.cycle(20.0).pending[3]
+    assert promised.code == Code.RESERVED
+    assert promised.estimated_start == 1010.0
+    assert run_cycle(snap, SchedulingPolicy.easy()).pending[3].estimated_start == 1010.0
+    # The later one ends early: the device comes back at the other one's end.
+    standing.finish(2)
+    again = snapshot(nodes, copy.deepcopy([first, whole]), now=30.0)
+    assert standing.cycle(30.0).pending[3].estimated_start == 100.0
+    assert run_cycle(again, SchedulingPolicy.easy()).pending[3].estimated_start == 100.0
