@@ -298,6 +298,28 @@ class Device(models.Model):
         return f"{self.node.name}/gpu{self.index}"
 
 
+class MigInstance(models.Model):
+    """One MIG instance of a GPU, as its agent found it through NVML when it registered (the
+    administrator makes them; Berth only reads them). A task asking for its profile may hold
+    it alone (`Allocation.mig`)."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="mig_instances")
+    uuid = models.CharField(max_length=128)
+    profile = models.CharField(max_length=32, help_text='e.g. "1g.10gb"')
+    memory = models.BigIntegerField(default=0, help_text="bytes")
+    gpu_instance = models.PositiveIntegerField(default=0)
+    compute_instance = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["device_id", "uuid"]
+        constraints = [
+            models.UniqueConstraint(fields=["device", "uuid"], name="miginstance_unique_uuid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.device} {self.profile} {self.uuid}"
+
+
 class DeviceSample(models.Model):
     """One GPU's utilisation and memory in use at one time (server time), as its agent sent
     them with a lease renewal. Kept for BERTH_GPU_HISTORY_SECONDS: the scheduler loop deletes
@@ -679,6 +701,9 @@ class Task(models.Model):
     # the device the fraction goes on), and the GPU memory it asks for (bytes, 0: unsaid).
     gpu_share = models.PositiveSmallIntegerField(default=0)
     gpu_memory = models.BigIntegerField(default=0, help_text="bytes")
+    # A MIG instance of this profile ("1g.10gb"; "": none): `gpu` is then 0 and `gpu_share`
+    # what the instance counts as (its compute slices of seven, docs/gpus.md).
+    gpu_mig = models.CharField(max_length=32, blank=True, default="")
     exit_code = models.IntegerField(null=True, blank=True)
     attempt = models.PositiveIntegerField(default=0)
     # Set when the server wants the task stopped; resources stay held until the agent confirms.
@@ -739,6 +764,9 @@ class Allocation(models.Model):
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="allocations")
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="allocations")
     share = models.PositiveSmallIntegerField(default=1000, db_default=1000)
+    # The UUID of the MIG instance of `device` the task holds ("": none); at most one task
+    # holds an instance.
+    mig = models.CharField(max_length=128, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -750,6 +778,9 @@ class Allocation(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(share__gte=1) & Q(share__lte=1000), name="allocation_share_range"
+            ),
+            models.UniqueConstraint(
+                fields=["device", "mig"], condition=~Q(mig=""), name="allocation_one_per_instance"
             ),
         ]
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from scheduler.agent.mps import MpsDaemons
 from scheduler.agent.wire import GPU_SHARING_MODES
+from scheduler.core.quantity import MIG_PROFILE_RE
 
 log = logging.getLogger("berth.agent")
 MIG, MPS, TIMESLICE = GPU_SHARING_MODES
@@ -70,6 +71,39 @@ def parse_sharing(text: str) -> tuple[str, ...] | None:
         raise ValueError(f"unknown mode {unknown[0]!r}: use auto, none, or some of"
                          f" {', '.join(GPU_SHARING_MODES)}")  # fmt: skip
     return tuple(m for m in GPU_SHARING_MODES if m in words)
+
+
+def parse_fake_mig(values: list[str], fake_gpus: int) -> dict[int, list[str]]:
+    """`--fake-mig GPU:PROFILES` flags -> fake GPU index -> its MIG instances' profiles.
+    ValueError names what is wrong."""
+    found: dict[int, list[str]] = {}
+    for value in values:
+        index, sep, profiles = value.partition(":")
+        if not sep or not index.strip().isdigit():
+            raise ValueError(f"expected GPU:PROFILES such as 0:1g.10gb,2g.20gb, got {value!r}")
+        gpu = int(index)
+        if gpu >= fake_gpus:
+            raise ValueError(f"GPU {gpu} is not one of the {fake_gpus} fake GPUs (--fake-gpus)")
+        names = [p.strip().lower() for p in profiles.split(",") if p.strip()]
+        bad = [p for p in names if not MIG_PROFILE_RE.match(p)]
+        if bad or not names:
+            raise ValueError(f"{bad[0] if bad else value!r} is not a MIG profile such as 1g.10gb")
+        found.setdefault(gpu, []).extend(names)
+    return found
+
+
+def fake_mig_instances(node: str, index: int, profiles: list[str]) -> list[dict[str, Any]]:
+    """Made-up MIG instances of a fake GPU, as `mig_instances` reads real ones."""
+    return [
+        {
+            "profile": profile,
+            "uuid": f"MIG-fake-{node}-{index}-{k}",
+            "memory": int(profile.split("g.")[1].split("gb")[0]) * 2**30,
+            "gpu_instance": k + 1,
+            "compute_instance": 0,
+        }
+        for k, profile in enumerate(profiles)
+    ]
 
 
 def _text(value: object) -> str:
@@ -190,7 +224,8 @@ class NodeSharing:
         if not devices:
             wanted: tuple[str, ...] = ()
         elif self.requested is None:
-            wanted = (TIMESLICE,) if self.fake else (MIG,) if has_mig else ()
+            fake = (MIG, TIMESLICE) if has_mig else (TIMESLICE,)
+            wanted = fake if self.fake else (MIG,) if has_mig else ()
         else:
             wanted = self.requested
         for mode in wanted:

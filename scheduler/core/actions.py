@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from itertools import filterfalse
 
@@ -257,7 +258,7 @@ def _alike_at_once(session: Session, job: JobInfo) -> bool:
     if not session.alike_at_once or session.placing_predicates or not session.static_node_order:
         return False
     shape = session.shape(job)
-    return shape is not None and shape[0].gpu == 0
+    return shape is not None and shape[0].gpu == 0 and not shape[2]  # (no MIG instance)
 
 
 def _allocate_alike(
@@ -352,9 +353,23 @@ def _fractions_could_ever_fit(session: Session, job: JobInfo) -> bool:
         for n in session.nodes
         if n.ready
     }
+    instances = {n.name: _all_instances(n) for n in session.nodes if n.ready}
     for task in session.pending_tasks(job)[: session.needed(job)]:
         for node in session.eligible_nodes(job, task):
             cpu, memory, devices = room[node.name]
+            if task.gpu_mig:
+                free = instances[node.name]
+                if free[task.gpu_mig] < 1 or task.resources.cpu > cpu:
+                    continue
+                if task.resources.memory > memory:
+                    continue
+                free[task.gpu_mig] -= 1
+                room[node.name] = (
+                    cpu - task.resources.cpu,
+                    memory - task.resources.memory,
+                    devices,
+                )
+                break
             request = task.resources
             if request.cpu > cpu or request.memory > memory:
                 continue
@@ -370,6 +385,11 @@ def _fractions_could_ever_fit(session: Session, job: JobInfo) -> bool:
         else:
             return False
     return True
+
+
+def _all_instances(node: NodeView) -> Counter[str]:
+    """The node's MIG instances per profile, free or not (the cluster empty)."""
+    return Counter(node.mig_total)
 
 
 def simulate(

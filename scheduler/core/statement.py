@@ -134,7 +134,7 @@ class Statement:
             session.version += 1
         session.evictions.extend(evict for _victim, evict in self.evictions)
         binds = [
-            new_bind(job.id, task.id, node.name, devices, action)
+            new_bind(job.id, task.id, node.name, devices, action, sharing.instance_of(node, task))
             for job, task, node, devices in self.allocations
         ]
         session.binds.extend(binds)
