@@ -116,7 +116,8 @@ JOB_OPTIONS = [
     click.option("--name", "-J", default=None, help="job name"),
     click.option("--queue", "-q", default=None, help="queue (default: the server's default)"),
     click.option(
-        "--gpus", "-G", default=None, help="GPUs per task: 1, 2, ... or part of one GPU: 0.25"
+        "--gpus", "-G", default=None,
+        help="GPUs per task: 1, 2, ..., part of one GPU: 0.25, or a MIG instance: 1g.10gb"
     ),
     click.option(
         "--gpu-mem", default=None, help="GPU memory per task with part of a GPU: 10Gi, ..."

@@ -511,6 +511,8 @@ def _future_room(session: Session) -> dict[str, Resources]:
 
 
 def _evict_one(session: Session, job: JobInfo, reason: str, select: Select) -> None:
+    if any(task.gpu_mig for task in session.pending_tasks(job)):
+        return  # the whole-device sums below cannot see MIG instances: it waits for one
     room = _future_room(session)
     placement = simulate(session, job, room)
     if placement is not None:

@@ -100,6 +100,18 @@ CASES = [
         {1: ("a", (0,), mig_uuid("a", 0, 0))},  # (and the other task below)
     ),
     Case(
+        "a profile waiting for an instance holds no node: a whole GPU still starts beside it",
+        [node("a", gpus=2, mig={0: [A]})],
+        [
+            job(1, mig=A, running_on=[("a", (0,))], instances=[mig_uuid("a", 0, 0)], priority=0),
+            job(2, mig=A, priority=5),
+            job(3, gpu=1),
+        ],
+        {3: ("a", (1,), "")},
+        {2: Code.RESERVED},
+        actions=SchedulingPolicy().actions,
+    ),
+    Case(
         "a gang asking more instances than exist never fits",
         [node("a", gpus=1, mig={0: [A, A]})],
         [job(1, mig=A, replicas=3)],
