@@ -18,6 +18,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models import Q, QuerySet
 
+from scheduler.agent import sharemodes
 from scheduler.agent.wire import GPU_SHARING_MODES
 from scheduler.core.status import Code
 from scheduler.intake.specs import NAME_RE
@@ -746,6 +747,20 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}/{self.group}-{self.index}"
+
+    def gpu_holding(self) -> dict[str, str] | None:
+        """How this task holds its GPU and what that isolates from other tasks ({"mode",
+        "isolation"}: agent/sharemodes.py), by the rule its agent runs it under; None with
+        no GPU, or for a share not yet on a node (its mode depends on the node)."""
+        if self.gpu_mig:
+            mode = sharemodes.MIG
+        elif self.gpu_share and self.node_id is not None:
+            mode = sharemodes.mode_of(self.gpu_share / 1000, "", self.node.gpu_sharing or [])
+        elif self.gpu and not self.gpu_share:
+            mode = sharemodes.EXCLUSIVE
+        else:
+            return None
+        return sharemodes.describe(mode)
 
     def gpu_indices(self) -> list[int]:
         """The GPUs this attempt holds (its allocations; prefetch them for many tasks) or, once

@@ -1,7 +1,7 @@
 """How this node shares its GPUs, and what each way really isolates (Django-free).
 
 Three modes (wire.GPU_SHARING_MODES), each with the isolation it gives written once in
-ISOLATION, for the docs, the pages and `berth show` alike:
+ISOLATION (agent/sharemodes.py), for the docs, the pages and `berth show` alike:
 
 - `mig`: the GPU is cut into hardware instances by its administrator (never by Berth); the
   agent finds them through NVML (`mig_instances`) and a task placed on one sees only it.
@@ -21,36 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.agent.mps import MpsDaemons
+from scheduler.agent.sharemodes import MIG, MPS, TIMESLICE, mode_of
 from scheduler.agent.wire import GPU_SHARING_MODES
 from scheduler.core.quantity import MIG_PROFILE_RE
 
 log = logging.getLogger("berth.agent")
-MIG, MPS, TIMESLICE = GPU_SHARING_MODES
 AUTO, NONE = "auto", "none"
-# What each mode keeps apart between the tasks sharing one GPU.
-ISOLATION: dict[str, dict[str, str]] = {
-    MIG: {
-        "memory": "isolated",
-        "faults": "isolated",
-        "compute": "partitioned",
-        "summary": "a hardware slice of the GPU: its own memory, cache and compute units; a"
-        " fault stays inside its instance",
-    },
-    MPS: {
-        "memory": "limited",
-        "faults": "shared",
-        "compute": "limited",
-        "summary": "one CUDA context per GPU with a thread percentage and a pinned memory"
-        " limit per task; a fatal GPU fault in one task ends every task on that GPU",
-    },
-    TIMESLICE: {
-        "memory": "none",
-        "faults": "shared",
-        "compute": "none",
-        "summary": "tasks take turns on the whole GPU: no memory or compute limit, one task"
-        " may use all the memory, and a fault may end them all",
-    },
-}
 SHARE_ENV = "BERTH_GPU_SHARE"  # the task's share of each of its GPUs, e.g. "0.25" or "1,1"
 MODE_ENV = "BERTH_GPU_SHARING"  # the mode a task holding a share runs under
 MEMORY_ENV = "BERTH_GPU_MEMORY"  # the GPU memory (bytes) its job asked for, if any
@@ -293,7 +269,7 @@ class NodeSharing:
         return TaskGpus(env, MIG, nodes)
 
     def _shared(self, env: dict[str, str], index: int, share: float, memory: int) -> TaskGpus:
-        mode = MPS if MPS in self.modes else TIMESLICE if TIMESLICE in self.modes else ""
+        mode = mode_of(share, "", self.modes)  # (the rule the server names modes by)
         if not mode or self.devices.get(index, {}).get("mig"):
             offered = ", ".join(self.modes) or "no GPU sharing"
             raise ValueError(f"GPU {index} here is not shared: this node offers {offered}"

@@ -246,11 +246,10 @@ class Agent(Session):
         self.work_dir = Path(work_dir)
         self.state_dir = Path(state_dir) if state_dir else self.work_dir / "state"
         self.state_file = self.state_dir / "state.json"
-        self.task_user = task_user
         self.task_uids, self.keep_work_dirs = task_uids, keep_work_dirs  # see command.py
         self.accounts: TaskAccounts | None = None  # set by prepare()
         self.bash: str | None = None  # bash's path ("" if none), found at the first start
-        self.kill_on_exit = kill_on_exit
+        self.task_user, self.kill_on_exit = task_user, kill_on_exit
         self._init_protocol(timeout)
         self.tasks: dict[int, RunningTask] = {}
         self.lock = threading.RLock()  # self.tasks, between the main loop and the lease thread

@@ -203,13 +203,14 @@ class TaskSerializer(serializers.ModelSerializer[Task]):
     )
     devices = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
+    gpu_sharing = serializers.SerializerMethodField()
 
     class Meta:
         model = Task
         fields = [
             "id", "group", "index", "node", "devices", "state", "exit_code", "attempt",
             "kill_requested", "message", "reason", "assigned_at", "started_at", "finished_at",
-            "usage",
+            "usage", "gpu_sharing",
         ]  # fmt: skip
 
     @extend_schema_field(OpenApiTypes.OBJECT)
@@ -224,6 +225,13 @@ class TaskSerializer(serializers.ModelSerializer[Task]):
             cache[task.job_id] = usage_by_attempt([task.job_id])
         record = cache[task.job_id].get((task.pk, task.attempt))
         return None if record is None else usage_view(record)
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_gpu_sharing(self, task: Task) -> dict[str, str] | None:
+        """How it holds its GPU: `mode` (exclusive, mig, mps, timeslice) and the `isolation`
+        that gives it from the other tasks on that GPU (null: no GPU, or a share not yet
+        placed). docs/gpus.md."""
+        return task.gpu_holding()
 
     def get_devices(self, task: Task) -> list[int]:
         """The GPUs it holds, or held: an ended task keeps its indices, not its allocations."""

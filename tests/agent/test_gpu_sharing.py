@@ -21,10 +21,11 @@ import pytest
 from scheduler.agent import command
 from scheduler.agent.client import Http
 from scheduler.agent.fence import Fence
-from scheduler.agent.gpumodes import ISOLATION, mig_device_nodes
+from scheduler.agent.gpumodes import mig_device_nodes
 from scheduler.agent.gpus import FAKE_MEMORY
 from scheduler.agent.mps import PID_FILE, thread_percentage
 from scheduler.agent.runtime import discover_gpus
+from scheduler.agent.sharemodes import ISOLATION
 from scheduler.agent.sim import SimCluster, SimNode
 from scheduler.agent.wire import GPU_SHARING_MODES
 from tests.agent.test_runtime import RecordingAgent, run_until
