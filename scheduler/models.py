@@ -754,7 +754,7 @@ class Task(models.Model):
         no GPU, or for a share not yet on a node (its mode depends on the node)."""
         if self.gpu_mig:
             mode = sharemodes.MIG
-        elif self.gpu_share and self.node_id is not None:
+        elif self.gpu_share and self.node is not None:
             mode = sharemodes.mode_of(self.gpu_share / 1000, "", self.node.gpu_sharing or [])
         elif self.gpu and not self.gpu_share:
             mode = sharemodes.EXCLUSIVE

@@ -106,7 +106,8 @@ def _mig(errors: dict[str, list[str]], path: str, raw: object) -> list[dict[str,
         )
         numbers = [item.get(key, 0) if isinstance(item, dict) else None
                    for key in ("memory", "gpu_instance", "compute_instance")]  # fmt: skip
-        if not fine or not all(is_int(n) and 0 <= n < 2**62 for n in numbers):
+        if not fine or not all(isinstance(n, int) and is_int(n) and 0 <= n < 2**62
+                               for n in numbers):  # fmt: skip
             errors.setdefault(f"{path}.{k}", []).append(
                 "needs a profile and uuid (text) and whole non-negative memory, gpu_instance"
                 " and compute_instance"

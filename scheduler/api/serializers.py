@@ -172,6 +172,16 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
                     {"job": a.task.job_id, "task": a.task_id, "share": a.share / 1000}
                     for a in holders
                 ],
+                # Its MIG instances (empty: not in MIG mode), each with the job holding it.
+                "mig": [
+                    {
+                        "profile": m.profile,
+                        "uuid": m.uuid,
+                        "memory": m.memory,
+                        "job": next((a.task.job_id for a in holders if a.mig == m.uuid), None),
+                    }
+                    for m in d.mig_instances.all()
+                ],  # fmt: skip
             }
             for d in node.devices.all()
             for holders in [list(d.allocations.all())]

@@ -231,6 +231,7 @@ def _device_rows() -> dict[int, list[tuple[Any, ...]]]:
     row per instance)."""
     devices_by_node: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
     last: tuple[Any, ...] | None = None
+    row: list[Any]
     for *row, profile, mig_uuid, mig_memory in Device.objects.order_by(
         "node_id", "index", "mig_instances__uuid"
     ).values_list(

@@ -76,3 +76,10 @@ def test_a_queue_that_allows_no_mig_refuses_a_profile(api, owner, mig):
     body = {**spec("1g.10gb"), "queue": "mps-only"}
     errors = refused(api, owner, body)
     assert "the queue allows only mps" in str(errors["tasks.0.resources.gpu"]), errors
+
+
+def test_an_arrays_elements_each_ask_for_the_profile(api, owner, mig):
+    response = api(owner).post("/api/v1/jobs/", {**spec("1g.10gb"), "array": "0-2"}, format="json")
+    assert response.status_code == 201, response.content
+    rows = {(t.gpu, t.gpu_share, t.gpu_mig) for t in Task.objects.all()}
+    assert Task.objects.count() == 3 and rows == {(0, 142, "1g.10gb")}

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from scheduler.core.cycle import CycleResult, run_cycle
 from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulingPolicy
 from scheduler.core.status import Code
+from scheduler.core.types import Bind
 from tests.core.builders import job, mig_uuid, node, snapshot
 
 TS = ("timeslice",)
@@ -208,15 +209,15 @@ def _run(nodes: list[NodeInfo], jobs: list[JobInfo], cycles: int) -> list[JobInf
     return snap.jobs
 
 
-def _placed(j: JobInfo, by_task: dict[int, object]) -> JobInfo:
+def _placed(j: JobInfo, by_task: dict[int, Bind]) -> JobInfo:
     tasks = []
     for t in j.tasks:
         b = by_task.get(t.id)
         if b is None:
             tasks.append(t)
             continue
-        tasks.append(replace(t, state="Running", node=b.node, devices=b.devices,  # type: ignore[attr-defined]
-                             gpu_instance=b.instance, started_at=0.0))  # type: ignore[attr-defined]  # fmt: skip
+        tasks.append(replace(t, state="Running", node=b.node, devices=b.devices,
+                             gpu_instance=b.instance, started_at=0.0))  # fmt: skip
     running = any(t.node for t in tasks)
     return replace(j, tasks=tasks, state="Running" if running else j.state)
 

@@ -70,6 +70,13 @@ def test_profiles_take_free_instances_and_their_orders_name_them(api, owner):
     assert held[small[0]][2].startswith("MIG-fake-gpu-01-0-")
     assert orders[whole[0]]["mig"] == []
 
+    (gpu0,) = [
+        d for d in api(owner).get("/api/v1/nodes/gpu-01/").json()["devices"] if d["index"] == 0
+    ]
+    assert sorted((m["profile"], m["job"]) for m in gpu0["mig"]) == sorted(
+        [("1g.10gb", small[0]), ("1g.10gb", small[1]), ("2g.20gb", None)]
+    )
+
 
 def test_a_profile_only_a_gone_instance_had_never_fits(api, owner):
     token = _register(PROFILES)
