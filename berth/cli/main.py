@@ -314,7 +314,8 @@ def show(job_ref: JobRef, as_json: bool) -> None:
                                  ("PEAK", _peak)], "no tasks")  # fmt: skip
     for task in job.get("tasks", []):
         if task.get("gpu_sharing"):  # how it holds its GPU, in the server's words
-            click.echo(f"{task['group']}-{task['index']}: GPU {task['gpu_sharing']['isolation']}")
+            isolation = task["gpu_sharing"]["isolation"]
+            click.echo(f"{'gpu':>12}: {task['group']}-{task['index']} {isolation}")
     for task in job.get("tasks", []):
         if task.get("reason"):
             click.echo(f"{task['group']}-{task['index']}: {task['reason']}: {task['message']}")

@@ -54,10 +54,10 @@ def test_the_job_detail_says_how_each_task_holds_its_gpu(api, owner, placed):
 
 def test_show_prints_the_isolation_each_task_got(berth, placed):
     said = {name: berth("show", str(job_id)).output for name, job_id in placed.items()}
-    assert "main-0: GPU MIG instance: memory and faults isolated" in said["mig"]
-    assert "main-0: GPU time-slicing: no isolation" in said["share"]
-    assert "main-0: GPU whole GPU: exclusive" in said["whole"]
-    assert "main-0: GPU" not in said["cpu"]
+    assert "gpu: main-0 MIG instance: memory and faults isolated" in said["mig"]
+    assert "gpu: main-0 time-slicing: no isolation" in said["share"]
+    assert "gpu: main-0 whole GPU: exclusive" in said["whole"]
+    assert "gpu: main-0" not in said["cpu"]
 
 
 def test_the_words_are_those_the_issue_promises():
