@@ -199,6 +199,7 @@ def job_detail(job: Job, with_logs: bool = True) -> dict[str, Any]:
     used = usage_by_attempt([job.pk]) if any(t.finished_at for t in tasks) else {}
     for task in tasks:
         task.device_list = ",".join(str(i) for i in task.gpu_indices())  # type: ignore[attr-defined]
+        task.gpu_holding_label = (task.gpu_holding() or {}).get("isolation", "")  # type: ignore[attr-defined]
         record = used.get((task.pk, task.attempt))
         task.usage = usage_view(record) if record else None  # type: ignore[attr-defined]
         if with_logs:  # the output pane is rendered once; pushes append to it

@@ -18,6 +18,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models import Q, QuerySet
 
+from scheduler.agent import sharemodes
 from scheduler.agent.wire import GPU_SHARING_MODES
 from scheduler.core.status import Code
 from scheduler.intake.specs import NAME_RE
@@ -306,6 +307,28 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/gpu{self.index}"
+
+
+class MigInstance(models.Model):
+    """One MIG instance of a GPU, as its agent found it through NVML when it registered (the
+    administrator makes them; Berth only reads them). A task asking for its profile may hold
+    it alone (`Allocation.mig`)."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="mig_instances")
+    uuid = models.CharField(max_length=128)
+    profile = models.CharField(max_length=32, help_text='e.g. "1g.10gb"')
+    memory = models.BigIntegerField(default=0, help_text="bytes")
+    gpu_instance = models.PositiveIntegerField(default=0)
+    compute_instance = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["device_id", "uuid"]
+        constraints = [
+            models.UniqueConstraint(fields=["device", "uuid"], name="miginstance_unique_uuid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.device} {self.profile} {self.uuid}"
 
 
 class DeviceSample(models.Model):
@@ -694,6 +717,9 @@ class Task(models.Model):
     # the device the fraction goes on), and the GPU memory it asks for (bytes, 0: unsaid).
     gpu_share = models.PositiveSmallIntegerField(default=0)
     gpu_memory = models.BigIntegerField(default=0, help_text="bytes")
+    # A MIG instance of this profile ("1g.10gb"; "": none): `gpu` is then 0 and `gpu_share`
+    # what the instance counts as (its compute slices of seven, docs/gpus.md).
+    gpu_mig = models.CharField(max_length=32, blank=True, default="")
     exit_code = models.IntegerField(null=True, blank=True)
     attempt = models.PositiveIntegerField(default=0)
     # Set when the server wants the task stopped; resources stay held until the agent confirms.
@@ -737,6 +763,20 @@ class Task(models.Model):
     def __str__(self) -> str:
         return f"{self.job_id}/{self.group}-{self.index}"
 
+    def gpu_holding(self) -> dict[str, str] | None:
+        """How this task holds its GPU and what that isolates from other tasks ({"mode",
+        "isolation"}: agent/sharemodes.py), by the rule its agent runs it under; None with
+        no GPU, or for a share not yet on a node (its mode depends on the node)."""
+        if self.gpu_mig:
+            mode = sharemodes.MIG
+        elif self.gpu_share and self.node is not None:
+            mode = sharemodes.mode_of(self.gpu_share / 1000, "", self.node.gpu_sharing or [])
+        elif self.gpu and not self.gpu_share:
+            mode = sharemodes.EXCLUSIVE
+        else:
+            return None
+        return sharemodes.describe(mode)
+
     def gpu_indices(self) -> list[int]:
         """The GPUs this attempt holds (its allocations; prefetch them for many tasks) or, once
         it ended, held. Tasks bound before `device_indices` existed have only allocations."""
@@ -754,6 +794,9 @@ class Allocation(models.Model):
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="allocations")
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="allocations")
     share = models.PositiveSmallIntegerField(default=1000, db_default=1000)
+    # The UUID of the MIG instance of `device` the task holds ("": none); at most one task
+    # holds an instance.
+    mig = models.CharField(max_length=128, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -765,6 +808,9 @@ class Allocation(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(share__gte=1) & Q(share__lte=1000), name="allocation_share_range"
+            ),
+            models.UniqueConstraint(
+                fields=["device", "mig"], condition=~Q(mig=""), name="allocation_one_per_instance"
             ),
         ]
 

@@ -329,7 +329,7 @@ def insert_array_elements(
     indices: Sequence[int],
     released: int,
     held: str,
-    groups: Iterable[tuple[str, int, int, int, dict[str, int]]],
+    groups: Iterable[tuple[str, int, int, int, dict[str, Any]]],
 ) -> None:
     """One job like `element` per index (the first `released` free, the rest with
     `hold_reason` `held`), then each one's tasks: `groups` are (name, replicas, cpu, memory,

@@ -119,7 +119,10 @@ JOB_OPTIONS = [
     click.option("--name", "-J", default=None, help="job name"),
     click.option("--queue", "-q", default=None, help="queue (default: the server's default)"),
     click.option(
-        "--gpus", "-G", default=None, help="GPUs per task: 1, 2, ... or part of one GPU: 0.25"
+        "--gpus",
+        "-G",
+        default=None,
+        help="GPUs per task: 1, 2, ..., part of one GPU: 0.25, or a MIG instance: 1g.10gb",
     ),
     click.option(
         "--gpu-mem", default=None, help="GPU memory per task with part of a GPU: 10Gi, ..."
@@ -315,6 +318,10 @@ def show(job_ref: JobRef, as_json: bool) -> None:
                                  ("CPU-EFF", lambda t: _percent(t, "cpu_percent")),
                                  ("MEM-EFF", lambda t: _percent(t, "memory_percent")),
                                  ("PEAK", _peak)], "no tasks")  # fmt: skip
+    for task in job.get("tasks", []):
+        if task.get("gpu_sharing"):  # how it holds its GPU, in the server's words
+            isolation = task["gpu_sharing"]["isolation"]
+            click.echo(f"{'gpu':>12}: {task['group']}-{task['index']} {isolation}")
     for task in job.get("tasks", []):
         if task.get("reason"):
             click.echo(f"{task['group']}-{task['index']}: {task['reason']}: {task['message']}")

@@ -17,7 +17,7 @@ from typing import Any
 from scheduler.agent import devicebpf
 from scheduler.agent.cleanup import DEFAULT_KEEP_WORK_DIRS
 from scheduler.agent.fence import DEFAULT_PIDS_LIMIT, MODES, Fence
-from scheduler.agent.gpumodes import MPS, parse_sharing
+from scheduler.agent.gpumodes import MPS, parse_fake_mig, parse_sharing
 from scheduler.agent.isolation import DEFAULT_TASK_UIDS, DEFAULT_TASK_USER, parse_uid_range
 from scheduler.agent.mps import CONTROL_ENV, find_control
 from scheduler.agent.runtime import Agent, parse_labels
@@ -124,6 +124,14 @@ def _add_sharing_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the nvidia-cuda-mps-control binary (default: ${CONTROL_ENV}, else the one on"
         " PATH); the agent runs one MPS control daemon per GPU it shares through MPS",
     )
+    parser.add_argument(
+        "--fake-mig",
+        action="append",
+        default=[],
+        metavar="GPU:PROFILES",
+        help="give fake GPU GPU (an index below --fake-gpus) MIG instances of these profiles,"
+        " e.g. 0:1g.10gb,1g.10gb,2g.20gb; repeat for more GPUs (for tests: no real MIG)",
+    )
 
 
 def _add_enforcement_arguments(parser: argparse.ArgumentParser) -> None:
@@ -228,6 +236,10 @@ def sharing_options(options: Mapping[str, Any]) -> dict[str, Any]:
         sharing = parse_sharing(options.get("gpu_sharing") or "auto")
     except ValueError as exc:
         raise UsageError(f"--gpu-sharing: {exc}") from None
+    try:
+        fake_mig = parse_fake_mig(options.get("fake_mig") or [], options.get("fake_gpus") or 0)
+    except ValueError as exc:
+        raise UsageError(f"--fake-mig: {exc}") from None
     control = find_control(options.get("mps_control"))
     if options.get("mps_control") and control is None:
         raise UsageError(f"--mps-control: {options['mps_control']} is not an executable file")
@@ -236,7 +248,7 @@ def sharing_options(options: Mapping[str, Any]) -> dict[str, Any]:
             "--gpu-sharing mps: no nvidia-cuda-mps-control on PATH (install the CUDA"
             f" toolkit's MPS tools, or name it with --mps-control or ${CONTROL_ENV})"
         )
-    return {"gpu_sharing": sharing, "mps_control": control}
+    return {"gpu_sharing": sharing, "mps_control": control, "fake_mig": fake_mig}
 
 
 def allowed_devices(rules: list[str]) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """How this node shares its GPUs, and what each way really isolates (Django-free).
 
 Three modes (wire.GPU_SHARING_MODES), each with the isolation it gives written once in
-ISOLATION, for the docs, the pages and `berth show` alike:
+ISOLATION (agent/sharemodes.py), for the docs, the pages and `berth show` alike:
 
 - `mig`: the GPU is cut into hardware instances by its administrator (never by Berth); the
   agent finds them through NVML (`mig_instances`) and a task placed on one sees only it.
@@ -21,35 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.agent.mps import MpsDaemons
+from scheduler.agent.sharemodes import MIG, MPS, TIMESLICE, mode_of
 from scheduler.agent.wire import GPU_SHARING_MODES
+from scheduler.core.quantity import MIG_PROFILE_RE
 
 log = logging.getLogger("berth.agent")
-MIG, MPS, TIMESLICE = GPU_SHARING_MODES
 AUTO, NONE = "auto", "none"
-# What each mode keeps apart between the tasks sharing one GPU.
-ISOLATION: dict[str, dict[str, str]] = {
-    MIG: {
-        "memory": "isolated",
-        "faults": "isolated",
-        "compute": "partitioned",
-        "summary": "a hardware slice of the GPU: its own memory, cache and compute units; a"
-        " fault stays inside its instance",
-    },
-    MPS: {
-        "memory": "limited",
-        "faults": "shared",
-        "compute": "limited",
-        "summary": "one CUDA context per GPU with a thread percentage and a pinned memory"
-        " limit per task; a fatal GPU fault in one task ends every task on that GPU",
-    },
-    TIMESLICE: {
-        "memory": "none",
-        "faults": "shared",
-        "compute": "none",
-        "summary": "tasks take turns on the whole GPU: no memory or compute limit, one task"
-        " may use all the memory, and a fault may end them all",
-    },
-}
 SHARE_ENV = "BERTH_GPU_SHARE"  # the task's share of each of its GPUs, e.g. "0.25" or "1,1"
 MODE_ENV = "BERTH_GPU_SHARING"  # the mode a task holding a share runs under
 MEMORY_ENV = "BERTH_GPU_MEMORY"  # the GPU memory (bytes) its job asked for, if any
@@ -70,6 +47,39 @@ def parse_sharing(text: str) -> tuple[str, ...] | None:
         raise ValueError(f"unknown mode {unknown[0]!r}: use auto, none, or some of"
                          f" {', '.join(GPU_SHARING_MODES)}")  # fmt: skip
     return tuple(m for m in GPU_SHARING_MODES if m in words)
+
+
+def parse_fake_mig(values: list[str], fake_gpus: int) -> dict[int, list[str]]:
+    """`--fake-mig GPU:PROFILES` flags -> fake GPU index -> its MIG instances' profiles.
+    ValueError names what is wrong."""
+    found: dict[int, list[str]] = {}
+    for value in values:
+        index, sep, profiles = value.partition(":")
+        if not sep or not index.strip().isdigit():
+            raise ValueError(f"expected GPU:PROFILES such as 0:1g.10gb,2g.20gb, got {value!r}")
+        gpu = int(index)
+        if gpu >= fake_gpus:
+            raise ValueError(f"GPU {gpu} is not one of the {fake_gpus} fake GPUs (--fake-gpus)")
+        names = [p.strip().lower() for p in profiles.split(",") if p.strip()]
+        bad = [p for p in names if not MIG_PROFILE_RE.match(p)]
+        if bad or not names:
+            raise ValueError(f"{bad[0] if bad else value!r} is not a MIG profile such as 1g.10gb")
+        found.setdefault(gpu, []).extend(names)
+    return found
+
+
+def fake_mig_instances(node: str, index: int, profiles: list[str]) -> list[dict[str, Any]]:
+    """Made-up MIG instances of a fake GPU, as `mig_instances` reads real ones."""
+    return [
+        {
+            "profile": profile,
+            "uuid": f"MIG-fake-{node}-{index}-{k}",
+            "memory": int(profile.split("g.")[1].split("gb")[0]) * 2**30,
+            "gpu_instance": k + 1,
+            "compute_instance": 0,
+        }
+        for k, profile in enumerate(profiles)
+    ]
 
 
 def _text(value: object) -> str:
@@ -190,7 +200,8 @@ class NodeSharing:
         if not devices:
             wanted: tuple[str, ...] = ()
         elif self.requested is None:
-            wanted = (TIMESLICE,) if self.fake else (MIG,) if has_mig else ()
+            fake = (MIG, TIMESLICE) if has_mig else (TIMESLICE,)
+            wanted = fake if self.fake else (MIG,) if has_mig else ()
         else:
             wanted = self.requested
         for mode in wanted:
@@ -258,7 +269,7 @@ class NodeSharing:
         return TaskGpus(env, MIG, nodes)
 
     def _shared(self, env: dict[str, str], index: int, share: float, memory: int) -> TaskGpus:
-        mode = MPS if MPS in self.modes else TIMESLICE if TIMESLICE in self.modes else ""
+        mode = mode_of(share, "", self.modes)  # (the rule the server names modes by)
         if not mode or self.devices.get(index, {}).get("mig"):
             offered = ", ".join(self.modes) or "no GPU sharing"
             raise ValueError(f"GPU {index} here is not shared: this node offers {offered}"

@@ -37,7 +37,7 @@ from scheduler.agent.cleanup import (
 )
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
 from scheduler.agent.fence import OUT_OF_MEMORY, Fence, oom_message, usage_report
-from scheduler.agent.gpumodes import MPS, NodeSharing, TaskGpus, mig_instances
+from scheduler.agent.gpumodes import MPS, NodeSharing, TaskGpus, fake_mig_instances, mig_instances
 from scheduler.agent.gpus import FAKE_MEMORY, GpuSampler, fake_level, task_utilization
 from scheduler.agent.isolation import (
     DEFAULT_TASK_UIDS,
@@ -112,8 +112,11 @@ def discover_resources() -> tuple[int, int]:
     return cores * 1000, memory
 
 
-def discover_gpus(fake: int, name: str) -> list[dict[str, Any]]:
-    """GPUs through NVML when present; otherwise `fake` fake devices."""
+def discover_gpus(
+    fake: int, name: str, fake_mig: dict[int, list[str]] | None = None
+) -> list[dict[str, Any]]:
+    """GPUs through NVML when present; otherwise `fake` fake devices (those in `fake_mig`
+    with made-up MIG instances of those profiles)."""
     try:
         import pynvml
 
@@ -141,11 +144,15 @@ def discover_gpus(fake: int, name: str) -> list[dict[str, Any]]:
             pynvml.nvmlShutdown()
     except Exception:  # no driver, no library, no device: fall back
         pass
-    return [
+    devices: list[dict[str, Any]] = [
         {"index": i, "uuid": f"fake-{name}-{i}", "model": "fake", "memory": FAKE_MEMORY,
          "healthy": True}
         for i in range(fake)
     ]  # fmt: skip
+    for index, profiles in (fake_mig or {}).items():
+        if index < fake:
+            devices[index]["mig"] = fake_mig_instances(name, index, profiles)
+    return devices
 
 
 def parse_labels(text: str) -> dict[str, str]:
@@ -229,20 +236,20 @@ class Agent(Session):
         keep_work_dirs: float = DEFAULT_KEEP_WORK_DIRS,
         gpu_sharing: tuple[str, ...] | None = None,
         mps_control: str | None = None,
+        fake_mig: dict[int, list[str]] | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         self.join_token = join_token
         self.name = name or socket.gethostname().split(".")[0].lower()
         self.labels = parse_labels(labels) if isinstance(labels, str) else dict(labels)
-        self.fake_gpus = fake_gpus
+        self.fake_gpus, self.fake_mig = fake_gpus, fake_mig or {}
         self.work_dir = Path(work_dir)
         self.state_dir = Path(state_dir) if state_dir else self.work_dir / "state"
         self.state_file = self.state_dir / "state.json"
-        self.task_user = task_user
         self.task_uids, self.keep_work_dirs = task_uids, keep_work_dirs  # see command.py
         self.accounts: TaskAccounts | None = None  # set by prepare()
         self.bash: str | None = None  # bash's path ("" if none), found at the first start
-        self.kill_on_exit = kill_on_exit
+        self.task_user, self.kill_on_exit = task_user, kill_on_exit
         self._init_protocol(timeout)
         self.tasks: dict[int, RunningTask] = {}
         self.lock = threading.RLock()  # self.tasks, between the main loop and the lease thread
@@ -287,7 +294,7 @@ class Agent(Session):
         of identity (the join token registers new names only); when the server no longer
         knows it (the node was deleted, or staff reset its token), join as a newcomer."""
         cpu, memory = discover_resources()
-        devices = discover_gpus(self.fake_gpus, self.name)
+        devices = discover_gpus(self.fake_gpus, self.name, self.fake_mig)
         self.gpus.close()
         self.gpus = GpuSampler(devices, fake=any(d["model"] == "fake" for d in devices))
         modes = self.sharing.configure(devices)

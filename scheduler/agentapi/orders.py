@@ -74,10 +74,10 @@ def start_messages(tasks: list[Task], node: Node) -> list[dict[str, Any]]:
     )
     for job_id, *peer in rows:
         peers[job_id].append(tuple(peer))  # type: ignore[arg-type]
-    devices: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    devices: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
     held = Allocation.objects.filter(task__in=[t.pk for t in tasks])
-    for task_id, index, share in held.values_list("task_id", "device__index", "share"):
-        devices[task_id].append((index, share))
+    for task_id, *row in held.values_list("task_id", "device__index", "share", "mig"):
+        devices[task_id].append(tuple(row))  # type: ignore[arg-type]
     return [_start_message(t, node, peers[t.job_id], sorted(devices[t.pk])) for t in tasks]
 
 
@@ -85,10 +85,11 @@ def _start_message(
     task: Task,
     node: Node,
     peers: list[tuple[int, str, str, str, int]],
-    held: list[tuple[int, int]],
+    held: list[tuple[int, int, str]],
 ) -> dict[str, Any]:
-    """One start order; `held` is (device index, share in thousandths) by index."""
-    devices = [index for index, _ in held]
+    """One start order; `held` is (device index, share in thousandths, MIG instance UUID or
+    "") by index."""
+    devices = [index for index, _, _ in held]
     job = task.job
     spec = job.spec
     group: dict[str, Any] = next(
@@ -124,7 +125,8 @@ def _start_message(
         group.get("command", ""), job.owner.username, env, devices, job.walltime,
         # What the agent holds the task to (its cgroup): millicores, bytes, processes.
         {"cpu": task.cpu, "memory": task.memory, **_pids(group)},
-        [share / 1000 for _, share in held], task.gpu_memory or None, app=app,
+        [share / 1000 for _, share, _ in held], task.gpu_memory or None,
+        [mig for _, _, mig in held] if any(mig for _, _, mig in held) else [], app=app,
     ).to_json()  # fmt: skip
 
 

@@ -19,7 +19,7 @@ from scheduler.core.quantity import parse_cpu, parse_memory
 from scheduler.intake.specs import NAME_RE, NAME_RULE, label_problems
 from scheduler.jobs.events import record
 from scheduler.lifecycle.moves import move_node
-from scheduler.models import Allocation, Device, Node, hash_token, sharing_problems
+from scheduler.models import Allocation, Device, MigInstance, Node, hash_token, sharing_problems
 from scheduler.states.codes import EventKind, Reason
 
 ENFORCEMENT_TEXT = 500  # characters kept of each string of a registration's `enforcement`
@@ -82,8 +82,45 @@ def _devices(errors: dict[str, list[str]], raw: object) -> list[dict[str, Any]]:
                 "model": str(item.get("model") or "")[:128],
                 "memory": memory,
                 "healthy": healthy is not False,
+                "mig": _mig(errors, f"devices.{i}.mig", item.get("mig")),
             }
         )
+    return out
+
+
+MIG_INSTANCES = 64  # at most this many MIG instances per GPU are read (7 exist on an H100)
+
+
+def _mig(errors: dict[str, list[str]], path: str, raw: object) -> list[dict[str, Any]]:
+    """A device's MIG instances ({"profile", "uuid", "memory", "gpu_instance",
+    "compute_instance"}: wire.Registration), validated."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or len(raw) > MIG_INSTANCES:
+        errors.setdefault(path, []).append(f"must be a list of at most {MIG_INSTANCES} instances")
+        return []
+    out = []
+    for k, item in enumerate(raw):
+        fine = isinstance(item, dict) and all(
+            isinstance(item.get(key), str) and 0 < len(item[key]) <= limit
+            for key, limit in (("profile", 32), ("uuid", 128))
+        )
+        numbers = [item.get(key, 0) if isinstance(item, dict) else None
+                   for key in ("memory", "gpu_instance", "compute_instance")]  # fmt: skip
+        if not fine or not all(isinstance(n, int) and is_int(n) and 0 <= n < 2**62
+                               for n in numbers):  # fmt: skip
+            errors.setdefault(f"{path}.{k}", []).append(
+                "needs a profile and uuid (text) and whole non-negative memory, gpu_instance"
+                " and compute_instance"
+            )
+            continue
+        assert isinstance(item, dict)
+        memory, gpu_instance, compute_instance = numbers
+        out.append({"profile": item["profile"].strip().lower(), "uuid": item["uuid"],
+                    "memory": memory, "gpu_instance": gpu_instance,
+                    "compute_instance": compute_instance})  # fmt: skip
+    if len({m["uuid"] for m in out}) < len(out):
+        errors.setdefault(path, []).append("repeats an instance's uuid")
     return out
 
 
@@ -206,7 +243,7 @@ def _own_node(node_token: str, name: object) -> Node:
 
 
 def _reconcile_devices(node: Node, devices: list[dict[str, Any]]) -> None:
-    present = {d["index"]: d for d in devices}
+    present = {d["index"]: {k: v for k, v in d.items() if k != "mig"} for d in devices}
     for device in Device.objects.filter(node=node):
         info = present.pop(device.index, None)
         if info is None:
@@ -221,6 +258,32 @@ def _reconcile_devices(node: Node, devices: list[dict[str, Any]]) -> None:
             setattr(device, key, info[key])
         device.save()
     Device.objects.bulk_create(Device(node=node, **info) for info in present.values())
+    _reconcile_mig(node, {d["index"]: d["mig"] for d in devices})
+
+
+def _reconcile_mig(node: Node, instances: dict[int, list[dict[str, Any]]]) -> None:
+    """The node's MIG instances become what its agent found: new ones added, changed ones
+    updated, gone ones deleted (a task holding one keeps its allocation, which names the
+    instance's UUID, until it stops; nothing new is placed there)."""
+    device_ids = dict(Device.objects.filter(node=node).values_list("index", "pk"))
+    wanted = {
+        (device_ids[index], m["uuid"]): m
+        for index, found in instances.items()
+        if index in device_ids
+        for m in found
+    }
+    known = MigInstance.objects.filter(device__node=node)
+    for instance in known:
+        info = wanted.pop((instance.device_id, instance.uuid), None)
+        if info is None:
+            instance.delete()
+            continue
+        for key in ("profile", "memory", "gpu_instance", "compute_instance"):
+            setattr(instance, key, info[key])
+        instance.save()
+    MigInstance.objects.bulk_create(
+        MigInstance(device_id=device_id, **info) for (device_id, _), info in wanted.items()
+    )
 
 
 def _ip(address: str) -> str | None:

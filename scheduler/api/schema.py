@@ -12,6 +12,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiExample, extend_schema_field
 from rest_framework import serializers
 
+from scheduler.core.quantity import MIG_PROFILE_RE
+
 
 class ApiTokenScheme(OpenApiAuthenticationExtension):
     target_class = "scheduler.api.authentication.ApiTokenAuthentication"
@@ -59,6 +61,20 @@ MAX_PRIORITY = int(settings.BERTH_MAX_PRIORITY)
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$"
 
 
+# A spec's `gpu`: whole GPUs or part of one (a number), or a MIG profile (docs/gpus.md).
+GPU_SCHEMA = {
+    "oneOf": [
+        {"type": "number", "minimum": 0, "maximum": 1024},
+        {"type": "string", "pattern": MIG_PROFILE_RE.pattern, "example": "1g.10gb"},
+    ]
+}
+
+
+@extend_schema_field(GPU_SCHEMA)
+class GpuRequestField(serializers.Field):  # type: ignore[type-arg]
+    """GPUs per task: 2, 0.25, or a MIG profile "1g.10gb"."""
+
+
 @extend_schema_field(DURATION_SCHEMA)
 class DurationField(serializers.Field):  # type: ignore[type-arg]
     """Seconds or a duration string (scheduler/core/duration.py)."""
@@ -88,10 +104,10 @@ class ResourcesSpec(serializers.Serializer):  # type: ignore[type-arg]
         help_text='bytes per task: "512Mi", "16Gi", "1G"; default: the queue\'s default_memory '
         "(1Gi)",
     )
-    gpu = serializers.FloatField(
-        required=False, min_value=0, max_value=1024, default=0,
-        help_text="GPUs per task: whole ones (0 ... 1024), or part of one GPU (0.25: above 0,"
-        " below 1, in steps of 0.001)",
+    gpu = GpuRequestField(
+        required=False, default=0,
+        help_text="GPUs per task: whole ones (0 ... 1024), part of one GPU (0.25: above 0,"
+        ' below 1, in steps of 0.001), or a MIG instance by its profile ("1g.10gb")',
     )  # fmt: skip
     gpu_memory = SpecQuantityField(
         required=False,

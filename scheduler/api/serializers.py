@@ -173,6 +173,16 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
                     {"job": a.task.job_id, "task": a.task_id, "share": a.share / 1000}
                     for a in holders
                 ],
+                # Its MIG instances (empty: not in MIG mode), each with the job holding it.
+                "mig": [
+                    {
+                        "profile": m.profile,
+                        "uuid": m.uuid,
+                        "memory": m.memory,
+                        "job": next((a.task.job_id for a in holders if a.mig == m.uuid), None),
+                    }
+                    for m in d.mig_instances.all()
+                ],  # fmt: skip
             }
             for d in node.devices.all()
             for holders in [list(d.allocations.all())]
@@ -204,13 +214,14 @@ class TaskSerializer(serializers.ModelSerializer[Task]):
     )
     devices = serializers.SerializerMethodField()
     usage = serializers.SerializerMethodField()
+    gpu_sharing = serializers.SerializerMethodField()
 
     class Meta:
         model = Task
         fields = [
             "id", "group", "index", "node", "devices", "state", "exit_code", "attempt",
             "kill_requested", "message", "reason", "assigned_at", "started_at", "finished_at",
-            "usage",
+            "usage", "gpu_sharing",
         ]  # fmt: skip
 
     @extend_schema_field(OpenApiTypes.OBJECT)
@@ -225,6 +236,13 @@ class TaskSerializer(serializers.ModelSerializer[Task]):
             cache[task.job_id] = usage_by_attempt([task.job_id])
         record = cache[task.job_id].get((task.pk, task.attempt))
         return None if record is None else usage_view(record)
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_gpu_sharing(self, task: Task) -> dict[str, str] | None:
+        """How it holds its GPU: `mode` (exclusive, mig, mps, timeslice) and the `isolation`
+        that gives it from the other tasks on that GPU (null: no GPU, or a share not yet
+        placed). docs/gpus.md."""
+        return task.gpu_holding()
 
     def get_devices(self, task: Task) -> list[int]:
         """The GPUs it holds, or held: an ended task keeps its indices, not its allocations."""

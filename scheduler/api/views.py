@@ -126,7 +126,9 @@ class NodeViewSet(
         return Node.objects.prefetch_related(
             Prefetch(
                 "devices",
-                queryset=Device.objects.prefetch_related("allocations__task").order_by("index"),
+                queryset=Device.objects.prefetch_related(
+                    "allocations__task", "mig_instances"
+                ).order_by("index"),
             ),
             Prefetch("tasks", queryset=Task.objects.filter(state__in=("Assigned", "Running"))),
         )

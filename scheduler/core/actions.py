@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from itertools import filterfalse
 
@@ -266,7 +267,7 @@ def _alike_at_once(session: Session, shape: Shape | None) -> bool:
     free on its node."""
     if not session.alike_at_once or session.placing_predicates or not session.static_node_order:
         return False
-    return shape is not None and shape[0].gpu == 0
+    return shape is not None and shape[0].gpu == 0 and not shape[2]  # (no MIG instance)
 
 
 def _allocate_alike(
@@ -359,9 +360,23 @@ def _fractions_could_ever_fit(session: Session, job: JobInfo) -> bool:
         for n in session.nodes
         if n.ready
     }
+    instances = {n.name: _all_instances(n) for n in session.nodes if n.ready}
     for task in session.pending_tasks(job)[: session.needed(job)]:
         for node in session.eligible_nodes(job, task):
             cpu, memory, devices = room[node.name]
+            if task.gpu_mig:
+                free = instances[node.name]
+                if free[task.gpu_mig] < 1 or task.resources.cpu > cpu:
+                    continue
+                if task.resources.memory > memory:
+                    continue
+                free[task.gpu_mig] -= 1
+                room[node.name] = (
+                    cpu - task.resources.cpu,
+                    memory - task.resources.memory,
+                    devices,
+                )
+                break
             request = task.resources
             if request.cpu > cpu or request.memory > memory:
                 continue
@@ -377,6 +392,11 @@ def _fractions_could_ever_fit(session: Session, job: JobInfo) -> bool:
         else:
             return False
     return True
+
+
+def _all_instances(node: NodeView) -> Counter[str]:
+    """The node's MIG instances per profile, free or not (the cluster empty)."""
+    return Counter(node.mig_total)
 
 
 def simulate(
@@ -486,17 +506,56 @@ def _evict_for(session: Session, reason: str, select: Select) -> None:
         guarded(session, job, work)
 
 
-def _future_room(session: Session) -> dict[str, Resources]:
-    """What each ready node will have once the tasks being released are gone."""
+def _future_room(session: Session) -> tuple[dict[str, Resources], _SharedDevices]:
+    """What each ready node will have once the tasks being released are gone (a shared
+    device whose every occupant is being released comes back whole), and its shared
+    devices' occupants that still hold them."""
     room = {}
+    shared = _SharedDevices(session)
     for node in session.nodes:
         if node.ready and node.name not in session.nominated:
-            room[node.name] = node.free() + node.releasing()
-    return room
+            whole = Resources(0, 0, shared.released.get(node.name, 0))
+            room[node.name] = node.free() + node.releasing() + whole
+    return room, shared
+
+
+class _SharedDevices:
+    """Per shared device (fractions, not MIG instances), how many occupants still hold it:
+    running, not being released, not evicted. Evicting its last holder gives the device
+    back whole, so a whole-GPU job may preempt the fractions on it (within the policy)."""
+
+    def __init__(self, session: Session) -> None:
+        self.holding: Counter[tuple[str, int]] = Counter()
+        occupied: set[tuple[str, int]] = set()
+        for node in session.nodes:
+            for job, task in node.tasks:
+                if not task.gpu_share or task.gpu_mig:
+                    continue
+                gone = task.state == "Releasing" or job.suspend_requested
+                for device in task.devices:
+                    occupied.add((node.name, device))
+                    if not gone and job.id not in session.evicted:
+                        self.holding[(node.name, device)] += 1
+        # Per node, its shared devices whose every occupant is being released.
+        self.released: Counter[str] = Counter(n for n, d in occupied if not self.holding[(n, d)])
+
+    def freed(self, task: TaskInfo, sign: int) -> int:
+        """Whole devices the task's fraction gives back (sign +1) or takes again (-1): those
+        it was the last holder of (a count; `_free_into` applies the sign)."""
+        if not task.gpu_share or task.gpu_mig:
+            return 0
+        whole = 0
+        for device in task.devices:
+            key = (task.node or "", device)
+            self.holding[key] -= sign
+            whole += self.holding[key] == (0 if sign > 0 else 1)
+        return whole
 
 
 def _evict_one(session: Session, job: JobInfo, reason: str, select: Select) -> None:
-    room = _future_room(session)
+    if any(task.gpu_mig for task in session.pending_tasks(job)):
+        return  # the whole-device sums below cannot see MIG instances: it waits for one
+    room, shared = _future_room(session)
     placement = simulate(session, job, room)
     if placement is not None:
         _pipeline(session, job, placement, [])
@@ -509,7 +568,7 @@ def _evict_one(session: Session, job: JobInfo, reason: str, select: Select) -> N
     chosen: list[JobInfo] = []
     for victim in victims:
         chosen.append(victim)
-        _free_into(room, victim, +1, fits)
+        _free_into(room, victim, +1, fits, shared)
         placement = simulate(session, job, room) if fits is None or fits.enough() else None
         if placement is not None:
             break
@@ -517,17 +576,17 @@ def _evict_one(session: Session, job: JobInfo, reason: str, select: Select) -> N
         return
     # Keep only the victims the placement really needs, cheapest set first.
     for victim in list(reversed(chosen[:-1])):
-        _free_into(room, victim, -1, fits)
+        _free_into(room, victim, -1, fits, shared)
         if fits is not None:
             # The sums say whether it still fits; the placement is made once, at the end.
             if fits.enough():
                 chosen.remove(victim)
             else:
-                _free_into(room, victim, +1, fits)
+                _free_into(room, victim, +1, fits, shared)
             continue
         trial = simulate(session, job, room)
         if trial is None:
-            _free_into(room, victim, +1)
+            _free_into(room, victim, +1, None, shared)
         else:
             chosen.remove(victim)
             placement = trial
@@ -554,12 +613,17 @@ def _pipeline(
 
 
 def _free_into(
-    room: dict[str, Resources], victim: JobInfo, sign: int, fits: _GangRoom | None = None
+    room: dict[str, Resources],
+    victim: JobInfo,
+    sign: int,
+    fits: _GangRoom | None = None,
+    shared: _SharedDevices | None = None,
 ) -> None:
     for task in victim.tasks:
         if task.node in room and task.state in ("Assigned", "Running"):
-            # A fraction's device stays shared with its other occupants: no whole device.
-            delta = Resources(task.resources.cpu, task.resources.memory, whole_devices(task))
+            # A fraction's device comes back whole only with its last holder (`shared`).
+            devices = whole_devices(task) + (shared.freed(task, sign) if shared else 0)
+            delta = Resources(task.resources.cpu, task.resources.memory, devices)
             room[task.node] = room[task.node] + delta if sign > 0 else room[task.node] - delta
             if fits is not None:
                 fits.changed(task.node, room[task.node])
@@ -612,11 +676,14 @@ class _GangRoom:
 
 
 def _size(job: JobInfo) -> tuple[int, int, int]:
+    """What a victim holds, GPUs first (in thousandths: a fraction as its share)."""
     held = Resources()
+    gpu = 0
     for task in job.tasks:
         if task.state in ("Assigned", "Running"):
             held = held + task.resources
-    return (held.gpu, held.cpu, held.memory)
+            gpu += task.gpu_share or task.resources.gpu * sharing.MILLI
+    return (gpu, held.cpu, held.memory)
 
 
 def _start(job: JobInfo) -> float:

@@ -293,8 +293,10 @@ def _explain_wait(
 def _without_devices(session: Session, job: JobInfo) -> bool:
     shape = session.shape(job)
     if shape is not None:
-        return shape[0].gpu == 0
-    return all(task.resources.gpu == 0 for task in session.pending_tasks(job))
+        return shape[0].gpu == 0 and not shape[2]  # (a MIG instance has no whole device)
+    return all(
+        task.resources.gpu == 0 and not task.gpu_share for task in session.pending_tasks(job)
+    )
 
 
 def place_ignoring_reservation(session: Session, job: JobInfo) -> bool:

@@ -17,6 +17,7 @@ from scheduler.core.quantity import format_memory
 from scheduler.core.resources import DIMENSIONS, Resources
 
 MAX_LISTED = 3  # node selector values listed in a refusal
+MIG = "mig"  # the sharing mode of MIG instances (scheduler.agent.wire.GPU_SHARING_MODES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,7 @@ class Offer:
     labels: dict[str, str] = field(default_factory=dict)
     sharing: tuple[str, ...] = ()  # the GPU sharing modes it offers
     gpu_memory: int = 0  # its largest GPU's memory (bytes; 0: not known)
+    mig: dict[str, int] = field(default_factory=dict)  # its MIG instances: profile -> count
 
     def matches(self, selector: dict[str, str]) -> bool:
         return all(self.labels.get(k) == v for k, v in selector.items())
@@ -45,11 +47,18 @@ class Ask:
     gpu_share: int = 0  # a fraction of one GPU, in thousandths (resources.gpu is then 1)
     gpu_memory: int = 0
     gpu_modes: tuple[str, ...] = ()  # the sharing modes its queue allows (empty: any)
+    gpu_mig: str = ""  # a MIG profile ("1g.10gb"; gpu_share is then what it counts as)
+
+    def takes_anywhere(self, offers: Sequence[Offer]) -> bool:
+        return any(self.takes(o) for o in offers)
 
     def takes(self, offer: Offer) -> bool:
         """Could the offer hold this task's fraction of a GPU (always, for no fraction)?"""
         if not self.gpu_share:
             return True
+        if self.gpu_mig:
+            allowed = not self.gpu_modes or MIG in self.gpu_modes
+            return allowed and MIG in offer.sharing and offer.mig.get(self.gpu_mig, 0) > 0
         modes = [m for m in offer.sharing if not self.gpu_modes or m in self.gpu_modes]
         return bool(modes) and offer.gpu_memory >= self.gpu_memory
 
@@ -120,6 +129,8 @@ def _task_problems(ask: Ask, offers: Sequence[Offer]) -> dict[str, str]:
 
 def _fraction_problems(ask: Ask, offers: Sequence[Offer]) -> dict[str, str]:
     """Why no node of `offers` could ever hold the ask's fraction of a GPU."""
+    if ask.gpu_mig:
+        return _mig_problems(ask, offers)
     share = f"{ask.gpu_share / 1000:g}"
     gpus = [o for o in offers if o.allocatable.gpu]
     if not gpus:
@@ -144,6 +155,22 @@ def _fraction_problems(ask: Ask, offers: Sequence[Offer]) -> dict[str, str]:
     return {}
 
 
+def _mig_problems(ask: Ask, offers: Sequence[Offer]) -> dict[str, str]:
+    """Why no node of `offers` could ever hold a MIG instance of the ask's profile."""
+    if ask.takes_anywhere(offers):
+        return {}
+    offering = [o for o in offers if MIG in o.sharing and o.mig]
+    if ask.gpu_modes and MIG not in ask.gpu_modes:
+        why = f"the queue allows only {', '.join(ask.gpu_modes)}"
+    elif not offering:
+        why = "no node offers MIG instances"
+    else:
+        profiles = sorted({p for o in offering for p in o.mig})
+        shown = ", ".join(profiles[:8]) + (", ..." if len(profiles) > 8 else "")
+        why = f"no node has an instance of it (offered: {shown})"
+    return {f"{ask.path}.resources.gpu": f"MIG profile {ask.gpu_mig} requested, {why}"}
+
+
 def _selector_message(selector: dict[str, str], offers: Sequence[Offer]) -> str:
     wanted = ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
     for key, value in sorted(selector.items()):
@@ -164,6 +191,7 @@ def _gang_problems(
     gang = list(_tasks_in_core_order(asks))[:min_available]
     room = {o.name: o.allocatable for o in offers}
     devices = {o.name: [1000] * o.allocatable.gpu for o in offers}  # thousandths free each
+    instances = {o.name: dict(o.mig) for o in offers}  # MIG instances left, per profile
     for placed, ask in enumerate(gang):
         for offer in offers:
             free = room[offer.name]
@@ -171,7 +199,7 @@ def _gang_problems(
                 continue
             if ask.resources.cpu > free.cpu or ask.resources.memory > free.memory:
                 continue
-            if _take_devices(devices[offer.name], ask):
+            if _take_devices(devices[offer.name], instances[offer.name], ask):
                 room[offer.name] = free - Resources(ask.resources.cpu, ask.resources.memory)
                 break
         else:
@@ -187,9 +215,15 @@ def _gang_problems(
     return {}
 
 
-def _take_devices(free: list[int], ask: Ask) -> bool:
+def _take_devices(free: list[int], instances: dict[str, int], ask: Ask) -> bool:
     """Take the ask's GPUs from `free` (thousandths per device), first fit: a fraction the
-    first device with room, whole GPUs whole free devices. False (nothing taken) if none."""
+    first device with room, whole GPUs whole free devices, a MIG instance one of
+    `instances`. False (nothing taken) if none."""
+    if ask.gpu_mig:
+        if instances.get(ask.gpu_mig, 0) < 1:
+            return False
+        instances[ask.gpu_mig] -= 1
+        return True
     wanted = ask.gpu_share or 1000
     picked = [i for i, left in enumerate(free) if left >= wanted]
     count = 1 if ask.gpu_share else ask.resources.gpu

@@ -14,12 +14,24 @@ GPU_PLACEMENTS = ("fgd", "best-fit", "first-fit")
 
 
 @dataclass(frozen=True, slots=True)
+class MigInfo:
+    """One MIG instance of a GPU, as its agent found it: profile ("1g.10gb") and UUID."""
+
+    profile: str
+    uuid: str
+    memory: int = 0  # bytes
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceInfo:
     index: int
     uuid: str = ""
     model: str = ""
     healthy: bool = True
     memory: int = 0  # bytes; 0: not known (no fraction asking for GPU memory goes there)
+    # Its MIG instances (empty: not in MIG mode). A GPU in MIG mode is never given whole or
+    # shared any other way: only its instances are, each to one task asking for its profile.
+    mig: tuple[MigInfo, ...] = ()
 
 
 @dataclass(slots=True)
@@ -74,6 +86,11 @@ class TaskInfo:
     gpu_memory: int = 0
     # The sharing modes the fraction may use (its queue's; empty: any the node offers).
     gpu_modes: tuple[str, ...] = ()
+    # A MIG instance (scheduler/core/sharing.py): the profile asked for ("1g.10gb"; `gpu_share`
+    # is then what the instance counts as, `resources.gpu` 0: it is no whole device), and for
+    # a placed task the UUID of the instance it holds on its one device.
+    gpu_mig: str = ""
+    gpu_instance: str = ""
 
 
 @dataclass(slots=True)

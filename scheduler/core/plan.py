@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from math import nextafter
 
-from scheduler.core import predict
+from scheduler.core import predict, sharing
 from scheduler.core.actions import enqueue, in_order
 from scheduler.core.cycle import Bind, CycleResult
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
@@ -202,6 +202,9 @@ class _Planner:
         self.floor = session.now
         self._eligible: dict[tuple[object, ...], list[NodeView]] = {}
         self.limits = _OwnerRoom(session)
+        # Per node, the devices holding fractions over a while, which a planned fraction
+        # may join instead of opening a device of its own (`_Slot`).
+        self.slots = {n.name: _running_slots(session, n) for n in self.nodes}
 
     def place(self, job: JobInfo) -> float | None:
         """Plan the job at its earliest start and return it (None: unknown)."""
@@ -235,6 +238,8 @@ class _Planner:
         )
         for name, amount in placement:
             self.lines[name].hold(start, start + duration, amount)
+        if _fraction(gang):
+            self._share_slot(gang[0], start, duration, placement[0])
         if room is not None:
             room.hold(start, start + duration, need)
         if holds_up:
@@ -345,7 +350,58 @@ class _Planner:
         self, job: JobInfo, task: TaskInfo, duration: float, after: float
     ) -> tuple[float, list[tuple[str, Free]]] | None:
         """The earliest node; among nodes free at the same time, binpack's choice (the one
-        with the fewest GPUs free then), as the core would pick."""
+        with the fewest GPUs free then), as the core would pick. A fraction of a GPU may
+        also join a device shared over its whole run (`_join`), which it does at a tie."""
+        whole = self._earliest_whole(job, task, duration, after)
+        if not _fraction([task]):
+            return whole
+        before = INF if whole is None else nextafter(whole[0], INF)
+        joined = self._join(job, task, duration, after, before)
+        return joined if joined is not None else whole
+
+    def _join(
+        self, job: JobInfo, task: TaskInfo, duration: float, after: float, before: float
+    ) -> tuple[float, list[tuple[str, Free]]] | None:
+        """The earliest start in [after, before) on a device shared over the whole run with
+        room for the fraction (the node's cpu and memory free for it too)."""
+        need = (task.resources.cpu, task.resources.memory, 0)
+        best: tuple[float, str] | None = None
+        for node in self.eligible(job, task):
+            line = self.lines[node.name]
+            for slot in self.slots[node.name]:
+                if not slot.takes(task, duration):
+                    continue
+                last = INF if slot.end == INF else nextafter(slot.end - duration, INF)
+                limit = min(last, best[0] if best else before)
+                found = line.earliest(need, duration, max(slot.start, after), limit)
+                if found is not None and (best is None or found < best[0]):
+                    best = (found, node.name)
+        return None if best is None else (best[0], [(best[1], need)])
+
+    def _share_slot(
+        self, task: TaskInfo, start: float, duration: float, at: tuple[str, Free]
+    ) -> None:
+        """A fraction planned from `start`: it joined a shared device (no whole device
+        taken), or opened one that others may join while it runs."""
+        name, amount = at
+        if amount[2]:
+            node = self.session.node_by_name[name]
+            memory = min(node.device_memory.values(), default=0)
+            self.slots[name].append(
+                _Slot(start, start + duration, sharing.MILLI - task.gpu_share,
+                      memory - task.gpu_memory)
+            )  # fmt: skip
+            return
+        for slot in self.slots[name]:
+            if slot.takes(task, duration) and slot.start <= start and start + duration <= slot.end:
+                slot.share -= task.gpu_share
+                slot.memory -= task.gpu_memory
+                return
+
+    def _earliest_whole(
+        self, job: JobInfo, task: TaskInfo, duration: float, after: float
+    ) -> tuple[float, list[tuple[str, Free]]] | None:
+        """`_earliest_one` on whole devices (a fraction opening one of its own)."""
         need = as_free(task.resources)
         best: tuple[float, int] | None = None
         where = ""
@@ -411,7 +467,8 @@ class _Planner:
     def eligible(self, job: JobInfo, task: TaskInfo) -> list[NodeView]:
         """Ready nodes that could ever take the task, in node order (cached per shape: the
         core's predicates depend on the task and the node only)."""
-        key = (task.resources, tuple(sorted(task.node_selector.items())))
+        fraction = (task.gpu_share, task.gpu_memory, task.gpu_modes, task.gpu_mig)
+        key = (task.resources, tuple(sorted(task.node_selector.items())), fraction)
         nodes = self._eligible.get(key)
         if nodes is None:
             nodes = [
@@ -419,6 +476,7 @@ class _Planner:
                 for n in self.nodes
                 if self.session.predicate(job, task, n) is None
                 and task.resources.fits_in(n.capacity())
+                and (not task.gpu_share or sharing.never_reason(n, task) is None)
             ]
             self._eligible[key] = nodes
         return nodes
@@ -476,6 +534,45 @@ class _OwnerRoom:
             jobs -= 1
             releases.append((max(ends), (0, 1, 0)))
         return Timeline(session.now, (cpu, jobs, gpu), releases)
+
+
+@dataclass
+class _Slot:
+    """A device holding fractions in the plan, shared from `start` to `end` (INF: for
+    ever), with `share` (thousandths) and `memory` (bytes) not yet promised: a running
+    shared device until its last occupant ends (when the plan has it back whole), or one a
+    planned fraction opened, for that fraction's run. Counted without regard to when
+    within the span each joiner runs: never more promised than the device has."""
+
+    start: float
+    end: float
+    share: int
+    memory: int
+
+    def takes(self, task: TaskInfo, duration: float) -> bool:
+        return (
+            self.share >= task.gpu_share
+            and self.memory >= task.gpu_memory
+            and self.end - self.start >= duration
+        )
+
+
+def _fraction(gang: list[TaskInfo]) -> bool:
+    """A gang of one fraction of a GPU (not a MIG instance): the plan packs those."""
+    return len(gang) == 1 and bool(gang[0].gpu_share) and not gang[0].gpu_mig
+
+
+def _running_slots(session: Session, node: NodeView) -> list[_Slot]:
+    """The node's devices holding fractions now, each shared until its last occupant ends."""
+    ends: dict[int, float] = {}
+    for running, task in node.tasks:
+        if task.gpu_share and not task.gpu_mig:
+            for device in task.devices:
+                ends[device] = max(ends.get(device, 0.0), _release_at(session, running, task))
+    return [
+        _Slot(session.now, ends.get(d, session.now), free, node.shared_memory.get(d, 0))
+        for d, free in sorted(node.shared.items())
+    ]
 
 
 def _how_many(free: Free, shape: Free) -> int:

@@ -124,6 +124,48 @@ def parse_gpu_request(value: object) -> tuple[int, int]:
     return 1, int(milli)
 
 
+# A MIG profile as nvidia-smi names it: "1g.10gb", "3g.40gb", a compute instance smaller
+# than its GPU instance "1c.3g.40gb", media extensions "1g.10gb+me" (docs/gpus.md).
+MIG_PROFILE_RE = re.compile(
+    r"^(?:[1-7]c\.)?([1-7])g\.[0-9]{1,4}gb(?:[+-][a-z]{1,8}(?:\.[a-z]{1,8})?)?$"
+)
+MIG_SLICES = 7  # compute slices of a whole A100/H100: a MIG instance counts as its g / 7
+
+
+def parse_mig_profile(value: object) -> str | None:
+    """The MIG profile `value` names (lower case), or None when it is no profile-like text
+    (a number: `parse_gpu_request` reads it). ValueError for text that is neither."""
+    if not isinstance(value, str) or _NUMBER_RE.match(value.strip().lstrip("-")):
+        return None
+    profile = value.strip().lower()
+    if len(profile) > MAX_TEXT or not MIG_PROFILE_RE.match(profile):
+        raise ValueError(
+            f"gpu must be a number of GPUs, a fraction of one (0.25) or a MIG profile such as"
+            f" 1g.10gb, got {_show(value)}"
+        )
+    return profile
+
+
+def mig_share(profile: str) -> int:
+    """What a MIG instance of `profile` counts as, in thousandths of its GPU: its GPU
+    instance's compute slices of seven, rounded down (so seven 1g instances never add up
+    past one GPU); a 7g instance is the whole GPU."""
+    match = MIG_PROFILE_RE.match(profile)
+    slices = int(match.group(1)) if match else MIG_SLICES
+    return GPU_MILLI * slices // MIG_SLICES
+
+
+def parse_gpu_field(value: object) -> tuple[int, int, str]:
+    """A spec's `gpu` -> (whole devices, share in thousandths, MIG profile): `gpu: 2` is
+    (2, 0, ""), `gpu: 0.25` (1, 250, ""), `gpu: "1g.10gb"` (0, 142, "1g.10gb"): a MIG
+    instance is no whole device, it counts as its share (`mig_share`)."""
+    profile = parse_mig_profile(value)
+    if profile is not None:
+        return 0, mig_share(profile), profile
+    devices, share = parse_gpu_request(value)
+    return devices, share, ""
+
+
 def format_gpu(devices: int, share: int) -> int | float:
     """The request as people write it: whole devices as an integer, a fraction as 0.25."""
     return share / GPU_MILLI if share else devices

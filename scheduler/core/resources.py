@@ -8,7 +8,7 @@ from scheduler.core.quantity import (
     format_cpu,
     format_memory,
     parse_cpu,
-    parse_gpu_request,
+    parse_gpu_field,
     parse_memory,
 )
 
@@ -60,12 +60,12 @@ class Resources(NamedTuple):
     @classmethod
     def parse(cls, data: dict[str, Any] | None) -> Resources:
         """From a spec's `resources` mapping (absent dimensions are 0; a fraction of a GPU
-        is the one device it goes on: `parse_gpu_request`)."""
+        is the one device it goes on, a MIG instance no whole device: `parse_gpu_field`)."""
         data = data or {}
         return cls(
             cpu=parse_cpu(data.get("cpu", 0)),
             memory=parse_memory(data.get("memory", 0)),
-            gpu=parse_gpu_request(data.get("gpu", 0))[0],
+            gpu=parse_gpu_field(data.get("gpu", 0))[0],
         )
 
     def describe(self, dimension: str) -> str:

@@ -355,7 +355,7 @@ class Session:
         """Whole devices the task gives back when it ends: a fraction gives back its device
         only if it is the device's last occupant (`releasers`)."""
         if task.gpu_share:
-            return 1 if task.id in self.releasers else 0
+            return 1 if task.id in self.releasers else 0  # (never a MIG instance's)
         return len(task.devices)
 
     def pin_shared(self, node: NodeView, device: int) -> None:
@@ -767,6 +767,7 @@ class Session:
                     node.healthy_devices,
                     node.sharing,
                     max(node.device_memory.values(), default=0),
+                    node.mig_profiles,
                 )
                 for node in self.nodes
             ]
@@ -993,10 +994,13 @@ def _short_of(
 
 def task_shape(task: TaskInfo) -> Shape:
     selector = task.node_selector
+    fraction = (
+        (task.gpu_share, task.gpu_memory, task.gpu_modes, task.gpu_mig) if task.gpu_share else ()
+    )
     return (
         task.resources,
         tuple(sorted(selector.items())) if selector else (),  # `selector_key`
-        (task.gpu_share, task.gpu_memory, task.gpu_modes) if task.gpu_share else (),
+        fraction,
     )
 
 
@@ -1008,6 +1012,7 @@ def alike(a: TaskInfo, b: TaskInfo) -> bool:
         and a.gpu_share == b.gpu_share
         and a.gpu_memory == b.gpu_memory
         and a.gpu_modes == b.gpu_modes
+        and a.gpu_mig == b.gpu_mig
     )
 
 
@@ -1026,7 +1031,9 @@ def held_resources(task: TaskInfo) -> Resources:
 def _hold_devices(node: NodeView, task: TaskInfo) -> None:
     """A placed task's devices leave the node's free ones; a fraction takes its share."""
     for d in task.devices:
-        if task.gpu_share:
+        if task.gpu_mig:
+            sharing.take(node, task, d, task.gpu_instance)
+        elif task.gpu_share:
             if d in node.shared or d in node.free_devices:
                 sharing.take(node, task, d)
         elif d in node.free_devices:

@@ -15,6 +15,13 @@ its last occupant ends (`releasers`); a device a fraction was bound to in the cy
 does in that cycle's plans (`Session.pin_shared`), as a whole device bound in it. DRF counts
 fractions as what they are (`QueueState.shared_gpu`).
 
+A MIG instance (`TaskInfo.gpu_mig`, a profile such as "1g.10gb") goes only on a free instance
+of exactly that profile on a node offering `mig` (`NodeView.mig_free`), never on a whole or
+shared device, and a GPU in MIG mode is never whole or shared (`NodeView` leaves it out of
+both). It counts as its `gpu_share` (its slices of seven) in DRF and accounting, and as no
+whole device in the core's sums: a MIG GPU never comes back whole. Instances of a profile
+are taken first fit, in the node order and GPU order.
+
 The node and device are chosen by the cluster's policy (`SchedulingPolicy.gpu_placement`):
 `fgd` (fragmentation gradient descent over the typical shapes of the tasks in the snapshot,
 `scheduler.core.gpushare.FGD`), `best-fit` or `first-fit` (the first node in the session's
@@ -29,6 +36,7 @@ from scheduler.core import gpushare
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.types import NodeView
 
+MIG = "mig"  # the sharing mode (scheduler.agent.wire.GPU_SHARING_MODES) of MIG instances
 MILLI = gpushare.MILLI
 MIB = 2**20
 Ends = Callable[[JobInfo, TaskInfo], float | None]
@@ -36,6 +44,8 @@ Ends = Callable[[JobInfo, TaskInfo], float | None]
 
 def never_reason(node: NodeView, task: TaskInfo) -> str | None:
     """Why the node can never take the fraction (None: it may, room permitting)."""
+    if task.gpu_mig:
+        return _mig_never_reason(node, task)
     if not node.sharing:
         return "no GPU sharing"
     if task.gpu_modes and not any(mode in task.gpu_modes for mode in node.sharing):
@@ -45,8 +55,20 @@ def never_reason(node: NodeView, task: TaskInfo) -> str | None:
     return None
 
 
+def _mig_never_reason(node: NodeView, task: TaskInfo) -> str | None:
+    if task.gpu_mig not in node.mig_profiles:
+        return f"no MIG instance {task.gpu_mig}"
+    if MIG not in node.sharing:
+        return "no GPU sharing"
+    if task.gpu_modes and MIG not in task.gpu_modes:
+        return "GPU sharing mode not allowed by the queue"
+    return None
+
+
 def options(node: NodeView, task: TaskInfo) -> list[int]:
     """The devices the fraction fits on now, by index."""
+    if task.gpu_mig:
+        return sorted({d for d, _ in node.mig_free.get(task.gpu_mig, ())})
     share, memory = task.gpu_share, task.gpu_memory
     found = [
         d
@@ -61,8 +83,16 @@ def fits(node: NodeView, task: TaskInfo) -> bool:
     return never_reason(node, task) is None and bool(options(node, task))
 
 
-def take(node: NodeView, task: TaskInfo, device: int) -> bool:
-    """Put the fraction on the device; True if it opened a whole free device."""
+def take(node: NodeView, task: TaskInfo, device: int, instance: str = "") -> bool:
+    """Put the fraction on the device; True if it opened a whole free device. A MIG task
+    takes `instance` (a placed task's) or the first free one of its profile there."""
+    if task.gpu_mig:
+        free = node.mig_free.get(task.gpu_mig, [])
+        mine = [i for i in free if i[0] == device and (not instance or i[1] == instance)]
+        if mine:
+            free.remove(mine[0])
+            node.mig_held[task.id] = mine[0]
+        return False
     opened = device in node.shared
     if not opened:
         node.free_devices.remove(device)
@@ -74,7 +104,14 @@ def take(node: NodeView, task: TaskInfo, device: int) -> bool:
 
 
 def give_back(node: NodeView, task: TaskInfo, device: int) -> bool:
-    """Undo `take`; True if the device is whole and free again."""
+    """Undo `take`; True if the device is whole and free again (a MIG GPU never is)."""
+    if task.gpu_mig:
+        held = node.mig_held.pop(task.id, None)
+        if held is not None:
+            free = node.mig_free.setdefault(task.gpu_mig, [])
+            free.append(held)
+            free.sort()
+        return False
     if device not in node.shared:
         return False
     node.shared[device] += task.gpu_share
@@ -84,6 +121,12 @@ def give_back(node: NodeView, task: TaskInfo, device: int) -> bool:
     del node.shared[device], node.shared_memory[device]
     node.free_devices = sorted([*node.free_devices, device])
     return True
+
+
+def instance_of(node: NodeView, task: TaskInfo) -> str:
+    """The UUID of the MIG instance the task holds on the node ("": none)."""
+    held = node.mig_held.get(task.id)
+    return held[1] if held else ""
 
 
 # --- the placement policy ---------------------------------------------------------------
@@ -96,7 +139,7 @@ def policy_for(name: str, tasks: Iterable[TaskInfo]) -> gpushare.Policy:
         return gpushare.FirstFit()
     if name == "best-fit":
         return gpushare.BestFit()
-    return gpushare.FGD(gpushare.typical_tasks(_gpu_task(t) for t in tasks))
+    return gpushare.FGD(gpushare.typical_tasks(_gpu_task(t) for t in tasks if not t.gpu_mig))
 
 
 def _gpu_task(task: TaskInfo) -> gpushare.GpuTask:
@@ -127,7 +170,7 @@ def score(
 def ranked(policy: gpushare.Policy, nodes: list[NodeView], task: TaskInfo) -> list[NodeView]:
     """`nodes` (each able to take the fraction, in the session's order) best first as the
     policy scores them; equals keep their order."""
-    if isinstance(policy, gpushare.FirstFit):
+    if isinstance(policy, gpushare.FirstFit) or task.gpu_mig:
         return nodes
     scores = []
     for position, node in enumerate(nodes):
@@ -139,6 +182,11 @@ def ranked(policy: gpushare.Policy, nodes: list[NodeView], task: TaskInfo) -> li
 
 
 def pick_device(policy: gpushare.Policy, node: NodeView, task: TaskInfo) -> int:
+    if task.gpu_mig:  # the first GPU with a free instance of the profile
+        found = options(node, task)
+        if not found:
+            raise ValueError(f"{node.name}: no free MIG instance {task.gpu_mig}")
+        return found[0]
     scored = score(policy, node, 0, task)
     if scored is None:
         raise ValueError(f"{node.name}: no device has room for a {task.gpu_share}/1000 GPU")
@@ -155,7 +203,7 @@ def releasers(nodes: Iterable[NodeView], end: Ends) -> set[int]:
     for node in nodes:
         by_device: dict[int, list[tuple[JobInfo, TaskInfo]]] = {}
         for job, task in node.tasks:
-            if task.gpu_share:
+            if task.gpu_share and not task.gpu_mig:  # (a MIG GPU never comes back whole)
                 for device in task.devices:
                     by_device.setdefault(device, []).append((job, task))
         chosen.update(releaser(occupants, end) for occupants in by_device.values())

@@ -136,7 +136,7 @@ class Statement:
         if self.evictions:
             session.evictions.extend(evict for _victim, evict in self.evictions)
         binds = [
-            new_bind(job.id, task.id, node.name, devices, action)
+            new_bind(job.id, task.id, node.name, devices, action, sharing.instance_of(node, task))
             for job, task, node, devices in allocations
         ]
         session.binds.extend(binds)
@@ -149,7 +149,8 @@ class Statement:
                 cpu, memory = cpu + request.cpu, memory + request.memory
                 if task.gpu_share:
                     shared += task.gpu_share  # a fraction holds no device whole
-                    session.pin_shared(node, devices[0])
+                    if not task.gpu_mig:  # a MIG instance is its own; no device is shared
+                        session.pin_shared(node, devices[0])
                 else:
                     gpu += request.gpu
             queue = session.queues.get(job.queue)

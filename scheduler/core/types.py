@@ -23,7 +23,8 @@ class NodeView:
     __slots__ = (
         "name", "labels", "state", "allocatable", "free_cpu", "free_memory", "free_devices",
         "rel_cpu", "rel_memory", "rel_devices", "label_key", "tasks", "healthy_devices",
-        "sharing", "shared", "shared_memory", "device_memory", "model",
+        "sharing", "shared", "shared_memory", "device_memory", "model", "mig_free",
+        "mig_profiles", "mig_total", "mig_held",
     )  # fmt: skip
 
     def __init__(self, info: NodeInfo) -> None:
@@ -31,7 +32,8 @@ class NodeView:
         self.labels: dict[str, str] = info.labels
         self.state: str = info.state
         self.allocatable: Resources = info.allocatable
-        healthy = sorted(d.index for d in info.devices if d.healthy)
+        # A GPU in MIG mode is neither whole nor shareable: only its instances are offered.
+        healthy = sorted(d.index for d in info.devices if d.healthy and not d.mig)
         self.healthy_devices = len(healthy)
         self.free_cpu = info.allocatable.cpu
         self.free_memory = info.allocatable.memory
@@ -47,8 +49,17 @@ class NodeView:
         self.sharing: tuple[str, ...] = info.sharing
         self.shared: dict[int, int] = {}
         self.shared_memory: dict[int, int] = {}
-        self.device_memory = {d.index: d.memory for d in info.devices}
+        self.device_memory = {d.index: d.memory for d in info.devices if not d.mig}
         self.model = next((d.model for d in info.devices if d.model), "")
+        # MIG: the free instances per profile, (GPU index, UUID) in order; every profile the
+        # node has (free or not); placed task id -> the (GPU index, UUID) it holds.
+        self.mig_free: dict[str, list[tuple[int, str]]] = {}
+        for device in info.devices:
+            for instance in device.mig if device.healthy else ():
+                self.mig_free.setdefault(instance.profile, []).append((device.index, instance.uuid))
+        self.mig_profiles = frozenset(self.mig_free)
+        self.mig_total = {p: len(free) for p, free in self.mig_free.items()}
+        self.mig_held: dict[int, tuple[int, str]] = {}
 
     @property
     def ready(self) -> bool:
@@ -131,10 +142,13 @@ class Bind:
     node: str
     devices: tuple[int, ...]
     action: str
+    instance: str = ""  # the MIG instance's UUID on `devices[0]` ("": none)
 
 
-def new_bind(job_id: int, task_id: int, node: str, devices: tuple[int, ...], action: str) -> Bind:
-    """`Bind(job_id, task_id, node, devices, action)`, made without the frozen dataclass's
+def new_bind(
+    job_id: int, task_id: int, node: str, devices: tuple[int, ...], action: str, instance: str = ""
+) -> Bind:
+    """`Bind(job_id, task_id, node, devices, action, instance)`, made without the frozen dataclass's
     `__init__` (one `object.__setattr__` per field): the same object, about three times
     cheaper, for the one bind per task a replay makes (`tests/core/test_statement.py`
     checks it equals `Bind(...)`)."""
@@ -142,7 +156,14 @@ def new_bind(job_id: int, task_id: int, node: str, devices: tuple[int, ...], act
     _set_attribute(
         bind,
         "__dict__",
-        {"job_id": job_id, "task_id": task_id, "node": node, "devices": devices, "action": action},
+        {
+            "job_id": job_id,
+            "task_id": task_id,
+            "node": node,
+            "devices": devices,
+            "action": action,
+            "instance": instance,
+        },  # fmt: skip
     )
     return bind
 

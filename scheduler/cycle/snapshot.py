@@ -22,7 +22,15 @@ from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from scheduler.core.model import DeviceInfo, JobInfo, NodeInfo, QueueInfo, Snapshot, TaskInfo
+from scheduler.core.model import (
+    DeviceInfo,
+    JobInfo,
+    MigInfo,
+    NodeInfo,
+    QueueInfo,
+    Snapshot,
+    TaskInfo,
+)
 from scheduler.core.resources import DIMENSIONS, Resources
 from scheduler.cycle import predictions
 from scheduler.lifecycle import PREEMPTED
@@ -73,7 +81,7 @@ def load_snapshot(now: datetime | None = None) -> Loaded:
     names.queue_modes = loaded.queue_modes
     wanted = _wanted_jobs()
     tasks_by_job = _task_rows(wanted)
-    names.devices_by_task = _devices_by_task(loaded)
+    names.devices_by_task = _devices_by_task(loaded, names.instances)
     for row in _job_rows(wanted):
         _load_job(loaded, row, tasks_by_job.get(row[0], []), names)
     if settings.BERTH_RUNTIME_PREDICTIONS:
@@ -88,6 +96,7 @@ class _Names:
     nodes: dict[int, str]
     queues: dict[int, str]
     devices_by_task: dict[int, list[int]] = field(default_factory=dict)
+    instances: dict[int, str] = field(default_factory=dict)  # task id -> its MIG instance
     # queue id -> the GPU sharing modes its fractions may use (absent: any)
     queue_modes: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
@@ -125,7 +134,7 @@ def _task_rows(wanted: QuerySet[Job]) -> dict[int, list[tuple[Any, ...]]]:
         .order_by("job_id", "group", "index")
         .values_list("id", "job_id", "group", "index", "cpu", "memory", "gpu", "state",
                      "node_id", "kill_requested", "started_at", "assigned_at", "gpu_share",
-                     "gpu_memory")
+                     "gpu_memory", "gpu_mig")
     )  # fmt: skip
     tasks_by_job: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
     for row in rows:
@@ -133,12 +142,15 @@ def _task_rows(wanted: QuerySet[Job]) -> dict[int, list[tuple[Any, ...]]]:
     return tasks_by_job
 
 
-def _devices_by_task(loaded: Loaded) -> dict[int, list[int]]:
+def _devices_by_task(loaded: Loaded, instances: dict[int, str]) -> dict[int, list[int]]:
+    """Each placed task's device indices; `instances` gets the MIG instance each holds."""
     device_index = {pk: index for (_, index), pk in loaded.device_ids.items()}
     devices_by_task: dict[int, list[int]] = defaultdict(list)
-    for task_id, device_id in Allocation.objects.values_list("task_id", "device_id"):
+    for task_id, device_id, mig in Allocation.objects.values_list("task_id", "device_id", "mig"):
         if device_id in device_index:
             devices_by_task[task_id].append(device_index[device_id])
+        if mig:
+            instances[task_id] = mig
     return devices_by_task
 
 
@@ -176,11 +188,7 @@ def _load_nodes(loaded: Loaded) -> dict[int, str]:
             "id", "name", "cpu", "memory", "labels", "state", "usage__pressure", "gpu_sharing"
         )
     )
-    devices_by_node: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
-    for row in Device.objects.order_by("node_id", "index").values_list(
-        "id", "node_id", "index", "uuid", "model", "healthy", "memory"
-    ):
-        devices_by_node[row[1]].append(row)
+    devices_by_node = _device_rows()
     node_name = {pk: name for pk, name, *_ in nodes}
     for pk, name, cpu, memory, labels, state, pressure, modes in nodes:
         if pressure and state == NodeState.READY:
@@ -194,11 +202,18 @@ def _load_nodes(loaded: Loaded) -> dict[int, str]:
         loaded.snapshot.nodes.append(
             NodeInfo(
                 name=name,
-                allocatable=Resources(cpu=cpu, memory=memory, gpu=len(devices)),
+                allocatable=Resources(cpu=cpu, memory=memory, gpu=sum(not d[7] for d in devices)),
                 labels=dict(labels),
                 state=state,
                 devices=[
-                    DeviceInfo(index=d[2], uuid=d[3], model=d[4], healthy=d[5], memory=d[6])
+                    DeviceInfo(
+                        index=d[2],
+                        uuid=d[3],
+                        model=d[4],
+                        healthy=d[5],
+                        memory=d[6],
+                        mig=tuple(d[7]),
+                    )  # fmt: skip
                     for d in devices
                 ],
                 sharing=_modes(modes),
@@ -208,6 +223,27 @@ def _load_nodes(loaded: Loaded) -> dict[int, str]:
         for d in devices:
             loaded.device_ids[(name, d[2])] = d[0]
     return node_name
+
+
+def _device_rows() -> dict[int, list[tuple[Any, ...]]]:
+    """Per node, its devices' rows (id, node id, index, uuid, model, healthy, memory, MIG
+    instances), with each device's MIG instances read in the same query (a left join: one
+    row per instance)."""
+    devices_by_node: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    last: tuple[Any, ...] | None = None
+    row: list[Any]
+    for *row, profile, mig_uuid, mig_memory in Device.objects.order_by(
+        "node_id", "index", "mig_instances__uuid"
+    ).values_list(
+        "id", "node_id", "index", "uuid", "model", "healthy", "memory",
+        "mig_instances__profile", "mig_instances__uuid", "mig_instances__memory",
+    ):  # fmt: skip
+        if last is None or last[0] != row[0]:
+            last = (*row, [])
+            devices_by_node[row[1]].append(last)
+        if mig_uuid is not None:
+            last[7].append(MigInfo(profile, mig_uuid, mig_memory))
+    return devices_by_node
 
 
 def _load_queues(loaded: Loaded) -> dict[int, str]:
@@ -350,7 +386,7 @@ def _task_info(
     modes: tuple[str, ...],
 ) -> TaskInfo:
     (task_id, _, group, index, cpu, memory, gpu, state, node_id, kill_requested, started_at,
-     assigned_at, gpu_share, gpu_memory) = row  # fmt: skip
+     assigned_at, gpu_share, gpu_memory, gpu_mig) = row  # fmt: skip
     return TaskInfo(
         id=task_id,
         group=group,
@@ -364,6 +400,8 @@ def _task_info(
         gpu_share=gpu_share,
         gpu_memory=gpu_memory,
         gpu_modes=modes if gpu_share else (),
+        gpu_mig=gpu_mig,
+        gpu_instance=names.instances.get(task_id, ""),
     )
 
 

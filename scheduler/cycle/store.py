@@ -193,8 +193,9 @@ def _allocate_devices(
     The unique whole-device index is the last guard against double-booking a whole GPU: a
     row that conflicts is skipped (ON CONFLICT DO NOTHING). Fractions share a device: with
     the devices' rows locked, a device whose shares now add up past one GPU (fractions past
-    it, or a fraction beside a whole GPU) fails the jobs that wrote to it. A job missing any
-    row is undone alone."""
+    it, or a fraction beside a whole GPU) fails the jobs that wrote to it. A MIG instance is
+    held by one task at most (a unique index over (device, mig)): a second row for it is
+    skipped. A job missing any row is undone alone."""
     wanted = {
         (b.task_id, loaded.device_ids[(b.node, index)]): job_id
         for job_id, binds in binds_by_job.items()
@@ -207,9 +208,13 @@ def _allocate_devices(
     devices = sorted({device_id for _, device_id in wanted})
     for ids in chunks(devices):  # one writer per device until the commit
         list(Device.objects.select_for_update().filter(pk__in=ids).order_by("pk").values("pk"))
-    rows = [(device_id, task_id, shares.get(task_id, 1000), now) for task_id, device_id in wanted]
-    inserted = insert_new(Allocation, ["device", "task", "share", "created_at"], rows)
-    landed = {(t, d) for d, t, _, _ in inserted}
+    instances = {b.task_id: b.instance for binds in binds_by_job.values() for b in binds}
+    rows = [
+        (device_id, task_id, shares.get(task_id, 1000), instances.get(task_id, ""), now)
+        for task_id, device_id in wanted
+    ]
+    inserted = insert_new(Allocation, ["device", "task", "share", "mig", "created_at"], rows)
+    landed = {(t, d) for d, t, *_ in inserted}
     over = set(
         Allocation.objects.filter(device_id__in=devices)
         .values("device_id")

@@ -22,7 +22,7 @@ from scheduler.core.quantity import (
     format_gpu,
     format_memory,
     parse_cpu,
-    parse_gpu_request,
+    parse_gpu_field,
     parse_memory,
 )
 from scheduler.intake.arrayspec import ArraySpecError, parse_array
@@ -279,19 +279,19 @@ def _resources(errors: _Errors, value: object, path: str, *, fill: bool = True) 
 
 
 def _gpu(errors: _Errors, value: dict[str, Any], path: str, out: dict[str, Any]) -> None:
-    """`gpu` (whole devices, or a fraction of one: 0.25) and `gpu_memory` (a size, only with
-    a fraction) into `out`."""
-    share = None
+    """`gpu` (whole devices, a fraction of one: 0.25, or a MIG profile: "1g.10gb") and
+    `gpu_memory` (a size, only with a fraction) into `out`."""
+    share, profile = None, ""
     if "gpu" in value:
         try:
-            devices, share = parse_gpu_request(value["gpu"])
+            devices, share, profile = parse_gpu_field(value["gpu"])
         except ValueError as exc:
             errors.add(_path(path, "gpu"), str(exc))
         else:
             if devices > RESOURCE_MAX["gpu"]:
                 errors.add(_path(path, "gpu"), f"must be at most {RESOURCE_MAX['gpu']}")
             else:
-                out["gpu"] = format_gpu(devices, share)
+                out["gpu"] = profile or format_gpu(devices, share)
     if "gpu_memory" not in value:
         return
     try:
@@ -302,6 +302,9 @@ def _gpu(errors: _Errors, value: dict[str, Any], path: str, out: dict[str, Any])
     if amount <= 0 or amount > RESOURCE_MAX["memory"]:
         errors.add(_path(path, "gpu_memory"), "must be more than 0 and at most"
                    f" {format_memory(RESOURCE_MAX['memory'])}")  # fmt: skip
+    elif profile:
+        errors.add(_path(path, "gpu_memory"), f"a MIG instance ({profile}) comes with its own"
+                   " memory: leave gpu_memory out")  # fmt: skip
     elif share == 0:
         errors.add(_path(path, "gpu_memory"), "needs a fraction of a GPU (gpu below 1): a whole"
                    " GPU comes with all of its memory")  # fmt: skip

@@ -27,7 +27,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from scheduler import notify
-from scheduler.core.quantity import parse_cpu, parse_gpu_request, parse_memory
+from scheduler.core.quantity import parse_cpu, parse_gpu_field, parse_memory
 from scheduler.intake.arrayspec import format_indices, parse_array
 from scheduler.intake.specs import array_max_elements
 from scheduler.jobs.events import record
@@ -53,7 +53,7 @@ PARENT_COLUMNS = (
 BATCH = 2000  # rows per INSERT/UPDATE statement (SQLite's variable limit allows it)
 PARENT_ACTIVE = (JobState.PENDING, JobState.RUNNING)
 # name, replicas, cpu, memory, the GPU columns (gpu, gpu_share, gpu_memory)
-TaskGroup = tuple[str, int, int, int, dict[str, int]]
+TaskGroup = tuple[str, int, int, int, dict[str, Any]]
 
 
 def limit_text(limit: int) -> str:
@@ -69,11 +69,11 @@ def _chunks(ids: list[int], size: int = BATCH) -> Iterator[list[int]]:
 # --- 1. submission -----------------------------------------------------------------------
 
 
-def _gpu_columns(resources: dict[str, Any]) -> dict[str, int]:
+def _gpu_columns(resources: dict[str, Any]) -> dict[str, Any]:
     """A task row's GPU columns: whole devices, or one device's share and GPU memory."""
-    devices, share = parse_gpu_request(resources["gpu"])
+    devices, share, profile = parse_gpu_field(resources["gpu"])
     memory = parse_memory(resources["gpu_memory"]) if "gpu_memory" in resources else 0
-    return {"gpu": devices, "gpu_share": share, "gpu_memory": memory}
+    return {"gpu": devices, "gpu_share": share, "gpu_memory": memory, "gpu_mig": profile}
 
 
 def submit_array(owner: Any, spec: dict[str, Any], queue: Queue, labels: dict[str, str]) -> Job:

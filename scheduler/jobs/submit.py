@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from django.db import models, transaction
-from django.db.models import Count, Max, QuerySet
+from django.db.models import Count, Max, Q, QuerySet
 
 from scheduler import notify
 from scheduler.core.fit import Ask, Offer, never_fits, over_capability
-from scheduler.core.quantity import parse_cpu, parse_gpu_request, parse_memory
+from scheduler.core.quantity import parse_cpu, parse_gpu_field, parse_memory
 from scheduler.core.resources import Resources
 from scheduler.intake.arrayspec import parse_array
 from scheduler.intake.specs import (
@@ -34,6 +36,7 @@ from scheduler.models import (
     FlowStep,
     Job,
     JobTemplate,
+    MigInstance,
     Node,
     Queue,
     Task,
@@ -217,12 +220,12 @@ def _new_tasks(job: Job, spec: dict[str, Any]) -> list[Task]:
     return tasks
 
 
-def _gpu_fields(resources: dict[str, Any]) -> dict[str, int]:
+def _gpu_fields(resources: dict[str, Any]) -> dict[str, Any]:
     """A task row's GPU columns from a normalized spec's resources: whole devices, or one
     device's share (thousandths) and the GPU memory it asks for."""
-    devices, share = parse_gpu_request(resources["gpu"])
+    devices, share, profile = parse_gpu_field(resources["gpu"])
     memory = parse_memory(resources["gpu_memory"]) if "gpu_memory" in resources else 0
-    return {"gpu": devices, "gpu_share": share, "gpu_memory": memory}
+    return {"gpu": devices, "gpu_share": share, "gpu_memory": memory, "gpu_mig": profile}
 
 
 def _created_with(job: Job, tasks: list[Task]) -> None:
@@ -292,7 +295,9 @@ def registered_offers() -> list[Offer]:
     """Every registered node's allocatable (whatever its state: a node down for a moment
     still counts), in one query."""
     rows = Node.objects.order_by("name").annotate(
-        gpus=Count("devices"), gpu_memory=Max("devices__memory")
+        # (a GPU in MIG mode is no whole GPU: only its instances are offered)
+        gpus=Count("devices", distinct=True, filter=Q(devices__mig_instances__isnull=True)),
+        gpu_memory=Max("devices__memory", filter=Q(devices__mig_instances__isnull=True)),
     )
     return [
         Offer(
@@ -306,6 +311,16 @@ def registered_offers() -> list[Offer]:
             "name", "cpu", "memory", "gpus", "labels", "gpu_sharing", "gpu_memory"
         )
     ]
+
+
+def with_mig_instances(offers: list[Offer]) -> list[Offer]:
+    """`offers` with each node's MIG instances per profile (one query, asked only for a job
+    asking for a MIG profile)."""
+    counts: dict[str, dict[str, int]] = defaultdict(dict)
+    rows = MigInstance.objects.values_list("device__node__name", "profile").annotate(n=Count("id"))
+    for name, profile, count in rows.order_by():
+        counts[name][profile] = count
+    return [replace(o, mig=counts.get(o.name, {})) for o in offers]
 
 
 def _queue_modes(queue: Queue | None) -> tuple[str, ...]:
@@ -331,9 +346,12 @@ def never_fit_errors(
             gpu_share=_gpu_fields(task["resources"])["gpu_share"],
             gpu_memory=_gpu_fields(task["resources"])["gpu_memory"],
             gpu_modes=_queue_modes(queue),
+            gpu_mig=_gpu_fields(task["resources"])["gpu_mig"],
         )
         for i, task in enumerate(spec["tasks"])
     ]
+    if any(ask.gpu_mig for ask in asks):
+        offers = with_mig_instances(offers)
     problems = never_fits(asks, spec["min_available"], offers)
     if queue is not None and isinstance(queue.capability, dict):
         if not capability_problems(queue.capability):

@@ -21,10 +21,11 @@ import pytest
 from scheduler.agent import command
 from scheduler.agent.client import Http
 from scheduler.agent.fence import Fence
-from scheduler.agent.gpumodes import ISOLATION, mig_device_nodes
+from scheduler.agent.gpumodes import mig_device_nodes
 from scheduler.agent.gpus import FAKE_MEMORY
 from scheduler.agent.mps import PID_FILE, thread_percentage
 from scheduler.agent.runtime import discover_gpus
+from scheduler.agent.sharemodes import ISOLATION
 from scheduler.agent.sim import SimCluster, SimNode
 from scheduler.agent.wire import GPU_SHARING_MODES
 from tests.agent.test_runtime import RecordingAgent, run_until
@@ -537,3 +538,38 @@ def test_the_device_check_runs_the_agents_mps_daemon_and_two_clients(tmp_path, c
     percentages = [c["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for c in mps["clients"]]
     assert percentages == ["50", "25"]
     assert json.loads(mps["control_log"][-1])["command"] == "quit"
+
+
+# --- fake MIG instances (--fake-mig) ----------------------------------------------------
+
+
+def test_fake_mig_instances_are_registered_and_offered_beside_time_slicing(tmp_path):
+    options = command.sharing_options({"fake_gpus": 2, "fake_mig": ["0:1g.10gb,2G.20gb"]})
+    agent = sharing_agent(tmp_path, **options)
+    body = registered(agent)
+    assert body["gpu_sharing"] == ["mig", "timeslice"]
+    mig = body["devices"][0]["mig"]
+    assert [(m["profile"], m["memory"]) for m in mig] == [
+        ("1g.10gb", 10 * GI),
+        ("2g.20gb", 20 * GI),
+    ]
+    assert len({m["uuid"] for m in mig}) == 2 and "mig" not in body["devices"][1]
+
+
+def test_a_task_on_a_fake_mig_instance_sees_its_uuid(tmp_path):
+    agent = sharing_agent(tmp_path, fake_mig={1: ["1g.10gb"]})
+    uuid = registered(agent)["devices"][1]["mig"][0]["uuid"]
+    end = run_task(agent, {"devices": [1], "shares": [0.142], "mig": [uuid]})
+    assert end["state"] == "Succeeded", end
+    env = env_of(agent, 1)
+    assert (env["CUDA_VISIBLE_DEVICES"], env["BERTH_GPU_SHARING"]) == (uuid, "mig")
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [(["1g.10gb"], "expected GPU:PROFILES"), (["2:1g.10gb"], "GPU 2 is not one of the 2"),
+     (["0:1g.10gb,big"], "'big' is not a MIG profile")],
+)  # fmt: skip
+def test_bad_fake_mig_flags_are_refused_naming_the_flag(flags, error):
+    with pytest.raises(command.UsageError, match=f"--fake-mig: {error}"):
+        command.sharing_options({"fake_gpus": 2, "fake_mig": flags})

@@ -5,7 +5,16 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from scheduler.core.model import DeviceInfo, JobInfo, NodeInfo, QueueInfo, Snapshot, TaskInfo
+from scheduler.core.model import (
+    DeviceInfo,
+    JobInfo,
+    MigInfo,
+    NodeInfo,
+    QueueInfo,
+    Snapshot,
+    TaskInfo,
+)
+from scheduler.core.quantity import mig_share
 from scheduler.core.resources import Resources
 
 GI = 1 << 30
@@ -22,15 +31,30 @@ def node(
     state: str = "Ready",
     sharing: tuple[str, ...] = (),
     gpu_memory_gi: int = 0,
+    mig: dict[int, list[str]] | None = None,
 ) -> NodeInfo:
+    """`mig`: GPU index -> the profiles of its MIG instances, whose UUIDs are
+    `mig_uuid(name, index, k)` (the node then offers "mig" besides `sharing`)."""
+    mig = mig or {}
     return NodeInfo(
         name=name,
         allocatable=Resources(cpu * 1000, memory_gi * GI, gpus),
         labels=labels or {},
         state=state,
-        devices=[DeviceInfo(i, memory=gpu_memory_gi * GI) for i in range(gpus)],
-        sharing=sharing,
+        devices=[
+            DeviceInfo(
+                i,
+                memory=gpu_memory_gi * GI,
+                mig=tuple(MigInfo(p, mig_uuid(name, i, k)) for k, p in enumerate(mig.get(i, []))),
+            )
+            for i in range(gpus)
+        ],
+        sharing=tuple(sorted({*sharing, "mig"})) if mig else sharing,
     )
+
+
+def mig_uuid(node: str, index: int, k: int) -> str:
+    return f"MIG-{node}-{index}-{k}"
 
 
 def job(
@@ -54,10 +78,14 @@ def job(
     share: int = 0,
     gpu_memory_gi: int = 0,
     modes: tuple[str, ...] = (),
+    mig: str = "",
+    instances: list[str] | None = None,
     **extra: Any,
 ) -> JobInfo:
     """A job; `running_on` places its tasks (node, devices) and makes it Running. `share`
-    (thousandths) makes each task ask for that fraction of one GPU."""
+    (thousandths) makes each task ask for that fraction of one GPU; `mig` for a MIG
+    instance of that profile (`instances`: the UUIDs its placed tasks hold)."""
+    share = mig_share(mig) if mig else share
     tasks = []
     for i in range(replicas):
         placed = running_on[i] if running_on and i < len(running_on) else None
@@ -66,7 +94,9 @@ def job(
                 id=next(_task_ids),
                 group="main",
                 index=i,
-                resources=Resources(int(cpu * 1000), memory_gi * GI, 1 if share else gpu),
+                resources=Resources(
+                    int(cpu * 1000), memory_gi * GI, 0 if mig else 1 if share else gpu
+                ),
                 node_selector=selector or {},
                 state="Running" if placed else "Pending",
                 node=placed[0] if placed else None,
@@ -75,6 +105,8 @@ def job(
                 gpu_share=share,
                 gpu_memory=gpu_memory_gi * GI,
                 gpu_modes=modes,
+                gpu_mig=mig,
+                gpu_instance=(instances or [])[i] if placed and instances else "",
             )
         )
     return JobInfo(

@@ -91,3 +91,19 @@ def test_the_csrf_check_applies_to_actions(owner):
     client.force_login(owner)
     assert client.post(f"/jobs/{job.pk}/cancel/").status_code == 403
     assert Job.objects.get(pk=job.pk).requested_action == ""
+
+
+def test_it_says_what_isolation_each_tasks_gpu_gives(owner, signed_in):
+    node = make_node("gpu-01", gpus=2, gpu_sharing=["timeslice"])
+    whole = make_job(owner, "trainer", gpu=1)
+    place(whole, node, devices=1)
+    shared = make_job(owner, "notebook", gpu=1)
+    Task.objects.filter(job=shared).update(gpu_share=250)
+    place(shared, node, devices=1)
+    mig = make_job(owner, "small")
+    Task.objects.filter(job=mig).update(gpu_share=142, gpu_mig="1g.10gb")
+    client = signed_in(owner)
+    assert "whole GPU: exclusive" in client.get(f"/jobs/{whole.pk}/").content.decode()
+    assert "time-slicing: no isolation" in client.get(f"/jobs/{shared.pk}/").content.decode()
+    html = client.get(f"/jobs/{mig.pk}/").content.decode()
+    assert "1g.10gb" in html and "MIG instance: memory and faults isolated" in html

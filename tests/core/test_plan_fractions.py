@@ -1,0 +1,100 @@
+"""Start estimates count a fraction of a GPU as the fraction (scheduler/core/plan.py): waiting
+fractions that fit one device together are planned to start together once it is free, a
+fraction may join a device already shared, and each job then binds at its estimate."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scheduler.core.cycle import CycleResult, run_cycle
+from scheduler.core.model import JobInfo, NodeInfo
+from scheduler.core.plan import plan_starts
+from tests.core.builders import NOW, job, node, snapshot
+
+TS = ("timeslice",)
+
+
+def _cluster() -> list[JobInfo]:
+    """One GPU held whole until NOW+900; four quarters and a whole GPU wait."""
+    return [
+        job(1, gpu=1, walltime=1000, running_on=[("a", (0,))]),
+        *(job(i, share=250, walltime=500) for i in range(2, 6)),
+        job(9, gpu=1, walltime=100),
+    ]
+
+
+def _estimates(nodes: list[NodeInfo], jobs: list[JobInfo]) -> dict[int, float]:
+    snap = snapshot(nodes, jobs)
+    plan = plan_starts(snap, run_cycle(snap))
+    return {j: t - NOW for j, t in plan.starts.items() if t is not None}
+
+
+def test_quarters_that_share_one_device_are_planned_to_start_together():
+    nodes = [node("a", gpus=1, sharing=TS)]
+    # (counted as a whole device each, they would start at 900, 1400, 1900 and 2400)
+    assert _estimates(nodes, _cluster()) == {2: 900, 3: 900, 4: 900, 5: 900, 9: 1400}
+
+
+def _shared() -> list[JobInfo]:
+    return [
+        job(1, share=500, walltime=2000, running_on=[("a", (0,))]),  # shared until 1900
+        job(2, cpu=1, walltime=600, running_on=[("a", ())]),  # the other core until 500
+        job(5, gpu=1, cpu=0, walltime=1100, running_on=[("a", (1,))]),  # device 1 until 1000
+        job(6, gpu=1, cpu=0, walltime=100, created_at=0.5),  # reserved: device 1 at 1000
+        job(3, share=250, cpu=1, walltime=300),  # joins device 0 once a core is free
+        job(4, share=500, cpu=1, walltime=5000),  # runs past 1900: a device of its own
+    ]
+
+
+def test_a_fraction_joins_a_device_already_shared_while_it_stays_shared():
+    nodes = [node("a", gpus=2, sharing=TS, cpu=2)]
+    # (counted as a whole device, job 3 would wait for device 1 after job 6, at 1100)
+    assert _estimates(nodes, _shared()) == {6: 1000, 3: 500, 4: 1100}
+
+
+def test_each_fraction_binds_at_its_estimate():
+    nodes = [node("a", gpus=1, sharing=TS)]
+    assert _bound_at(nodes, _cluster()) == {
+        j: NOW + t for j, t in _estimates(nodes, _cluster()).items()
+    }
+
+
+def _bound_at(nodes: list[NodeInfo], jobs: list[JobInfo]) -> dict[int, float]:
+    """Run cycles at every moment something ends or is planned to start; tasks end at their
+    walltime. When each waiting job was bound."""
+    now, bound = NOW, dict[int, float]()
+    for _ in range(50):
+        alive = [j for j in jobs if not _ended(j, now)]
+        snap = snapshot(nodes, alive, now=now)
+        result = run_cycle(snap)
+        plan = plan_starts(snap, result)
+        jobs = [_apply(j, result, now) for j in alive]
+        for b in result.binds:
+            bound.setdefault(b.job_id, now)
+        moments = [_end(j) for j in jobs if j.state == "Running" and j.walltime]
+        moments += [t for t in plan.starts.values() if t is not None]
+        later = [t for t in moments if t > now]
+        if not later:
+            return bound
+        now = min(later)
+    raise AssertionError("the simulation did not settle")
+
+
+def _end(j: JobInfo) -> float:
+    return max(t.started_at or 0 for t in j.tasks) + (j.walltime or 0)
+
+
+def _ended(j: JobInfo, now: float) -> bool:
+    return j.state == "Running" and j.walltime is not None and _end(j) <= now
+
+
+def _apply(j: JobInfo, result: CycleResult, now: float) -> JobInfo:
+    binds = {b.task_id: b for b in result.binds if b.job_id == j.id}
+    if not binds:
+        return j
+    tasks = [
+        replace(t, state="Running", node=binds[t.id].node, devices=binds[t.id].devices,
+                started_at=now) if t.id in binds else t
+        for t in j.tasks
+    ]  # fmt: skip
+    return replace(j, state="Running", tasks=tasks)
