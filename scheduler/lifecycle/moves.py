@@ -72,7 +72,11 @@ def move_rows(
     for name in effects.stamps:
         given.setdefault(name, {})
     names = list(given)
-    rows = {pk: tuple(given[n].get(pk, now) for n in names) for pk in states}
+    # A stamped time a writer does not give is the move's; any other field is given per row.
+    rows = {
+        pk: tuple(given[n].get(pk, now) if n in effects.stamps else given[n][pk] for n in names)
+        for pk in states
+    }
     return update_rows(
         model,
         rows,
@@ -108,9 +112,9 @@ def move_job(job: Job, event: JobEvent, message: str, now: datetime, reason: str
     `reason` names a more precise one, and record it; IllegalTransition if the table does not
     allow it from the job's state."""
     effects = MACHINE.effects_of(event)
-    job.reason = _reason(event, effects, reason)
+    code = _reason(event, effects, reason)
     old = move_row(job, MACHINE, event, now)
-    state, job.message = job.state, message
+    state, job.reason, job.message = job.state, code, message
     if effects.ends and job.array_size is None:  # an array is counted by its elements
         accounting.record_job_end(job, state)
     if state != old or effects.record_stay:

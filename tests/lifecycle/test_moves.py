@@ -13,13 +13,14 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler.lifecycle.moves import move_job, move_jobs, move_row
-from scheduler.models import Event, FinishedJobCount, Job
+from scheduler.lifecycle.moves import move_job, move_jobs, move_row, move_rows
+from scheduler.models import Event, FinishedJobCount, Job, Task
 from scheduler.states.flow import FLOW, STEP
 from scheduler.states.job import MACHINE, JobEvent
 from scheduler.states.machine import IllegalTransition, Machine
 from scheduler.states.names import JobState
 from scheduler.states.task import MACHINE as TASKS
+from scheduler.states.task import TaskEvent
 from tests.factories import make_job, seed
 
 pytestmark = pytest.mark.django_db
@@ -130,3 +131,15 @@ def test_move_row_writes_each_kinds_effects(kind, event, state):
         assert getattr(row, name) == earlier
     for name in effects.times:
         assert getattr(row, name) == now
+
+
+def test_a_row_without_its_own_value_is_refused_never_filled_with_the_time(owner):
+    """Only a stamped time falls back to the move's time; any other per-row field a writer
+    forgot for one row is an error before anything is written, not a timestamp in a column."""
+    job = make_job(owner, name="j", replicas=2)
+    first, second = job.tasks.order_by("pk")
+    with pytest.raises(KeyError), transaction.atomic():
+        move_rows(Task, TASKS, dict.fromkeys([first.pk, second.pk], "Pending"),
+                  TaskEvent.ASSIGN, timezone.now(),
+                  per_row={"device_indices": {first.pk: [0]}})  # fmt: skip
+    assert set(Task.objects.filter(job=job).values_list("state", flat=True)) == {"Pending"}
