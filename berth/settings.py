@@ -358,6 +358,9 @@ BERTH_AGENT_MAX_TASKS = env_int("BERTH_AGENT_MAX_TASKS", 10_000, minimum=1)
 BERTH_LEADER_TIMEOUT = env_float("BERTH_LEADER_TIMEOUT", 15.0, minimum=2.0)
 BERTH_KILL_GRACE_SECONDS = env_float("BERTH_KILL_GRACE_SECONDS", 10.0, minimum=0.0)
 BERTH_SCHEDULER_INTERVAL = env_float("BERTH_SCHEDULER_INTERVAL", 1.0, minimum=0.01)
+# News (a submission, a request, a task that started or ended) wakes the loop before its
+# interval is over, but never starts cycles closer together than this (scheduler/cycle/wakeup.py).
+BERTH_SCHEDULER_WAKE_GAP = env_float("BERTH_SCHEDULER_WAKE_GAP", 0.2, minimum=0.0)
 BERTH_LOG_CHUNK_BYTES = env_int("BERTH_LOG_CHUNK_BYTES", 64 * 1024, minimum=1024)
 BERTH_LOG_MAX_BYTES = env_int("BERTH_LOG_MAX_BYTES", 8 * 1024 * 1024, minimum=1024)
 BERTH_ARRAY_MAX_ELEMENTS = env_int("BERTH_ARRAY_MAX_ELEMENTS", 100_000, minimum=1)

@@ -22,7 +22,8 @@ ORM would, so defaults, `auto_now_add`, JSON and type checks are the same.
 - Transaction and lock statements (PostgreSQL only; nothing to do elsewhere): the snapshot's
   `repeatable_read`, the cycle's `take_change_marks`, a submission's `advisory_xact_lock`,
   the leader's lock statements (on its own connection), `leader_lock_granted` and
-  `limit_idle_transactions`.
+  `limit_idle_transactions`; the loop's connections apart from Django's (`connect_apart`:
+  the leader's lock, the wake-up listener) and `LISTEN_WAKE`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cache
 from typing import Any, TypeVar
 
+import psycopg
 from django.contrib.auth import get_user_model
 from django.db import connection, models, transaction
 from django.db.models import Field, Model
@@ -450,6 +452,45 @@ LEADER_LOCK_HELD = (
     " AND pid = pg_backend_pid() AND objid = %s"
 )
 LEADER_UNLOCK = "SELECT pg_advisory_unlock(%s)"
+# The loop's wake-ups (scheduler/cycle/wakeup.py): triggers notify this channel when news for
+# the scheduler commits (scheduler/migrations/0025_wake_scheduler.py); the loop listens.
+WAKE_CHANNEL = "berth_wake"
+LISTEN_WAKE = f"LISTEN {WAKE_CHANNEL}"
+
+
+def quiet_session(quiet: bool) -> None:
+    """Say whether this session's writes are news for the loop (the wake-up triggers skip a
+    quiet session). Session-wide, so it must be said again before the connection is pooled."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('berth.quiet', %s, false)", ["on" if quiet else ""])
+
+
+def connect_apart(
+    settings_dict: Mapping[str, Any],
+    application_name: str,
+    timeout: float,
+    options: str | None = None,
+) -> psycopg.Connection[Any]:
+    """A psycopg connection of the loop's own, apart from Django's pool, in autocommit; a
+    server that vanished is noticed by the kernel's keepalives within about `timeout`, not
+    after TCP's two hours."""
+    s = settings_dict
+    return psycopg.connect(
+        dbname=s["NAME"],
+        user=s.get("USER") or None,
+        password=s.get("PASSWORD") or None,
+        host=s.get("HOST") or None,
+        port=s.get("PORT") or None,
+        autocommit=True,
+        application_name=application_name,
+        connect_timeout=max(1, int(timeout)),
+        options=options,
+        keepalives=1,
+        keepalives_idle=max(1, int(timeout / 3)),
+        keepalives_interval=max(1, int(timeout / 6)),
+        keepalives_count=3,
+    )
 
 
 def leader_lock_granted(pid: int, objid: int) -> bool:

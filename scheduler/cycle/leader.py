@@ -89,23 +89,12 @@ class PostgresLeaderLock:
         self._stop_renewing = threading.Event()
 
     def _connect(self) -> psycopg.Connection[Any]:
-        s = self._settings
-        return psycopg.connect(
-            dbname=s["NAME"],
-            user=s.get("USER") or None,
-            password=s.get("PASSWORD") or None,
-            host=s.get("HOST") or None,
-            port=s.get("PORT") or None,
-            autocommit=True,
-            application_name="berth-scheduler-leader",
-            connect_timeout=max(1, int(self._timeout)),
-            # A session the leader stops renewing (frozen, cut off) is ended by the server.
+        # A session the leader stops renewing (frozen, cut off) is ended by the server.
+        return sql.connect_apart(
+            self._settings,
+            "berth-scheduler-leader",
+            self._timeout,
             options=f"-c idle_session_timeout={int(self._timeout * 1000)}",
-            # A server that vanished is noticed by the kernel, not after TCP's two hours.
-            keepalives=1,
-            keepalives_idle=max(1, int(self._timeout / 3)),
-            keepalives_interval=max(1, int(self._timeout / 6)),
-            keepalives_count=3,
         )
 
     def try_acquire(self) -> bool:

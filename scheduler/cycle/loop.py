@@ -166,6 +166,8 @@ def run_scheduler_cycle(
     cycle, which `run_scheduler` runs at least every FULL_CYCLE_SECONDS."""
     report = CycleReport()
     started = time.perf_counter()
+    # What the cycle writes is not news that should wake the loop again (cycle/wakeup.py).
+    sql.quiet_session(True)
     try:
         with connection.execute_wrapper(_QueryMeter(report)):
             report.current_phase = "load"
@@ -185,7 +187,17 @@ def run_scheduler_cycle(
             report.phases["publish"].seconds += time.perf_counter() - publish_from
     finally:
         report.total_seconds = time.perf_counter() - started
+        _loud()
     return report
+
+
+def _loud() -> None:
+    """End the quiet before the connection goes back to the pool, where a request may get it
+    next. A connection too broken for this is not pooled again."""
+    try:
+        sql.quiet_session(False)
+    except Exception:  # noqa: BLE001 - an outage already ended the cycle; it is reported
+        log.debug("could not end the cycle's quiet session", exc_info=True)
 
 
 def _cycle(report: CycleReport, config: SchedulingPolicy | None) -> None:

@@ -28,6 +28,7 @@ from scheduler.cycle.loop import (
     CycleReport,
     run_scheduler_cycle,
 )
+from scheduler.cycle.wakeup import Wakeup
 from scheduler.management.stopping import stop_on_signals
 from scheduler.ops.faults import Outage, dependency_down, describe
 
@@ -101,8 +102,10 @@ def _refuse_unreachable_agents() -> None:
 def run_loop(
     lock: LeaderLock, interval: float, stop: threading.Event, log_idle: bool = True
 ) -> None:
-    """Lead when the lock is ours, else wait as a standby; one cycle per interval, with the
-    clock's checks (deadlines, silent nodes, TTLs) once every HOUSEKEEPING_SECONDS at most.
+    """Lead when the lock is ours, else wait as a standby; one cycle per interval, sooner
+    when news comes (a submission, a request, a task that started or ended:
+    scheduler/cycle/wakeup.py), with the clock's checks (deadlines, silent nodes, TTLs) once
+    every HOUSEKEEPING_SECONDS at most.
     A cycle that finds nothing changed since the previous one skips placement (running only
     the housekeeping if due); never the first one as leader, nor the one after a failure, nor
     when the last full cycle is FULL_CYCLE_SECONDS old.
@@ -112,8 +115,11 @@ def run_loop(
     loop: the leader steps down at once (its lock may already be gone with its connection),
     and the loop retries with capped backoff, logging once when the outage starts and once
     when it ends; whoever gets the lock next starts with a full cycle."""
+    from django.conf import settings
+
     state = _LoopState()
     outage = Outage("database", log)
+    wakeup = Wakeup(min(settings.BERTH_SCHEDULER_WAKE_GAP, interval))
     lead_with(lock)
     try:
         while not stop.is_set():
@@ -126,8 +132,12 @@ def run_loop(
             finally:
                 _close_connections()
             rest = max(0.0, interval - (time.monotonic() - started))
-            stop.wait(rest if wait is None else wait)
+            if wait is None and state.leading:
+                wakeup.wait(rest, stop)
+            else:
+                stop.wait(rest if wait is None else wait)
     finally:
+        wakeup.close()
         lead_with(None)
 
 
