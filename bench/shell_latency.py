@@ -61,12 +61,15 @@ def percentiles(times: list[float]) -> dict[str, float]:
 
 
 def start_server(
-    tmp: Path, interval: float | None
+    tmp: Path, interval: float | None, database_url: str | None = None
 ) -> tuple[subprocess.Popen[bytes], str, str, dict[str, str]]:
     """`manage.py up` on a free port (its scheduler cycling every `interval` seconds, None:
-    the default); returns it, its URL, a user's token and the env."""
+    the default; on `database_url`, else SQLite); returns it, its URL, a user's token and
+    the env."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATABASE_URL", "REDIS_URL", "BERTH_TEST_DB_NAME")}  # fmt: skip
+    if database_url:
+        env["DATABASE_URL"] = database_url
     env.update({"BERTH_DATA_DIR": str(tmp / "data"), "BERTH_SECRET_KEY": BENCH_SECRET_KEY,
                 "BERTH_JOIN_TOKEN": "bench-join-token", "PYTHONUNBUFFERED": "1"})  # fmt: skip
     if interval is not None:
@@ -200,12 +203,18 @@ def main() -> None:
         default=None,
         help="BERTH_SCHEDULER_INTERVAL for the server (default: its own, 1 s)",
     )
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help="an EMPTY PostgreSQL database for the server (default: SQLite in a temporary"
+        " folder); on PostgreSQL the scheduler is woken by its triggers' notifications",
+    )
     args = parser.parse_args()
     if args.keys < 1 or args.shells < 1:
         parser.error("--keys and --shells must be at least 1")
     with tempfile.TemporaryDirectory(prefix="berth-shell-bench-") as folder:
         tmp = Path(folder)
-        proc, url, token, _ = start_server(tmp, args.scheduler_interval)
+        proc, url, token, _ = start_server(tmp, args.scheduler_interval, args.database_url)
         try:
             headers = {"Authorization": f"Token {token}"}
             wait_for("the local agent's node", lambda: node_ready(url, headers))
@@ -218,7 +227,9 @@ def main() -> None:
     prompts = [s["prompt_s"] for s in shells]
     result = {
         "bench": "shell_latency",
-        "server": "manage.py up (daphne, SQLite, in-memory layer, local agent)",
+        "server": "manage.py up (daphne, {}, in-memory layer, local agent)".format(
+            "PostgreSQL" if args.database_url else "SQLite"
+        ),
         "scheduler_interval_s": args.scheduler_interval or 1.0,
         "keystroke_round_trip": keys,
         "shell_to_prompt": {

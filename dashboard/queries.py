@@ -142,6 +142,40 @@ def cluster_summary() -> dict[str, Any]:
             "gpu_idle_minutes": f"{settings.BERTH_GPU_IDLE_MINUTES:g}"}  # fmt: skip
 
 
+def queue_rules() -> list[dict[str, Any]]:
+    """What each queue holds its users to, as the queues page lists it under the shares:
+    the longest walltime, the per-user limits, when idle interactive sessions end and which
+    GPU sharing modes fractions may use."""
+
+    def limit(value: int | None, shown: Any = str) -> str:
+        return "-" if value is None else shown(value)
+
+    def minutes(value: float) -> str:
+        return "never" if not value else f"{value:g} min"
+
+    rules = []
+    for queue in Queue.objects.order_by("name"):
+        walltime = queue.max_walltime
+        rules.append({
+            "name": queue.name,
+            "max_walltime": "-" if walltime is None else _hours(walltime),
+            "gpus": limit(queue.max_user_running_gpus),
+            "cpus": limit(queue.max_user_running_cpus, format_cpu),
+            "running": limit(queue.max_user_running_jobs),
+            "pending": limit(queue.max_user_pending_jobs),
+            "staff_exempt": queue.user_limits_exempt_staff,
+            "terminal_idle": minutes(queue.interactive_idle_minutes),
+            "gpu_session_idle": minutes(queue.interactive_gpu_idle_minutes),
+            "sharing": ", ".join(queue.gpu_sharing) if queue.gpu_sharing else "any",
+        })  # fmt: skip
+    return rules
+
+
+def _hours(seconds: int) -> str:
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+
+
 def gpu_idle_jobs(limit: int = 50) -> list[Job]:
     """Running jobs flagged for holding GPUs idle (scheduler/ops/gpu_idle.py), longest first."""
     return list(

@@ -216,7 +216,7 @@ def _flow_error(request: HttpRequest, the_flow: Flow, error: str) -> HttpRespons
 
 @login_required
 def queues(request: HttpRequest) -> HttpResponse:
-    context = {"summary": queries.cluster_summary(),
+    context = {"summary": queries.cluster_summary(), "rules": queries.queue_rules(),
                "node_ids": Node.objects.values_list("pk", flat=True)}  # fmt: skip
     return render(request, "dashboard/queues.html", context)
 

@@ -553,6 +553,9 @@ class Job(models.Model):
     # when it ends unless its GPUs or terminals are used first. Null: not warned.
     idle_warned_at = models.DateTimeField(null=True, blank=True, editable=False)
     idle_ends_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The owner's latest request through the app proxy (written at most every
+    # webapps.USE_MARK_SECONDS): an app in use is not idle (lifecycle/idle_sessions.py).
+    app_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

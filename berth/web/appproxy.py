@@ -9,7 +9,8 @@ address and the port its agent reported; the request line, Host and every other 
 never used to pick a host. The app sees neither Berth's cookies nor the Authorization header;
 it gets Berth's secret for it instead ($BERTH_APP_TOKEN, as `Authorization: token ...` for
 jupyter, `X-Berth-App-Token` for http). Bodies stream both ways (httpx), bounded in size and
-time; websockets are relayed message by message (`websockets`).
+time; websockets are relayed message by message (`websockets`). What the user does through
+it (`note_use`) keeps an interactive GPU job from being ended as idle.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from django.http.request import split_domain_port, validate_host
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from scheduler.jobs.webapps import AppTarget, app_prefix, find_app
+from scheduler.jobs.webapps import AppTarget, app_prefix, app_use_due, find_app, mark_app_used
 from scheduler.ops.tokens import KeyRefused, user_for_key
 
 log = logging.getLogger(__name__)
@@ -288,6 +289,15 @@ def _netloc(target: AppTarget) -> str:
     return f"[{host}]:{target.port}" if ":" in host else f"{host}:{target.port}"
 
 
+async def note_use(job_id: int) -> None:
+    """The user acted on the app: a message on one of its websockets (a notebook's cell run,
+    its terminal's keys) or a request that changes something (a notebook saved). Reads
+    (GET, HEAD) are not use: an open notebook tab polls by itself for as long as it stays
+    open, so they would keep an idle GPU session alive forever."""
+    if app_use_due(job_id):
+        await database_sync_to_async(mark_app_used)(job_id)
+
+
 async def proxy_http(scope: Scope, receive: Receive, send: Send, target: AppTarget,
                      path: bytes) -> None:  # fmt: skip
     """Send the request to the app and stream its answer back; 502 naming the job when the
@@ -296,6 +306,8 @@ async def proxy_http(scope: Scope, receive: Receive, send: Send, target: AppTarg
     limit = settings.BERTH_APP_MAX_BODY_BYTES
     if length.isdigit() and int(length) > limit:
         raise Refused(413, f"request body larger than {limit} bytes (BERTH_APP_MAX_BODY_BYTES)")
+    if scope["method"] in UNSAFE:
+        await note_use(target.job_id)
     headers = _forwarded(scope, target)
     if length.isdigit():
         headers.append((b"content-length", length.encode()))
@@ -353,17 +365,19 @@ async def proxy_websocket(scope: Scope, receive: Receive, send: Send, target: Ap
         return
     await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
     async with upstream:
-        await relay(receive, send, upstream)
+        await relay(receive, send, upstream, target.job_id)
 
 
-async def relay(receive: Receive, send: Send, upstream: ClientConnection) -> None:
-    """Messages both ways until either side closes; then the other is closed too."""
+async def relay(receive: Receive, send: Send, upstream: ClientConnection, job_id: int) -> None:
+    """Messages both ways until either side closes; then the other is closed too. What the
+    user sends is the app's use (a notebook's kernel socket stays open for hours)."""
 
     async def to_app() -> None:
         while True:
             message = await receive()
             if message["type"] != "websocket.receive":
                 return
+            await note_use(job_id)
             data = message.get("bytes")
             await upstream.send(data if data is not None else message.get("text") or "")
 

@@ -9,13 +9,44 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import threading
+import time
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.utils import timezone
 
 from scheduler.intake.specs import job_app
 from scheduler.models import Job, Task
 from scheduler.states.names import JobState, TaskState
+
+# What the user does through the proxy is the app's use (an interactive GPU job in use is not
+# idle: scheduler/lifecycle/idle_sessions.py): the proxy (berth/web/appproxy.py) writes it on
+# the job at most this often per process, the idle limits counting in minutes.
+USE_MARK_SECONDS = 30.0
+_marked: dict[int, float] = {}  # job -> when this process last wrote its use (monotonic)
+_marked_lock = threading.Lock()
+_MARKED_MAX = 10_000  # jobs remembered; past that the oldest are forgotten (and written again)
+
+
+def app_use_due(job_id: int) -> bool:
+    """Whether a request for the app of `job_id` should be written as its use now (cheap,
+    in memory: a relay asks for every message); claims the mark when it says yes."""
+    now = time.monotonic()
+    with _marked_lock:
+        last = _marked.get(job_id)
+        if last is not None and now - last < USE_MARK_SECONDS:
+            return False
+        if len(_marked) >= _MARKED_MAX:
+            for old in sorted(_marked, key=_marked.__getitem__)[: _MARKED_MAX // 2]:
+                del _marked[old]
+        _marked[job_id] = now
+        return True
+
+
+def mark_app_used(job_id: int) -> None:
+    """Write that the app of `job_id` was used just now (after `app_use_due` said so)."""
+    Job.objects.filter(pk=job_id).update(app_used_at=timezone.now())
 
 
 def app_prefix(job_id: int) -> str:

@@ -5,14 +5,17 @@ holds GPUs is idle while every one of its running GPU tasks has been below IDLE_
 since its agent's leases said so (`Task.gpu_idle_since`, scheduler/ops/gpu_idle.py) AND none
 of its terminal sessions got input (`ShellSession.last_input_at`, written by the agent's
 socket, scheduler/agentapi/terminal.py; a session's opening counts as input, and so does the
-job's start). The stretch starts at the later of the two.
+job's start) AND its owner sent its web app no request (`Job.app_used_at`, written by the app
+proxy, berth/web/appproxy.py: HTTP requests and websocket messages from the user). The
+stretch starts at the latest of these.
 
 - Idle for its queue's `interactive_gpu_idle_minutes` (0: never): warned once — the job's
   `idle_warned_at` and `idle_ends_at` (now + BERTH_IDLE_SESSION_GRACE_MINUTES), an event
   `SessionIdleWarning` (reason `GpusIdle`), a notification through the outbox on each of the
   owner's channels, a line in its open terminals.
-- Used again (input after the warning, or a GPU busy): the warning is withdrawn with an event
-  `SessionIdleCleared` (reason `TerminalInput` or `GpusBusy`) and a line in its terminals.
+- Used again (input or an app request after the warning, or a GPU busy): the warning is
+  withdrawn with an event `SessionIdleCleared` (reason `TerminalInput`, `AppRequest` or
+  `GpusBusy`) and a line in its terminals.
 - Still idle at `idle_ends_at`: ended through the job state machine as a deadline ends a job
   (`terminate_job`: the agents kill its tasks, the job ends Cancelled), with the reason
   `GpuIdleTimeout`.
@@ -33,7 +36,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Q
+from django.db.models import BooleanField, ExpressionWrapper, Max, Q
 from django.utils import timezone
 
 from scheduler import notify, outbox
@@ -51,15 +54,27 @@ _checked_at = -math.inf
 
 @dataclass
 class _Stretch:
-    """Since when a job's GPUs have all been idle (None: one is busy or unread) and since
-    when its terminals have had no input."""
+    """Since when a job's GPUs have all been idle (None: one is busy or unread), since when
+    its terminals have had no input, and its app's latest request (None: none)."""
 
     gpus: datetime | None
     input: datetime
+    app: datetime | None = None
 
     @property
     def since(self) -> datetime | None:
-        return None if self.gpus is None else max(self.gpus, self.input)
+        if self.gpus is None:
+            return None
+        return max(self.gpus, self.input, self.app or self.input)
+
+    @property
+    def used(self) -> tuple[Reason, str]:
+        """What used the job last, as a warning's withdrawal names it."""
+        if self.gpus is None:
+            return Reason.GPUS_BUSY, "its GPUs are in use again"
+        if self.app is not None and self.app > self.input:
+            return Reason.APP_REQUEST, "its app got a request"
+        return Reason.TERMINAL_INPUT, "its terminal got input"
 
 
 def _candidates() -> list[Job]:
@@ -71,8 +86,8 @@ def _candidates() -> list[Job]:
     return list(
         jobs.select_related("queue").only(
             "pk", "name", "state", "started_at", "flow_id", "owner_id", "idle_warned_at",
-            "idle_ends_at", "queue__name", "queue__interactive_gpu_idle_minutes",
-        )
+            "idle_ends_at", "app_used_at", "queue__name", "queue__interactive_gpu_idle_minutes",
+        ).annotate(has_app=ExpressionWrapper(Q(spec__has_key="apps"), BooleanField()))
     )  # fmt: skip
 
 
@@ -96,7 +111,9 @@ def _stretches(jobs: list[Job]) -> dict[int, _Stretch]:
     stretches = {}
     for job in jobs:
         times = [t for t in [job.started_at, *typed.get(job.pk, [])] if t is not None]
-        stretches[job.pk] = _Stretch(gpus.get(job.pk), max(times, default=timezone.now()))
+        stretches[job.pk] = _Stretch(
+            gpus.get(job.pk), max(times, default=timezone.now()), job.app_used_at
+        )
     return stretches
 
 
@@ -104,6 +121,14 @@ def _open_terminals(job_id: int) -> list[str]:
     """The users' socket channels of the job's open sessions."""
     sessions = ShellSession.objects.filter(job_id=job_id, state=ShellSession.State.OPEN)
     return list(sessions.values_list("client_channel", flat=True))
+
+
+def _has_app(job: Job) -> bool:
+    return bool(getattr(job, "has_app", False))
+
+
+def _unused(job: Job) -> str:
+    return "no terminal input or app request" if _has_app(job) else "no terminal input"
 
 
 def _minutes(seconds: float) -> str:
@@ -125,11 +150,12 @@ def _warn(job: Job, since: datetime, now: datetime) -> bool:
             return False
         held = _minutes((now - since).total_seconds())
         why = (
-            f"its GPUs have been below {IDLE_PERCENT:g} % with no terminal input for {held}"
+            f"its GPUs have been below {IDLE_PERCENT:g} % with {_unused(job)} for {held}"
             f" (queue {job.queue.name}: {_limit(job):g} min)"
         )
         end = f"it will be ended at {ends:%Y-%m-%d %H:%M:%S} UTC"
-        message = f"{why}; {end} unless its terminal gets input or its GPUs are used"
+        use = "its app or terminal is used" if _has_app(job) else "its terminal gets input"
+        message = f"{why}; {end} unless {use} or its GPUs are used"
         record(EventKind.SESSION_IDLE_WARNING, Reason.GPUS_IDLE, message, job=job)
         text = f"Berth: job {job.pk} ({job.name}): {message}"
         outbox.enqueue_idle_warning(job.pk, text)
@@ -148,9 +174,7 @@ def _clear(job: Job, stretch: _Stretch | None, now: datetime) -> bool:
         if not cleared:
             return False
         if stretch is not None:
-            typed = stretch.gpus is not None
-            reason = Reason.TERMINAL_INPUT if typed else Reason.GPUS_BUSY
-            what = "its terminal got input" if typed else "its GPUs are in use again"
+            reason, what = stretch.used
             message = f"{what}: it will not be ended for idle GPUs"
             record(EventKind.SESSION_IDLE_CLEARED, reason, message, job=job)
             notify.terminal_notice(_open_terminals(job.pk), f"Berth: job {job.pk}: {message}")
@@ -165,7 +189,7 @@ def _end(job: Job, since: datetime, now: datetime) -> bool:
             return False
         held = _minutes((now - since).total_seconds())
         message = (
-            f"ended: its GPUs were below {IDLE_PERCENT:g} % with no terminal input for {held}"
+            f"ended: its GPUs were below {IDLE_PERCENT:g} % with {_unused(job)} for {held}"
             f" (queue {job.queue.name}: {_limit(job):g} min, then warned)"
         )
         notify.terminal_notice(_open_terminals(job.pk), f"Berth: job {job.pk} {message}")

@@ -84,6 +84,7 @@ class Reason(StrEnum):
     GPUS_IDLE = "GpusIdle"
     GPUS_BUSY = "GpusBusy"
     TERMINAL_INPUT = "TerminalInput"  # an idle session's warning withdrawn: its user typed
+    APP_REQUEST = "AppRequest"  # ... or used its web app through the proxy
     GPU_IDLE_TIMEOUT = "GpuIdleTimeout"  # an interactive job ended for holding GPUs idle
     # flows
     INVALID_JOB_SPEC = "InvalidJobSpec"

@@ -79,7 +79,7 @@ def age(minutes: float) -> None:
                 rows.filter(pk=row["pk"]).update(**moved)
 
     shift(Task.objects.all(), "gpu_idle_since", "started_at")
-    shift(Job.objects.all(), "started_at", "idle_warned_at", "idle_ends_at")
+    shift(Job.objects.all(), "started_at", "idle_warned_at", "idle_ends_at", "app_used_at")
     shift(ShellSession.objects.all(), "opened_at", "last_input_at")
 
 
@@ -252,3 +252,33 @@ def test_berth_show_and_the_job_page_say_when_a_warned_session_ends(
     page.force_login(owner)
     html = page.get(f"/jobs/{job.pk}/").content.decode()
     assert f'id="job-{job.pk}-idle-warning"' in html and "will be ended at" in html
+
+
+def test_the_use_of_its_app_withdraws_the_warning(
+    token: str, api: Any, owner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook used through the proxy with its GPUs idle (a cell being written) is in use:
+    the proxy writes the owner's use on the job (what counts as use, and how often it is
+    written: tests/web/test_appproxy.py)."""
+    from scheduler.jobs import webapps
+
+    job = submit(api, owner, apps="jupyter")
+    lease(token, (job, 0.0))
+    age(61)
+    cycle()
+    warning = Event.objects.get(job=job, kind="SessionIdleWarning").message
+    assert "no terminal input or app request for 61 min" in warning
+    assert "unless its app or terminal is used" in warning
+    webapps.mark_app_used(job.pk)  # the owner runs a cell
+    cycle()
+    assert idle_events(job)[-1] == ("SessionIdleCleared", "AppRequest")
+    age(11)
+    cycle()
+    assert fresh(job).state == "Running"
+    # Unused again from then on: warned anew, then ended.
+    age(61)
+    cycle()
+    assert idle_events(job)[-1] == ("SessionIdleWarning", "GpusIdle")
+    age(11)
+    cycle()
+    assert (fresh(job).state, fresh(job).reason) == ("Terminating", "GpuIdleTimeout")

@@ -74,3 +74,60 @@ async def test_what_the_proxy_answers_without_an_app(owner, outsider, settings):
     big = await _get(f"/apps/{jobs['silent']}/x", token, method="POST", content=b"x" * 2048)
     assert big.status_code == 413
     await sync_to_async(connections.close_all)()
+
+
+async def test_what_the_user_does_through_the_proxy_is_the_apps_use(owner, outsider, monkeypatch):
+    """Use keeps an interactive GPU job from being ended as idle
+    (scheduler/lifecycle/idle_sessions.py): a request that changes something (a notebook
+    saved) or a message on one of the app's websockets (a cell run, a key in its terminal),
+    written at most every USE_MARK_SECONDS. Reads are not use: an open tab polls by itself."""
+    import asyncio
+
+    from berth.web import appproxy
+    from scheduler.jobs import webapps
+
+    jobs = await database_sync_to_async(_setup)(owner, outsider)
+    silent, token = jobs["silent"], jobs["token"]
+    monkeypatch.setattr(webapps, "_marked", {})
+
+    def used() -> Any:
+        return Job.objects.get(pk=silent).app_used_at
+
+    def forget() -> None:
+        Job.objects.filter(pk=silent).update(app_used_at=None)
+
+    await _get(f"/apps/{silent}/api/kernels", token)  # a poll
+    assert await database_sync_to_async(used)() is None
+    await _get(f"/apps/{silent}/api/contents/a.ipynb", token, method="PUT", content=b"{}")
+    assert await database_sync_to_async(used)() is not None
+    await database_sync_to_async(forget)()
+    await _get(f"/apps/{silent}/api/contents/a.ipynb", token, method="PUT", content=b"{}")
+    assert await database_sync_to_async(used)() is None  # written again only 30 s later
+
+    class Upstream:  # the app: takes what it is sent, says nothing
+        close_code = 1000
+        sent: list[Any] = []
+
+        async def send(self, data: Any) -> None:
+            self.sent.append(data)
+
+        def __aiter__(self) -> Upstream:
+            return self
+
+        async def __anext__(self) -> Any:
+            await asyncio.sleep(3600)
+
+    messages = [{"type": "websocket.receive", "text": "run cell"}, {"type": "websocket.disconnect"}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    monkeypatch.setattr(webapps, "_marked", {})
+    upstream = Upstream()
+    await appproxy.relay(receive, send, upstream, silent)  # type: ignore[arg-type]
+    assert upstream.sent == ["run cell"]
+    assert await database_sync_to_async(used)() is not None
+    await sync_to_async(connections.close_all)()
