@@ -41,6 +41,21 @@ def test_the_owner_types_in_the_job_pages_terminal_and_reads_the_echo(
     assert Event.objects.filter(job_id=job_id, kind="ShellOpened").count() == 1
 
 
+def _tell_terminals(job_id: int, message: str) -> None:
+    """What the server does to warn a job's open terminals (scheduler/notify.py), from here:
+    the test shares the cluster's database and Redis."""
+    from django.db import connection
+
+    from scheduler import notify
+    from scheduler.models import ShellSession
+
+    try:
+        channels = ShellSession.objects.filter(job_id=job_id, state=ShellSession.State.OPEN)
+        notify.terminal_notice(list(channels.values_list("client_channel", flat=True)), message)
+    finally:
+        connection.close()
+
+
 async def _scenario(url: str, job_id: int) -> None:
     from playwright.async_api import async_playwright, expect
 
@@ -58,6 +73,13 @@ async def _scenario(url: str, job_id: int) -> None:
         await page.keyboard.type("echo typed-$((6 * 7)) $BERTH_JOB_ID\n")
         rows: Any = page.locator("#terminal .xterm-rows")
         await expect(rows).to_contain_text(f"typed-42 {job_id}", timeout=30000)
+        # A line from Berth between the session's output (an idle warning, say), in yellow.
+        notice = f"Berth: job {job_id} (sleep): its GPUs have been below 1 % for 60 min"
+        await asyncio.to_thread(_tell_terminals, job_id, notice)
+        await expect(rows).to_contain_text(f"[{notice}]", timeout=30000)
+        await expect(page.locator("#terminal-status")).to_have_text(notice)
+        yellow = rows.locator("span[class*='xterm-fg-']", has_text="its GPUs have been below")
+        assert await yellow.count() >= 1
         await page.keyboard.type("exit 5\n")
         await expect(page.locator("#terminal-status")).to_have_text("ended: exit status 5",
                                                                     timeout=30000)  # fmt: skip
