@@ -1,7 +1,8 @@
 """The app proxy (/apps/<job>/, docs/interactive.md#web-apps) against a direct connection:
-download throughput (MB/s) per size and small-request latency (ms), printed as JSON.
+download throughput (MB/s) per size and small-request latency (ms), then C clients at once
+(every HTTP status seen: only 200, or 503 with Retry-After, may appear), printed as JSON.
 
-    python bench/app_proxy.py --sizes 1M,10M,100M --requests 300
+    python bench/app_proxy.py --sizes 1M,10M,100M --requests 300 --clients 16
 
 Uses a database of its own (DATABASE_URL's server, database `berth_bench_apps`), recreated
 each run, holding one user, one node at 127.0.0.1 and one running job whose app task
@@ -19,6 +20,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +118,41 @@ def latency(client: httpx.Client, url: str, requests: int) -> dict[str, float]:
             "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))], 2)}  # fmt: skip
 
 
+def crowd(url: str, headers: dict[str, str], clients: int, requests: int) -> dict[str, Any]:
+    """`clients` clients at once, each with its own connection, `requests` small GETs each:
+    every status seen (503s counted with and without Retry-After), latency, requests/s."""
+
+    def one_client(_: int) -> tuple[Counter[str], list[float]]:
+        seen: Counter[str] = Counter()
+        times: list[float] = []
+        with httpx.Client(timeout=60, headers=headers) as client:
+            for _ in range(requests):
+                tick = time.perf_counter()
+                try:
+                    response = client.get(f"{url}100")
+                except httpx.HTTPError as exc:
+                    seen[type(exc).__name__] += 1
+                    continue
+                times.append((time.perf_counter() - tick) * 1000)
+                status = str(response.status_code)
+                if status == "503" and "retry-after" not in response.headers:
+                    status = "503 without Retry-After"
+                seen[status] += 1
+        return seen, times
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(one_client, range(clients)))
+    seconds = time.perf_counter() - began
+    statuses: Counter[str] = sum((seen for seen, _ in results), Counter())
+    times = sorted(t for _, some in results for t in some)
+    at = min(len(times) - 1, int(len(times) * 0.99)) if times else 0
+    return {"clients": clients, "requests": clients * requests, "statuses": dict(statuses),
+            "requests_per_s": round(clients * requests / seconds, 1),
+            "p50_ms": round(statistics.median(times), 2) if times else None,
+            "p99_ms": round(times[at], 2) if times else None}  # fmt: skip
+
+
 def measure(args: argparse.Namespace, direct: str, proxied: str, token: str) -> dict[str, Any]:
     headers = {"Authorization": f"Token {token}"}
     out: dict[str, Any] = {"downloads": []}
@@ -127,6 +165,8 @@ def measure(args: argparse.Namespace, direct: str, proxied: str, token: str) -> 
             out["downloads"].append(row)
         out["latency_direct"] = latency(plain, direct, args.requests)
         out["latency_proxy"] = latency(auth, proxied, args.requests)
+    if args.clients:
+        out["concurrent"] = crowd(proxied, headers, args.clients, args.requests)
     return out
 
 
@@ -135,14 +175,16 @@ def main() -> None:
     parser.add_argument("--sizes", default="1M,10M,100M", help="download sizes: 100K,10M,...")
     parser.add_argument("--requests", type=int, default=300, help="small requests timed")
     parser.add_argument("--repeat", type=int, default=3, help="downloads per size (best kept)")
+    parser.add_argument("--clients", type=int, default=16,
+                        help="clients at once, --requests each (0: no crowd)")  # fmt: skip
     parser.add_argument(
         "--database",
         default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
     )
     args = parser.parse_args()
     args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    if args.requests < 1 or args.repeat < 1 or not args.sizes:
-        parser.error("--requests, --repeat and --sizes must be at least 1")
+    if args.requests < 1 or args.repeat < 1 or not args.sizes or args.clients < 0:
+        parser.error("--requests, --repeat and --sizes must be at least 1, --clients 0 or more")
     env = {**os.environ, "DATABASE_URL": setup_database(args.database),
            "BERTH_SECRET_KEY": BENCH_SECRET_KEY, "BERTH_ALLOWED_HOSTS": "127.0.0.1"}  # fmt: skip
     env.pop("REDIS_URL", None)  # the proxy needs no channel layer
