@@ -60,6 +60,12 @@ class Wakeup:
             notify.disconnect(self._heard)
         self._drop_listener()
 
+    def pause(self) -> None:
+        """Stop listening while the loop does not lead (a standby): notifications nobody
+        reads would pile up on the server for this session. The next wait listens again."""
+        if self._listener is not None:
+            self._drop_listener(retry_after=0.0)
+
     # --- news -------------------------------------------------------------------------
 
     def _heard(self, jobs: set[int], flows: set[int], nodes: set[int]) -> None:
@@ -78,11 +84,8 @@ class Wakeup:
         listener = self._listening()
         while not stop.is_set():
             now = monotonic()
-            if now >= deadline:
-                return False
-            if self._news.is_set() and now >= earliest:
-                self._news.clear()
-                return True
+            if now >= deadline or (self._news.is_set() and now >= earliest):
+                return self._taken(listener)
             pause = min(SLICE_SECONDS, deadline - now)
             if self._news.is_set():
                 stop.wait(min(pause, earliest - now))
@@ -91,6 +94,15 @@ class Wakeup:
             else:
                 stop.wait(pause)
         return False
+
+    def _taken(self, listener: psycopg.Connection[Any] | None) -> bool:
+        """Whether there was news; all of it so far is taken, since the cycle about to run
+        reads what it announced (a burst of commits wakes the loop once, not once each)."""
+        if listener is not None:
+            self._listen(listener, 0.0)
+        news = self._news.is_set()
+        self._news.clear()
+        return news
 
     def _listening(self) -> psycopg.Connection[Any] | None:
         """The listening connection, opened when missing (not more often than every
@@ -111,10 +123,10 @@ class Wakeup:
         return self._listener
 
     def _listen(self, listener: psycopg.Connection[Any], seconds: float) -> Any:
-        """Take the notifications that come within `seconds`; the listener, or None if it
-        failed (the rest of this wait is a plain one)."""
+        """Take the notifications that come within `seconds` (0: those already here); the
+        listener, or None if it failed (the rest of this wait is a plain one)."""
         try:
-            for _note in listener.notifies(timeout=seconds, stop_after=1):
+            for _note in listener.notifies(timeout=seconds, stop_after=1 if seconds else None):
                 self._news.set()
         except psycopg.Error as exc:
             log.debug("stopped listening for wake-ups: %s", exc)
@@ -122,9 +134,11 @@ class Wakeup:
             return None
         return listener
 
-    def _drop_listener(self) -> None:
+    def _drop_listener(self, retry_after: float | None = None) -> None:
         listener, self._listener = self._listener, None
-        self._listen_after = monotonic() + RECONNECT_SECONDS
+        self._listen_after = monotonic() + (
+            RECONNECT_SECONDS if retry_after is None else retry_after
+        )
         if listener is not None:
             try:
                 listener.close()

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from scheduler import notify, sql
 from scheduler.cycle import wakeup as wakeup_module
@@ -54,9 +54,11 @@ def test_a_submission_wakes_the_loop_and_nothing_else_does(wakeup, owner) -> Non
 
 def test_a_task_that_starts_wakes_it_and_other_task_writes_do_not(wakeup, owner) -> None:
     stop = threading.Event()
-    job = make_job(owner)
-    Task.objects.filter(job=job).update(state=TaskState.ASSIGNED)
+    with transaction.atomic():  # one commit: one notification
+        job = make_job(owner)
+        Task.objects.filter(job=job).update(state=TaskState.ASSIGNED)
     assert wakeup.wait(NEWS, stop) is True
+    assert wakeup.wait(QUIET, stop) is False
     Task.objects.filter(job=job).update(exit_code=3)  # no state moved: not news
     assert wakeup.wait(QUIET, stop) is False
     Task.objects.filter(job=job).update(state=TaskState.RUNNING)
@@ -73,9 +75,11 @@ def test_a_users_request_wakes_it(wakeup, owner) -> None:
 
 def test_the_cycles_own_writes_do_not_wake_it_and_its_session_is_loud_again(wakeup, owner) -> None:
     stop = threading.Event()
-    make_node("gpu-1", gpus=1)
-    job = make_job(owner, gpu=1)
+    with transaction.atomic():
+        make_node("gpu-1", gpus=1)
+        job = make_job(owner, gpu=1)
     assert wakeup.wait(NEWS, stop) is True
+    assert wakeup.wait(QUIET, stop) is False
     run_scheduler_cycle()  # places the job: its task moves, on a quiet session
     assert Task.objects.get(job=job).state == TaskState.ASSIGNED
     assert wakeup.wait(QUIET, stop) is False
@@ -85,8 +89,6 @@ def test_the_cycles_own_writes_do_not_wake_it_and_its_session_is_loud_again(wake
 
 
 def test_a_rolled_back_submission_wakes_nothing(wakeup, owner) -> None:
-    from django.db import transaction
-
     stop = threading.Event()
     with pytest.raises(RuntimeError), transaction.atomic():
         make_job(owner)
@@ -177,3 +179,24 @@ def _until(condition: Any, seconds: float = NEWS) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_a_standby_does_not_listen(wakeup, owner) -> None:
+    """Notifications a session never reads pile up on the server: a loop that does not lead
+    closes its listener, and opens a new one when it waits as the leader again."""
+
+    def listening() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'berth-scheduler-wakeup'"
+            )
+            return int(cursor.fetchone()[0])
+
+    stop = threading.Event()
+    assert listening() == 1
+    wakeup.pause()
+    assert _until(lambda: listening() == 0)
+    assert wakeup.wait(0.01, stop) is False  # leading again: listening from now on
+    make_job(owner)
+    assert wakeup.wait(NEWS, stop) is True

@@ -135,6 +135,7 @@ def run_loop(
             if wait is None and state.leading:
                 wakeup.wait(rest, stop)
             else:
+                wakeup.pause()
                 stop.wait(rest if wait is None else wait)
     finally:
         wakeup.close()
