@@ -64,13 +64,22 @@ class UserShareAdmin(admin.ModelAdmin[UserShare]):
 class DeviceInline(admin.TabularInline[Device, Node]):
     model = Device
     extra = 0
-    fields = ["index", "uuid", "model", "memory", "healthy", "holder"]
-    readonly_fields = ["holder"]
+    fields = ["index", "uuid", "model", "memory", "healthy", "holder", "mig"]
+    readonly_fields = ["holder", "mig"]
 
     @admin.display(description="held by task")
     def holder(self, device: Device) -> str:
-        held = [f"{a.task} ({a.share / 1000:g})" for a in device.allocations.all()]
+        held = [f"{a.task} ({a.share / 1000:g})" for a in device.allocations.all() if not a.mig]
         return ", ".join(held) or "-"
+
+    @admin.display(description="MIG instances (as its agent found them)")
+    def mig(self, device: Device) -> str:
+        holders = {a.mig: a.task for a in device.allocations.all() if a.mig}
+        instances = [
+            f"{m.profile} {m.uuid}" + (f" held by {holders[m.uuid]}" if m.uuid in holders else "")
+            for m in device.mig_instances.all()
+        ]
+        return ", ".join(instances) or "-"
 
 
 @admin.register(Node)

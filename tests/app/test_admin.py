@@ -70,3 +70,19 @@ def test_users_without_staff_cannot_enter(owner):
     client = Client()
     client.force_login(owner)
     assert client.get(reverse("admin:scheduler_job_changelist")).status_code == 302
+
+
+def test_a_nodes_page_lists_its_gpus_mig_instances_and_who_holds_them(console, owner):
+    from scheduler.models import Allocation, Device, MigInstance, Task
+
+    node = make_node("a100-01", gpus=1)
+    device = Device.objects.get(node=node)
+    for uuid, profile in (("MIG-aaa", "1g.10gb"), ("MIG-bbb", "3g.40gb")):
+        MigInstance.objects.create(device=device, uuid=uuid, profile=profile)
+    job = make_job(owner)
+    place(job, node)
+    task = Task.objects.get(job=job)
+    Allocation.objects.create(task=task, device=device, share=142, mig="MIG-aaa")
+    html = console.get(reverse("admin:scheduler_node_change", args=[node.pk])).content.decode()
+    assert f"1g.10gb MIG-aaa held by {task}" in html
+    assert "3g.40gb MIG-bbb" in html and "3g.40gb MIG-bbb held" not in html

@@ -4,6 +4,7 @@ node token). A real `up` process; the job goes in and its output comes out over 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -119,8 +120,6 @@ def test_up_runs_tasks_unprivileged_and_they_cannot_read_its_data_dir(tmp_path: 
 
 @pytest.mark.django_db
 def test_up_prints_the_admin_password_to_a_terminal_only(settings: Any, tmp_path: Path) -> None:
-    import io
-
     from scheduler.management.commands.up import Command
 
     settings.DATA_DIR = tmp_path
@@ -188,3 +187,38 @@ def test_up_stopping_stops_its_tasks_and_their_daemons(tmp_path: Path) -> None:
         (state,) = db.execute("SELECT state FROM scheduler_task WHERE job_id = ?",
                               (job["id"],)).fetchone()  # fmt: skip
     assert state == "Killed", (tmp_path / "up.log").read_text()
+
+
+@pytest.mark.django_db
+def test_up_gives_its_local_agent_fake_mig_instances_and_refuses_bad_ones(
+    settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`./run up --fake-gpus 2 --fake-mig 1:1g.10gb,2g.20gb`: MIG profiles to try on a
+    laptop, as `run_agent --fake-mig` gives them (the agent's side: tests/agent)."""
+    from django.core.management import CommandError, call_command
+
+    from scheduler.management.commands import up
+
+    given: dict[str, Any] = {}
+
+    class LocalAgent:
+        def __init__(self, **options: Any) -> None:
+            given.update(options)
+            self.work_dir = options["work_dir"]
+
+        def prepare(self) -> None:
+            pass
+
+    monkeypatch.setattr(up, "Agent", LocalAgent)
+    monkeypatch.setattr(up.Command, "_serve", lambda self, *args, **kwargs: None)
+    settings.DATA_DIR = tmp_path / "data"
+    port = str(free_port())
+    call_command("up", "--port", port, "--fake-gpus", "2", "--fake-mig", "1:1g.10gb,2g.20gb",
+                 stdout=io.StringIO())  # fmt: skip
+    assert given["fake_gpus"] == 2 and given["fake_mig"] == {1: ["1g.10gb", "2g.20gb"]}
+    given.clear()
+    for bad, why in (("2:1g.10gb", "GPU 2 is not one of the 2 fake GPUs"),
+                     ("0:big", "'big' is not a MIG profile")):  # fmt: skip
+        with pytest.raises(CommandError, match=f"--fake-mig: {why}"):
+            call_command("up", "--port", port, "--fake-gpus", "2", "--fake-mig", bad)
+    assert given == {}  # refused before the agent was made

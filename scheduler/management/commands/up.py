@@ -32,6 +32,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from scheduler.agent.command import TASK_UIDS_TEXT
+from scheduler.agent.gpumodes import parse_fake_mig
 from scheduler.agent.isolation import DEFAULT_TASK_USER, parse_uid_range
 from scheduler.agent.runtime import Agent
 from scheduler.management.stopping import supervise
@@ -100,6 +101,14 @@ class Command(BaseCommand):
             default=0,
             help="give the local agent N fake GPU devices (when NVML finds none)",
         )
+        parser.add_argument(
+            "--fake-mig",
+            action="append",
+            default=[],
+            metavar="GPU:PROFILES",
+            help="give fake GPU GPU (an index below --fake-gpus) MIG instances of these"
+            " profiles, e.g. 0:1g.10gb,1g.10gb,2g.20gb; repeat for more GPUs (no real MIG)",
+        )
         parser.add_argument("--agent-name", default="", help="node name (default: hostname)")
         parser.add_argument("--labels", default="", help="local node labels, k=v,k=v")
         parser.add_argument(
@@ -132,6 +141,10 @@ class Command(BaseCommand):
             raise CommandError(f"--port: {port} is not a TCP port (1-65535)")
         if options["fake_gpus"] < 0:
             raise CommandError("--fake-gpus: must be 0 or more")
+        try:
+            options["fake_mig"] = parse_fake_mig(options["fake_mig"], options["fake_gpus"])
+        except ValueError as exc:
+            raise CommandError(f"--fake-mig: {exc}") from None
         self._check_port_free(options["host"], port)
         data = Path(settings.DATA_DIR)
         work = Path(options["agent_work_dir"] or default_task_dir(data))
@@ -253,6 +266,7 @@ class Command(BaseCommand):
             name=options["agent_name"] or None,
             labels=options["labels"],
             fake_gpus=options["fake_gpus"],
+            fake_mig=options["fake_mig"],
             work_dir=work,
             state_dir=data / "agent",
             task_user=options["task_user"],
