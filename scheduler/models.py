@@ -723,6 +723,9 @@ class Task(models.Model):
     # A MIG instance of this profile ("1g.10gb"; "": none): `gpu` is then 0 and `gpu_share`
     # what the instance counts as (its compute slices of seven, docs/gpus.md).
     gpu_mig = models.CharField(max_length=32, blank=True, default="")
+    # The sharing mode its GPU share runs under, as its agent said when it started it
+    # (sharemodes: mig, mps, timeslice); "": whole GPUs, none, or not started on a node.
+    gpu_mode = models.CharField(max_length=16, blank=True, default="", editable=False)
     exit_code = models.IntegerField(null=True, blank=True)
     attempt = models.PositiveIntegerField(default=0)
     # Set when the server wants the task stopped; resources stay held until the agent confirms.
@@ -768,9 +771,12 @@ class Task(models.Model):
 
     def gpu_holding(self) -> dict[str, str] | None:
         """How this task holds its GPU and what that isolates from other tasks ({"mode",
-        "isolation"}: agent/sharemodes.py), by the rule its agent runs it under; None with
-        no GPU, or for a share not yet on a node (its mode depends on the node)."""
-        if self.gpu_mig:
+        "isolation"}: agent/sharemodes.py): the mode its agent said it applied when it started
+        it, else (not started yet, or an agent that does not say) by the rule the agent runs
+        it under on its node's offer; None with no GPU, or for a share not on a node yet."""
+        if self.gpu_mode and (self.gpu_share or self.gpu_mig):
+            mode = self.gpu_mode
+        elif self.gpu_mig:
             mode = sharemodes.MIG
         elif self.gpu_share and self.node is not None:
             mode = sharemodes.mode_of(self.gpu_share / 1000, "", self.node.gpu_sharing or [])

@@ -465,6 +465,7 @@ class Agent(Session):
                     t.reason,
                     t.usage or {},
                     app_port=t.app_port,
+                    gpu_mode=t.gpu_mode,
                 )  # fmt: skip
                 for t in self.tasks.values()
             ]

@@ -78,6 +78,9 @@ class TaskReport:
     gpu_utilization: float | None = None
     gpu_unmeasured: bool = False
     app_port: int | None = None  # a running task's app port (StartOrder.app), when it has one
+    # The GPU sharing mode a running task's share runs under here (sharemodes: mig, mps,
+    # timeslice; "": whole GPUs or none), as its agent applied it at the start.
+    gpu_mode: str = ""
 
     def to_json(self) -> dict[str, Any]:
         item: dict[str, Any] = {
@@ -99,6 +102,8 @@ class TaskReport:
             item["gpu_utilization"] = self.gpu_utilization
         if self.app_port is not None and self.state == TaskState.RUNNING:
             item["app_port"] = self.app_port
+        if self.gpu_mode and self.state == TaskState.RUNNING:
+            item["gpu_mode"] = self.gpu_mode
         return item
 
     @classmethod
@@ -148,7 +153,18 @@ class TaskReport:
             "gpu_utilization" in item and item["gpu_utilization"] is None
             and state == TaskState.RUNNING,
             _app_port(item.get("app_port"), f"{path}.app_port", errors),
+            _gpu_mode(item.get("gpu_mode", ""), f"{path}.gpu_mode", errors),
         )  # fmt: skip
+
+
+def _gpu_mode(raw: object, path: str, errors: Errors) -> str:
+    """A running task's `gpu_mode`: one of the sharing modes, or absent/empty."""
+    if raw in ("", None):
+        return ""
+    if raw not in GPU_SHARING_MODES:
+        errors[path] = [f"must be one of {', '.join(GPU_SHARING_MODES)}, or empty"]
+        return ""
+    return str(raw)
 
 
 def _app_port(raw: object, path: str, errors: Errors) -> int | None:

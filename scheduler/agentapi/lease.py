@@ -97,9 +97,11 @@ def _confirm_started(token_hash: str, reports: list[TaskReport], now: Any) -> li
         move_row(task, TASKS, TaskEvent.START, now)  # saved with the others below
         # when the agent says the process started, bounded
         task.started_at = process_time(running[task.pk].started_at, now, task.assigned_at, "start")
-    # The app's port (or none) of this attempt: never a port an earlier attempt had.
-    update_rows(Task, {t.pk: (t.state, t.started_at, running[t.pk].app_port) for t in started},
-                per_row=["state", "started_at", "app_port"])  # fmt: skip
+    # The app's port (or none) and the GPU sharing mode of this attempt: never those of an
+    # earlier attempt.
+    update_rows(Task, {t.pk: (t.state, t.started_at, running[t.pk].app_port,
+                              running[t.pk].gpu_mode) for t in started},
+                per_row=["state", "started_at", "app_port", "gpu_mode"])  # fmt: skip
     return started
 
 

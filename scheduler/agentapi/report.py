@@ -172,7 +172,7 @@ def _reconcile_unreported(
 def _apply_one(task: Task, report: TaskReport, now: Any, node: Node, outcome: _Outcome) -> bool:
     """Move one task as its report says; True if its job may have changed."""
     if report.state == wire.TaskState.RUNNING:
-        _remember_app_port(task, report.app_port)
+        _remember_start(task, report)
         return _mark_running(task, now, node, report.started_at)
     kept = outcome.kept.get((task.pk, report.attempt))
     if report.output is not None and report.output[1]:  # inline
@@ -195,12 +195,18 @@ def _apply_one(task: Task, report: TaskReport, now: Any, node: Node, outcome: _O
     return True
 
 
-def _remember_app_port(task: Task, port: int | None) -> None:
-    """Keep the port the agent picked for the job's app (a lease may have marked the task
-    Running before this report came)."""
-    if port is not None and task.app_port != port:
-        task.app_port = port
-        task.save(update_fields=["app_port"])
+def _remember_start(task: Task, report: TaskReport) -> None:
+    """Keep the port the agent picked for the job's app and the GPU sharing mode it applied
+    (a lease may have marked the task Running before this report came)."""
+    changed = []
+    if report.app_port is not None and task.app_port != report.app_port:
+        task.app_port = report.app_port
+        changed.append("app_port")
+    if report.gpu_mode and task.gpu_mode != report.gpu_mode:
+        task.gpu_mode = report.gpu_mode
+        changed.append("gpu_mode")
+    if changed:
+        task.save(update_fields=changed)
 
 
 def _mark_running(task: Task, now: Any, node: Node, started_at: float | None = None) -> bool:

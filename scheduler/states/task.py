@@ -35,8 +35,14 @@ _OK, _FAILED, _KILLED, _LOST = (
 )
 ENDED = frozenset({_OK, _FAILED, _KILLED, _LOST})
 _END = Effects(times=("finished_at",))
-# Off its node: no node, no devices, no times of the placement it lost.
-_OFF: dict[str, object] = {"node": None, "device_indices": [], "assigned_at": None}
+# Off its node: no node, no devices, no times of the placement it lost, no GPU sharing mode
+# (its agent names the mode anew when it starts: TaskReport.gpu_mode).
+_OFF: dict[str, object] = {
+    "node": None,
+    "device_indices": [],
+    "assigned_at": None,
+    "gpu_mode": "",
+}
 
 MACHINE: Machine[TaskState, TaskEvent] = Machine(
     kind="task",
