@@ -102,3 +102,12 @@ def test_a_running_tasks_app_port_travels_and_a_bad_one_is_named():
     order = StartOrder(1, 0, 5, "nb", "main", 0, "jupyter lab", "alice", {}, [], None, {},
                        app="jupyter")  # fmt: skip
     assert StartOrder.from_json(_travel(order.to_json())) == order
+
+
+def test_a_running_tasks_gpu_mode_travels_and_a_bad_one_is_named():
+    back, errors = _parse(_travel(TaskReport(1, 0, TaskState.RUNNING, gpu_mode="mps").to_json()))
+    assert errors == {} and back is not None and back.gpu_mode == "mps"
+    assert "gpu_mode" not in TaskReport(1, 0, TaskState.RUNNING).to_json()  # whole GPUs
+    for bad in ("exclusive", "MPS", 3, ["mig"]):
+        item = {**TaskReport(1, 0, TaskState.RUNNING).to_json(), "gpu_mode": bad}
+        assert "tasks.0.gpu_mode" in _parse(item)[1], bad

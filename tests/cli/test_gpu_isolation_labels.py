@@ -69,3 +69,34 @@ def test_the_words_are_those_the_issue_promises():
     assert mode_of(0.5, "", ["timeslice"]) == "timeslice"
     assert mode_of(0.142, "MIG-a", ["mig"]) == "mig" and mode_of(1, "", []) == "exclusive"
     assert mode_of(0.5, "", ["mig"]) == ""
+
+
+@pytest.mark.parametrize("told_by", ["lease", "report"])
+def test_a_started_share_keeps_the_mode_its_agent_applied(api, owner, settings, told_by):
+    """The label says what the task got, not what its node offers now: an agent restarted
+    with other modes does not change how a running task was started."""
+    from scheduler.models import Job, Task
+    from tests.agentapi.test_protocol import JOIN, NODE, agent, register
+
+    settings.BERTH_JOIN_TOKEN = JOIN
+    token = register({**NODE, "gpu_sharing": ["timeslice"]}).json()["token"]
+    spec = {"name": "half", "tasks": [{"name": "main", "command": "true",
+                                       "resources": {"gpu": 0.5}}]}  # fmt: skip
+    submitted = api(owner).post("/api/v1/jobs/", spec, format="json")
+    assert submitted.status_code == 201, submitted.json()
+    run_scheduler_cycle()
+    task = Task.objects.get(job_id=submitted.json()["id"])
+    running = {"id": task.pk, "attempt": 0, "state": "Running", "output_bytes": 0,
+               "exit_code": None, "gpu_mode": "timeslice"}  # fmt: skip
+    path = "/api/v1/agent/lease/" if told_by == "lease" else "/api/v1/agent/report/"
+    body = {"tasks": [running], "wait": 0} if told_by == "lease" else {"tasks": [running]}
+    assert agent(token).post(path, body, format="json").status_code == 200
+    assert Task.objects.get(pk=task.pk).gpu_mode == "timeslice"
+    Node.objects.update(gpu_sharing=["mps", "timeslice"])  # the agent, restarted with MPS
+    detail = api(owner).get(f"/api/v1/jobs/{task.job_id}/").json()["tasks"][0]["gpu_sharing"]
+    assert detail == {"mode": "timeslice", "isolation": LABELS["timeslice"]}
+    # A bad mode is refused whole, naming the field.
+    refused = agent(token).post(path, {**body, "tasks": [{**running, "gpu_mode": "magic"}]},
+                                format="json")  # fmt: skip
+    assert refused.status_code == 400 and "tasks.0.gpu_mode" in json.dumps(refused.json())
+    assert Job.objects.get(pk=task.job_id).state in ("Running", "Pending")
