@@ -6,22 +6,18 @@ devices list each occupant with its share."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
-from django.utils import timezone
 
 from scheduler.cycle.loop import run_scheduler_cycle
-from scheduler.models import Allocation, Job, Task, UsageRecord
+from scheduler.models import Allocation, Job
 from scheduler.states.names import JobState
 from tests.agentapi.test_protocol import (
     JOIN,
-    agent,
     join_token,  # noqa: F401 - the autouse fixture
     lease,
     register,
 )
-from tests.cycle.gpu_node import register_gpu_node, submit_gpu_job
+from tests.cycle.gpu_node import register_gpu_node, run_for_an_hour, submit_gpu_job
 
 pytestmark = pytest.mark.django_db
 
@@ -56,15 +52,7 @@ def test_quarters_share_a_device_and_whole_gpus_wait_for_a_free_one(api, owner):
 def test_a_quarter_gpu_for_an_hour_is_a_quarter_gpu_hour(api, owner):
     token = _register(["timeslice"])
     job_id = submit_gpu_job(api, owner, 0.25, "quarter")
-    run_scheduler_cycle()
-    (task,) = Task.objects.filter(job_id=job_id)
-    node = agent(token)
-    running = [{"id": task.pk, "attempt": 0, "state": "Running"}]
-    assert node.post("/api/v1/agent/report/", {"tasks": running}, format="json").status_code == 200
-    Task.objects.filter(pk=task.pk).update(started_at=timezone.now() - timedelta(hours=1))
-    ended = [{**running[0], "state": "Succeeded", "exit_code": 0, "output_bytes": 0}]
-    assert node.post("/api/v1/agent/report/", {"tasks": ended}, format="json").status_code == 200
-    (record,) = UsageRecord.objects.all()
+    record = run_for_an_hour(token, job_id)
     assert record.gpu_seconds == pytest.approx(0.25 * record.wall_seconds)
     assert record.wall_seconds == pytest.approx(3600, abs=5)
     (row,) = api(owner).get("/api/v1/usage/").json()["results"]

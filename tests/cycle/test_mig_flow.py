@@ -6,22 +6,18 @@ of a GPU-hour."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
-from django.utils import timezone
 
 from scheduler.agent.runtime import discover_gpus
 from scheduler.cycle.loop import run_scheduler_cycle
-from scheduler.models import Allocation, Job, MigInstance, Task, UsageRecord
+from scheduler.models import Allocation, Job, MigInstance
 from tests.agentapi.test_protocol import (
     JOIN,
-    agent,
     join_token,  # noqa: F401 - the autouse fixture
     lease,
     register,
 )
-from tests.cycle.gpu_node import register_gpu_node, submit_gpu_job
+from tests.cycle.gpu_node import register_gpu_node, run_for_an_hour, submit_gpu_job
 
 pytestmark = pytest.mark.django_db
 PROFILES = {0: ["1g.10gb", "1g.10gb", "2g.20gb"]}
@@ -75,15 +71,7 @@ def test_a_profile_only_a_gone_instance_had_never_fits(api, owner):
 def test_an_hour_on_a_1g_instance_is_a_seventh_of_a_gpu_hour(api, owner):
     token = _register(PROFILES)
     job_id = submit_gpu_job(api, owner, "1g.10gb", "small")
-    run_scheduler_cycle()
-    (task,) = Task.objects.filter(job_id=job_id)
-    node = agent(token)
-    running = [{"id": task.pk, "attempt": 0, "state": "Running"}]
-    assert node.post("/api/v1/agent/report/", {"tasks": running}, format="json").status_code == 200
-    Task.objects.filter(pk=task.pk).update(started_at=timezone.now() - timedelta(hours=1))
-    ended = [{**running[0], "state": "Succeeded", "exit_code": 0, "output_bytes": 0}]
-    assert node.post("/api/v1/agent/report/", {"tasks": ended}, format="json").status_code == 200
-    (record,) = UsageRecord.objects.all()
+    record = run_for_an_hour(token, job_id)
     assert record.gpu_seconds == pytest.approx(0.142 * record.wall_seconds)
     assert not Allocation.objects.exists()
 
