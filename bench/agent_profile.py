@@ -28,7 +28,6 @@ import cProfile
 import json
 import os
 import pstats
-import statistics
 import sys
 import threading
 import time
@@ -47,7 +46,7 @@ os.environ.setdefault(
 os.environ.setdefault("BERTH_JOIN_TOKEN", "bench-join-token")
 
 import django  # noqa: E402
-from cycle_db import QueryMeter, fresh_database  # noqa: E402
+from cycle_db import QueryMeter, median_run  # noqa: E402
 
 GI = 1 << 30
 KINDS = ("lease_start", "lease_confirm", "report_final")
@@ -302,14 +301,12 @@ def main() -> None:
     meter = AllThreadsMeter()
     install_meter(meter)
     server = Server()
-    runs = []
-    for _ in range(args.repeat):
-        with fresh_database(args.database_name):
-            runs.append(measure(args, server, meter))
-    runs.sort(key=lambda r: r["cpu_ms_per_task_total"])
-    result = runs[len(runs) // 2]
-    result["cpu_ms_per_task_total_all"] = [r["cpu_ms_per_task_total"] for r in runs]
-    result["cpu_ms_median"] = statistics.median(result["cpu_ms_per_task_total_all"])
+    result = median_run(
+        args.repeat,
+        args.database_name,
+        lambda: measure(args, server, meter),
+        "cpu_ms_per_task_total",
+    )
     print(json.dumps(result, indent=2))
 
 

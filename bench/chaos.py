@@ -45,6 +45,8 @@ sys.path.insert(0, str(ROOT))
 from bench.faults import (  # noqa: E402
     Load,
     Netns,
+    PrivatePostgres,
+    PrivateRedis,
     Stack,
     check,
     cluster,
@@ -88,20 +90,22 @@ def pg_restart(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, 
 
 
 def pg_down(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    stack.pg.stop()
-    time.sleep(args.outage / 2)
-    seen = {"healthz_while_down": _healthz(stack)}
-    time.sleep(args.outage / 2)
-    stack.pg.start()
-    return seen
+    return _outage(stack, stack.pg, args.outage)
 
 
 def redis_down(stack: Stack, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    stack.redis.stop()
-    time.sleep(args.outage / 2)
+    return _outage(stack, stack.redis, args.outage)
+
+
+def _outage(
+    stack: Stack, service: PrivatePostgres | PrivateRedis, seconds: float
+) -> dict[str, Any]:
+    """`service` stopped for `seconds`; what /healthz said halfway through."""
+    service.stop()
+    time.sleep(seconds / 2)
     seen = {"healthz_while_down": _healthz(stack)}
-    time.sleep(args.outage / 2)
-    stack.redis.start()
+    time.sleep(seconds / 2)
+    service.start()
     return seen
 
 

@@ -80,6 +80,22 @@ def fresh_database(name: str) -> Iterator[None]:
         connection.creation.destroy_test_db(old_name, verbosity=0)
 
 
+def median_run(
+    repeat: int, database_name: str, measure: Callable[[], dict[str, Any]], key: str
+) -> dict[str, Any]:
+    """Run `measure` `repeat` times, each on a fresh database `database_name`: the run with
+    the median `key`, with every run's `key` (`<key>_all`) and their median (cpu_ms_median)."""
+    runs = []
+    for _ in range(repeat):
+        with fresh_database(database_name):
+            runs.append(measure())
+    runs.sort(key=lambda r: r[key])
+    result = runs[len(runs) // 2]
+    result[f"{key}_all"] = [r[key] for r in runs]
+    result["cpu_ms_median"] = statistics.median(result[f"{key}_all"])
+    return result
+
+
 def fill(nodes: int, gpus: int, jobs: int) -> None:
     from django.contrib.auth.models import User
     from django.utils import timezone

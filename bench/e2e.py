@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import cpu_use  # noqa: E402
 import slurm_peer  # noqa: E402
-from processes import free_port, stop_groups  # noqa: E402
+from processes import add_database_options, free_port, stop_groups  # noqa: E402
 
 from scheduler.agent.client import Backoff, parse_retry_after  # noqa: E402
 
@@ -74,13 +74,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--peer", choices=["slurm", "none"], default="slurm")
     parser.add_argument("--slurm-slots", type=int, default=64, help="CPUs Slurm may fill")
     parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument(
-        "--database",
-        default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
-    )
-    parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--database-name", default="berth_bench",
-                        help="the bench's own database, dropped and created again")  # fmt: skip
+    add_database_options(parser, "berth_bench")
     args = parser.parse_args()
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", args.database_name):
         parser.error("--database-name: lower-case letters, digits and _")

@@ -4,6 +4,7 @@ good."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -15,6 +16,18 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def add_database_options(parser: argparse.ArgumentParser, database_name: str) -> None:
+    """--database and --redis (where the bench's server connects: DATABASE_URL and REDIS_URL
+    by default) and --database-name, the bench's own database."""
+    parser.add_argument(
+        "--database",
+        default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+    )
+    parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--database-name", default=database_name,
+                        help="the bench's own database, dropped and created again")  # fmt: skip
 
 
 def free_port() -> int:

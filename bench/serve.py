@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.client import BENCH_SECRET_KEY, post_json  # noqa: E402
-from bench.processes import free_port  # noqa: E402
+from bench.processes import add_database_options, free_port  # noqa: E402
 
 APP_NAME = "berth-bench-web"
 
@@ -77,13 +77,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=800)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument(
-        "--database",
-        default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
-    )
-    parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--database-name", default="berth_bench_serve",
-                        help="the bench's own database, dropped and created again")  # fmt: skip
+    add_database_options(parser, "berth_bench_serve")
     parser.add_argument("--nodes", type=int, default=0,
                         help="registered nodes (64 CPUs, 512Gi) the never-fits check reads;"
                              " bench/e2e.py starts 100")  # fmt: skip

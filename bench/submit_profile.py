@@ -22,7 +22,6 @@ import cProfile
 import json
 import os
 import pstats
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -35,7 +34,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "berth.settings")
 os.environ.setdefault("BERTH_SECRET_KEY", "bench-only-secret-key-0123456789abcdefghijklmnop")
 
 import django  # noqa: E402
-from cycle_db import QueryMeter, fresh_database  # noqa: E402
+from cycle_db import QueryMeter, median_run  # noqa: E402
 from e2e import job_body  # noqa: E402
 
 
@@ -167,14 +166,7 @@ def main() -> None:
     if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
         parser.error("needs PostgreSQL: set DATABASE_URL=postgres://user@host:port/db")
     django.setup()
-    runs = []
-    for _ in range(args.repeat):
-        with fresh_database(args.database_name):
-            runs.append(measure(args))
-    runs.sort(key=lambda r: r["cpu_ms_per_submit"])
-    result = runs[len(runs) // 2]
-    result["cpu_ms_per_submit_all"] = [r["cpu_ms_per_submit"] for r in runs]
-    result["cpu_ms_median"] = statistics.median(result["cpu_ms_per_submit_all"])
+    result = median_run(args.repeat, args.database_name, lambda: measure(args), "cpu_ms_per_submit")
     print(json.dumps(result, indent=2))
 
 

@@ -138,6 +138,19 @@ def _forget_recent_offers() -> None:
 
 
 @pytest.fixture
+def fresh_fair_share() -> Generator[None]:
+    """Fair-share usage is cached in this process (scheduler/cycle/fairshare.py): a test that
+    reads or writes it starts and ends with nothing cached or written."""
+    from scheduler.cycle import fairshare
+
+    fairshare._cache = None
+    fairshare._written.clear()
+    yield
+    fairshare._cache = None
+    fairshare._written.clear()
+
+
+@pytest.fixture
 def owner(db: None) -> User:
     return User.objects.create_user("alice", password="alice-pass-123")
 

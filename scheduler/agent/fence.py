@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,6 +217,32 @@ class Fence:
         """The agent stops with no task left: remove its folder of task cgroups."""
         if self.hierarchy is not None and not self.hierarchy.names():
             self.hierarchy.remove_base()
+
+
+def start_gated(
+    start: Callable[[int], subprocess.Popen[bytes]], admit: Callable[[int], None]
+) -> subprocess.Popen[bytes]:
+    """Start a process that waits on a pipe before it runs anything: `start` gets the pipe's
+    end to read from; once `admit(pid)` has put the process where it belongs (its cgroup) it
+    is told to go on. A process that cannot be admitted (OSError) is killed and waited for;
+    the pipe is closed either way."""
+    gate, go = os.pipe()
+    try:
+        proc = start(gate)
+        os.close(gate)
+        gate = -1
+        try:
+            admit(proc.pid)
+            os.write(go, b"go\n")  # BrokenPipeError if it died first (a failed mount)
+        except OSError:
+            proc.kill()
+            proc.wait()
+            raise
+    finally:
+        for fd in (gate, go):
+            if fd >= 0:
+                os.close(fd)
+    return proc
 
 
 def oom_message(usage: Usage, requested: int) -> str:

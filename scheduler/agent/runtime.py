@@ -36,7 +36,7 @@ from scheduler.agent.cleanup import (
     sweep_work_dirs,
 )
 from scheduler.agent.client import PROTOCOL, Backoff, Http, ServerError, Unavailable
-from scheduler.agent.fence import OUT_OF_MEMORY, Fence, oom_message, usage_report
+from scheduler.agent.fence import OUT_OF_MEMORY, Fence, oom_message, start_gated, usage_report
 from scheduler.agent.gpumodes import MPS, NodeSharing, TaskGpus, fake_mig_instances, mig_instances
 from scheduler.agent.gpus import FAKE_MEMORY, GpuSampler, fake_level, task_utilization
 from scheduler.agent.isolation import (
@@ -725,13 +725,13 @@ class Agent(Session):
         prefix: list[str] = []
         if self.tmp_tools is not None:
             prefix = private_tmp_argv(self.tmp_tools, account, memory)
-        gate, go = os.pipe()
-        try:
+
+        def start(gate: int) -> subprocess.Popen[bytes]:
             with (
                 open(directory / "output.log", "ab") as output,
                 open(directory / "exit_code", "wb") as exit_file,
             ):
-                proc = subprocess.Popen(
+                return subprocess.Popen(
                     [*prefix, "/bin/sh", "-c", WRAPPER, "berth-task", *args],  # no job text
                     cwd=workdir,
                     env=env,
@@ -741,21 +741,8 @@ class Agent(Session):
                     start_new_session=True,  # its own process group, killed as a whole
                     **spawn_kwargs(account, switching and not prefix),
                 )
-            os.close(gate)
-            try:
-                self.fence.add(group, proc.pid)
-                os.write(go, b"go\n")  # BrokenPipeError if it died first (a failed mount)
-            except OSError:
-                proc.kill()
-                proc.wait()
-                raise
-        finally:
-            for fd in (gate, go):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        return proc
+
+        return start_gated(start, lambda pid: self.fence.add(group, pid))
 
     def _shell(self, command: str, start_env: dict[str, Any]) -> tuple[list[str], str]:
         """The shell with its flags, and the script that runs `command`."""

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scheduler.agent.fence import start_gated
 from scheduler.agent.isolation import SHELL_NAME
 from scheduler.agent.wire import (
     PROTOCOL,
@@ -167,28 +168,19 @@ class Pty:
                env: dict[str, str], add_to_cgroup: Callable[[str, int], None],
                ) -> subprocess.Popen[bytes]:  # fmt: skip
         argv = session_argv(context, who, self.script, self.root)
-        gate, go = os.pipe()
-        try:
-            proc = subprocess.Popen(
+
+        def start(gate: int) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
                 ["/bin/sh", "-c", GATE, "berth-session", tty, *argv],
                 cwd=context.workdir, env=env, stdin=gate, stdout=slave, stderr=slave,
                 start_new_session=True,
             )  # fmt: skip
-            os.close(gate)
-            gate = -1
-            try:
-                if context.cgroup:
-                    add_to_cgroup(context.cgroup, proc.pid)
-                os.write(go, b"go\n")
-            except OSError:
-                proc.kill()
-                proc.wait()
-                raise
-        finally:
-            for fd in (gate, go):
-                if fd >= 0:
-                    os.close(fd)
-        return proc
+
+        def admit(pid: int) -> None:
+            if context.cgroup:
+                add_to_cgroup(context.cgroup, pid)
+
+        return start_gated(start, admit)
 
     def resize(self, rows: int, cols: int) -> None:
         set_size(self.master, rows, cols)

@@ -28,14 +28,20 @@ class PayloadTooLarge(APIException):
 def read_body(stream: IO[Any] | None, parser_context: Mapping[str, Any] | None) -> bytes:
     """The raw body, refused with 413 past the limit before it is read into memory."""
     limit = body_limit()
-    request = (parser_context or {}).get("request")
-    declared = getattr(request, "META", {}).get("CONTENT_LENGTH") or "0"
-    if declared.isdigit() and int(declared) > limit:
+    declared = _declared_length(parser_context)
+    if declared is not None and declared > limit:
         raise PayloadTooLarge(f"request body larger than {limit} bytes")
     raw = stream.read(limit + 1) if stream is not None else b""
     if len(raw) > limit:
         raise PayloadTooLarge(f"request body larger than {limit} bytes")
     return raw if isinstance(raw, bytes) else str(raw).encode()
+
+
+def _declared_length(parser_context: Mapping[str, Any] | None) -> int | None:
+    """The request's Content-Length (0 where it has none); None where it is not a number."""
+    request = (parser_context or {}).get("request")
+    declared = getattr(request, "META", {}).get("CONTENT_LENGTH") or "0"
+    return int(declared) if declared.isdigit() else None
 
 
 def checked(tree: object, parser_context: Mapping[str, Any] | None = None) -> None:
@@ -56,14 +62,23 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-class JSONParser(parsers.JSONParser):
+class _WholeBodyParser(parsers.BaseParser):
+    """A parser that reads the whole body within the limit (read_body), then parses it."""
+
     def parse(
         self,
         stream: IO[Any],
         media_type: str | None = None,
         parser_context: Mapping[str, Any] | None = None,
     ) -> Any:
-        raw = read_body(stream, parser_context)
+        return self.parse_body(read_body(stream, parser_context), parser_context)
+
+    def parse_body(self, raw: bytes, parser_context: Mapping[str, Any] | None) -> Any:
+        raise NotImplementedError
+
+
+class JSONParser(_WholeBodyParser, parsers.JSONParser):
+    def parse_body(self, raw: bytes, parser_context: Mapping[str, Any] | None) -> Any:
         try:
             data = json.loads(raw, parse_constant=_refuse_constant)
         except RecursionError:
@@ -76,16 +91,10 @@ class JSONParser(parsers.JSONParser):
         return data
 
 
-class YAMLParser(parsers.BaseParser):
+class YAMLParser(_WholeBodyParser):
     media_type = "application/yaml"
 
-    def parse(
-        self,
-        stream: IO[Any],
-        media_type: str | None = None,
-        parser_context: Mapping[str, Any] | None = None,
-    ) -> Any:
-        raw = read_body(stream, parser_context)
+    def parse_body(self, raw: bytes, parser_context: Mapping[str, Any] | None) -> Any:
         try:
             return load_yaml(raw.decode(), raw_text=_raw_text_fields(parser_context))
         except UnicodeDecodeError:
@@ -101,15 +110,10 @@ def _form_tree(data: QueryDict) -> dict[str, object]:
     return {key: (v[0] if len(v) == 1 else v) for key, v in data.lists()}
 
 
-class FormParser(parsers.FormParser):
-    def parse(
-        self,
-        stream: IO[Any],
-        media_type: str | None = None,
-        parser_context: Mapping[str, Any] | None = None,
-    ) -> Any:
+class FormParser(_WholeBodyParser, parsers.FormParser):
+    def parse_body(self, raw: bytes, parser_context: Mapping[str, Any] | None) -> Any:
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
-        data = QueryDict(read_body(stream, parser_context), encoding=encoding)
+        data = QueryDict(raw, encoding=encoding)
         checked(_form_tree(data))
         return data
 
@@ -121,9 +125,8 @@ class MultiPartParser(parsers.MultiPartParser):
         media_type: str | None = None,
         parser_context: Mapping[str, Any] | None = None,
     ) -> Any:
-        request = (parser_context or {}).get("request")
-        declared = getattr(request, "META", {}).get("CONTENT_LENGTH") or "0"
-        if not declared.isdigit() or int(declared) > body_limit():
+        declared = _declared_length(parser_context)
+        if declared is None or declared > body_limit():
             raise PayloadTooLarge(f"request body larger than {body_limit()} bytes")
         result = super().parse(stream, media_type, parser_context)
         checked(_form_tree(result.data))

@@ -394,6 +394,17 @@ def _fractions_could_ever_fit(session: Session, job: JobInfo) -> bool:
     return True
 
 
+def _copies(cpu: int, memory: int, gpu: int, free: Resources, most: int) -> int:
+    """How many tasks of `cpu`, `memory` and `gpu` each fit in `free`, at most `most`."""
+    if cpu and free.cpu // cpu < most:
+        most = free.cpu // cpu
+    if memory and free.memory // memory < most:
+        most = free.memory // memory
+    if gpu and free.gpu // gpu < most:
+        most = free.gpu // gpu
+    return most
+
+
 def _all_instances(node: NodeView) -> Counter[str]:
     """The node's MIG instances per profile, free or not (the cluster empty)."""
     return Counter(node.mig_total)
@@ -425,13 +436,7 @@ def simulate(
             else:
                 return None
             name = names[i]
-            taken = count  # as many as fit, at most the rest of the run
-            if cpu and free.cpu // cpu < taken:
-                taken = free.cpu // cpu
-            if memory and free.memory // memory < taken:
-                taken = free.memory // memory
-            if gpu and free.gpu // gpu < taken:
-                taken = free.gpu // gpu
+            taken = _copies(cpu, memory, gpu, free, count)  # at most the rest of the run
             block = request if taken == 1 else Resources(cpu * taken, memory * taken, gpu * taken)
             if len(runs) > 1:
                 room[name] = free - block
@@ -656,14 +661,7 @@ class _GangRoom:
         cpu, memory, gpu = self.request
         if cpu > free.cpu or memory > free.memory or gpu > free.gpu:
             return 0
-        taken = self.count
-        if cpu and free.cpu // cpu < taken:
-            taken = free.cpu // cpu
-        if memory and free.memory // memory < taken:
-            taken = free.memory // memory
-        if gpu and free.gpu // gpu < taken:
-            taken = free.gpu // gpu
-        return taken
+        return _copies(cpu, memory, gpu, free, self.count)
 
     def changed(self, name: str, free: Resources) -> None:
         if name in self.eligible:

@@ -24,6 +24,7 @@ from scheduler.agent.client import (
 )
 from scheduler.agent.runtime import Agent
 from scheduler.agent.sim import SimCluster
+from tests.agent.test_runtime import agent_running
 
 RETRY_AFTER = 1  # seconds the fake server asks for
 
@@ -144,14 +145,8 @@ def test_the_agent_backs_off_as_asked_and_loses_no_report_or_output(server, tmp_
     # After the first (empty) report, three in a row are refused; so is the first chunk.
     server.refuse = {"register/": [503], "report/": [200, 503, 429, 503], "log/": [429]}
     agent = Agent(server.url, "join", name="node-a", work_dir=tmp_path)
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,))
-    thread.start()
-    try:
+    with agent_running(agent):
         (final,) = wait_for(lambda: final_reports(server, 1))
-    finally:
-        stop.set()
-        thread.join(10)
     assert (final["state"], final["exit_code"], final["output_bytes"]) == ("Succeeded", 0, 9)
     chunks = [s.body for s in server.where("log/", 200)]
     assert "".join(c["data"] for c in chunks) == "out\nmore\n"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 
 from scheduler.agent.fence import Fence
-from tests.agent.test_runtime import RecordingAgent, run_until, start_order
+from tests.agent.test_runtime import RecordingAgent, agent_running, run_until, start_order
 
 pytestmark = pytest.mark.root
 MiB = 2**20
@@ -192,10 +191,7 @@ def test_a_task_end_carries_its_gpus_mean_utilisation_where_nvml_measures_it(tmp
 def test_an_agent_stopping_with_kill_on_exit_kills_its_tasks_daemons_too(tmp_path):
     agent = RecordingAgent(tmp_path, kill_on_exit=True)
     agent.answers = [{"start": [order(13, DAEMONS + "sleep 300")]}]
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,))
-    thread.start()
-    try:
+    with agent_running(agent, 20):
         work = None
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and (work is None or not (work / "fork.pid").exists()):
@@ -206,8 +202,5 @@ def test_an_agent_stopping_with_kill_on_exit_kills_its_tasks_daemons_too(tmp_pat
         time.sleep(0.2)
         pids = [int((work / f).read_text()) for f in ("setsid.pid", "fork.pid")]
         assert all(alive(p) for p in pids)
-    finally:
-        stop.set()
-        thread.join(20)
     assert not any(alive(p) for p in pids)
     assert agent.reports()[-1]["state"] == "Killed"

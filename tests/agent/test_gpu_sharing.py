@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from scheduler.agent.runtime import discover_gpus
 from scheduler.agent.sharemodes import ISOLATION
 from scheduler.agent.sim import SimCluster, SimNode
 from scheduler.agent.wire import GPU_SHARING_MODES
-from tests.agent.test_runtime import RecordingAgent, run_until
+from tests.agent.test_runtime import RecordingAgent, agent_running, run_until
 
 FAKE_CONTROL = Path(__file__).with_name("fake_mps_control.py")
 GI = 2**30
@@ -231,12 +230,8 @@ def test_a_dead_mps_daemon_is_started_again(tmp_path, control):
 
 def test_the_agent_stops_its_mps_daemons_when_it_exits(tmp_path, control):
     agent = sharing_agent(tmp_path, gpu_sharing=("mps",), mps_control=control)
-    stop = threading.Event()
-    runner = threading.Thread(target=agent.run, args=(stop,))
-    runner.start()
-    run_until_true(lambda: all(agent.sharing.mps.pid(i) for i in (0, 1)) and agent.sent)
-    stop.set()
-    runner.join(timeout=30)
+    with agent_running(agent, 30) as runner:
+        run_until_true(lambda: all(agent.sharing.mps.pid(i) for i in (0, 1)) and agent.sent)
     assert not runner.is_alive()
     for index in (0, 1):
         assert agent.sharing.mps.pid(index) is None
@@ -459,12 +454,8 @@ def test_an_mps_daemon_a_running_task_uses_outlives_the_agent(tmp_path, control)
     agent = sharing_agent(tmp_path, gpu_sharing=("mps",), mps_control=control)
     agent.answers = [{"start": [{"id": 1, "attempt": 0, "command": "sleep 30", "devices": [1],
                                  "shares": [0.5]}]}]  # fmt: skip
-    stop = threading.Event()
-    runner = threading.Thread(target=agent.run, args=(stop,))
-    runner.start()
-    run_until_true(lambda: 1 in agent.tasks and agent.tasks[1].state == "Running")
-    stop.set()
-    runner.join(timeout=30)
+    with agent_running(agent, 30):
+        run_until_true(lambda: 1 in agent.tasks and agent.tasks[1].state == "Running")
     # The task goes on after the agent (no --kill-on-exit): its GPU's daemon stays for it.
     assert agent.tasks[1].gpu_mode == "mps"
     assert agent.sharing.mps.pid(0) is None and agent.sharing.mps.pid(1) is not None

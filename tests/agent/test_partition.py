@@ -8,7 +8,6 @@ namespaced, real-network version is tests/chaos/ (partition)."""
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from tests.agent.test_backpressure import (  # noqa: F401 - `server` is its fixt
     start,
     wait_for,
 )
+from tests.agent.test_runtime import agent_running
 
 
 class Clock:
@@ -85,10 +85,7 @@ def test_an_agent_cut_off_stops_its_task_in_time_and_reports_it_lost(
     server.heartbeat_timeout = 4.0
     server.orders = [start(5, "sleep 60")]
     agent = Agent(server.url, "join", name="node-f", work_dir=tmp_path)
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,))
-    thread.start()
-    try:
+    with agent_running(agent):
         pid = wait_for(lambda: _running_pid(agent, 5))
         wait_for(lambda: server.where("lease/", 200) and agent.partition.silence() < 0.5)
         server.refuse = {"lease/": [503] * 10_000, "report/": [503] * 10_000}  # cut off
@@ -97,9 +94,6 @@ def test_an_agent_cut_off_stops_its_task_in_time_and_reports_it_lost(
         assert time.monotonic() - cut < 1.5 + 1.0  # the deadline, and a busy machine's slack
         server.refuse = {}  # heard again
         (final,) = wait_for(lambda: final_reports(server, 5))
-    finally:
-        stop.set()
-        thread.join(10)
     assert final["state"] == "Lost"
     assert "cut off from the server" in final["message"]
 
@@ -112,17 +106,13 @@ def test_an_agent_the_server_hears_never_stops_its_tasks(
     server.heartbeat_timeout = 4.0
     server.orders = [start(6, "sleep 60")]
     agent = Agent(server.url, "join", name="node-g", work_dir=tmp_path)
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,))
-    thread.start()
     try:
-        pid = wait_for(lambda: _running_pid(agent, 6))
-        time.sleep(6)
-        assert _alive(pid) and _running_pid(agent, 6) == pid
-        assert final_reports(server, 6) == []
+        with agent_running(agent):
+            pid = wait_for(lambda: _running_pid(agent, 6))
+            time.sleep(6)
+            assert _alive(pid) and _running_pid(agent, 6) == pid
+            assert final_reports(server, 6) == []
     finally:
-        stop.set()
-        thread.join(10)
         os.killpg(pid, 9)
 
 

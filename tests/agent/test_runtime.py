@@ -8,6 +8,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,20 @@ def run_until(agent: RecordingAgent, done: Any, timeout: float = 10.0) -> None:
         assert time.monotonic() < deadline, "timed out"
         agent.step()
         time.sleep(0.05)
+
+
+@contextmanager
+def agent_running(agent: Agent, join_timeout: float = 10.0) -> Iterator[threading.Thread]:
+    """The agent's main loop on a thread of its own while the block runs; then it is told to
+    stop and waited for (at most `join_timeout` seconds)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,))
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(join_timeout)
 
 
 def test_it_runs_a_command_and_reports_its_output_and_exit_code(tmp_path):
@@ -205,12 +221,8 @@ def test_it_backs_off_while_the_join_token_is_refused(tmp_path):
     agent = RecordingAgent(tmp_path)
     agent.token = ""
     agent.refuse["register/"] = ServerError(401, "wrong or missing join token")
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,))
-    thread.start()
-    time.sleep(1.0)
-    stop.set()
-    thread.join(5)
+    with agent_running(agent, 5):
+        time.sleep(1.0)
     registers = [p for p, _ in agent.sent if p == "register/"]
     assert 1 <= len(registers) <= 3  # 0.5 s, then 1 s: no tight loop
     assert not any(p == "report/" for p, _ in agent.sent)
@@ -227,14 +239,10 @@ def test_it_registers_again_when_the_server_forgets_its_token(tmp_path):
         return RecordingAgent._post(agent, path, body, auth)
 
     agent._post = post  # type: ignore[method-assign]
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,))
-    thread.start()
-    deadline = time.monotonic() + 5
-    while sum(p == "report/" for p, _ in agent.sent) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop.set()
-    thread.join(5)
+    with agent_running(agent, 5):
+        deadline = time.monotonic() + 5
+        while sum(p == "report/" for p, _ in agent.sent) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
     paths = [p for p, _ in agent.sent]
     assert paths[:4] == ["register/", "report/", "register/", "report/"]
     assert agent.token == "t2"
@@ -243,14 +251,10 @@ def test_it_registers_again_when_the_server_forgets_its_token(tmp_path):
 def test_it_leaves_its_tasks_running_when_it_stops(tmp_path):
     agent = RecordingAgent(tmp_path)
     agent.answers = [{"start": [start_order(11, "sleep 30")]}]
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,))
-    thread.start()
-    deadline = time.monotonic() + 5
-    while 11 not in agent.tasks and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop.set()
-    thread.join(5)
+    with agent_running(agent, 5):
+        deadline = time.monotonic() + 5
+        while 11 not in agent.tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
     pid = agent.tasks[11].pid
     try:
         assert _alive(pid)
@@ -263,15 +267,11 @@ def test_it_leaves_its_tasks_running_when_it_stops(tmp_path):
 def test_it_kills_its_tasks_on_exit_when_asked_and_says_so(tmp_path):
     agent = RecordingAgent(tmp_path, kill_on_exit=True)
     agent.answers = [{"start": [start_order(12, "sleep 30")]}]
-    stop = threading.Event()
-    thread = threading.Thread(target=agent.run, args=(stop,))
-    thread.start()
-    deadline = time.monotonic() + 5
-    while 12 not in agent.tasks and time.monotonic() < deadline:
-        time.sleep(0.05)
-    pid = agent.tasks[12].pid
-    stop.set()
-    thread.join(10)
+    with agent_running(agent):
+        deadline = time.monotonic() + 5
+        while 12 not in agent.tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = agent.tasks[12].pid
     assert not _alive(pid)
     assert agent.reports()[-1]["state"] == "Killed"
 

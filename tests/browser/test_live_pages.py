@@ -20,16 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
 from django.contrib.auth.models import User
-from django.db import connection
 
 from bench.processes import free_port, start_daphne
 from scheduler.agent.client import PROTOCOL
 from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.jobs.submit import create_flow
 from scheduler.models import Flow, JobTemplate, Queue
-from tests.e2e.conftest import database_url
+from tests.e2e.conftest import database_url, skip_unless_shared_stack
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,10 +41,10 @@ JOIN = "browser-join"
 
 @pytest.fixture
 def server(transactional_db: None, tmp_path: Path) -> Iterator[str]:
-    if connection.vendor != "postgresql":
-        pytest.skip("needs PostgreSQL: the browser's server and this test share the database")
-    if "channels_redis" not in str(django_settings.CHANNEL_LAYERS["default"]["BACKEND"]):
-        pytest.skip("needs Redis (REDIS_URL): pushes go from this process to the server's")
+    skip_unless_shared_stack(
+        "the browser's server and this test share the database",
+        "pushes go from this process to the server's",
+    )
     Queue.objects.get_or_create(name="default")
     port = free_port()
     env = {

@@ -17,16 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
 from django.contrib.auth.models import User
-from django.db import connection
 
 from bench.processes import free_port, start_daphne
 from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.jobs.submit import create_flow, submit_job
 from scheduler.models import JobTemplate, Node, Queue
 from tests.browser.test_live_pages import CHROMIUM_ARGS, _in_thread, _sign_in
-from tests.e2e.conftest import database_url
+from tests.e2e.conftest import database_url, skip_unless_shared_stack
 from tests.factories import make_node
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
@@ -58,10 +56,10 @@ class Daphne:
 
 @pytest.fixture
 def daphne(transactional_db: None, tmp_path: Path) -> Iterator[Daphne]:
-    if connection.vendor != "postgresql":
-        pytest.skip("needs PostgreSQL: the browser's server and this test share the database")
-    if "channels_redis" not in str(django_settings.CHANNEL_LAYERS["default"]["BACKEND"]):
-        pytest.skip("needs Redis (REDIS_URL): pushes go from this process to the server's")
+    skip_unless_shared_stack(
+        "the browser's server and this test share the database",
+        "pushes go from this process to the server's",
+    )
     server = Daphne(tmp_path)
     server.start()
     try:

@@ -7,50 +7,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 import pytest
-from click.testing import CliRunner
-from rest_framework.test import APIClient
 
-from berth.cli.client import Client, Settings
-from berth.cli.main import cli
-from scheduler.cycle import fairshare
 from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.models import Job, Queue
 from tests.factories import make_node, make_usage
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _fresh_usage() -> Any:
-    fairshare._cache = None
-    fairshare._written.clear()
-    yield
-    fairshare._cache = None
-
-
-@pytest.fixture
-def berth(owner: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """berth(*args) -> click's result of running the CLI as `owner`."""
-    api = APIClient()
-    api.force_authenticate(owner)
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = request.content.decode()
-        answer = api.generic(request.method, request.url.raw_path.decode(), body,
-                             content_type="application/json")  # fmt: skip
-        return httpx.Response(answer.status_code, content=answer.content,
-                              headers={"Content-Type": answer.get("Content-Type", "")})  # fmt: skip
-
-    def make_client() -> Client:
-        made = Client(Settings("http://berth.test", "tok"), retries=0)
-        made.http = httpx.Client(base_url="http://berth.test",
-                                 transport=httpx.MockTransport(handler))  # fmt: skip
-        return made
-
-    monkeypatch.setattr("berth.cli.main.client", make_client)
-    return lambda *args: CliRunner().invoke(cli, list(args))
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_fair_share")]
 
 
 def test_submit_past_the_pending_limit_names_it_and_writes_nothing(berth: Any, owner: Any) -> None:

@@ -5,43 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
-from click.testing import CliRunner
 from django.utils import timezone
-from rest_framework.test import APIClient
 
-from berth.cli.client import Client, Settings
-from berth.cli.main import cli
 from scheduler.flows.controller import reconcile_flows
 from scheduler.jobs.submit import create_flow, submit_job
 from scheduler.models import Flow, Job
 
 pytestmark = pytest.mark.django_db
 SPEC = {"tasks": [{"name": "main", "command": "run", "resources": {"cpu": 1}}]}
-
-
-@pytest.fixture
-def berth(owner: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """berth(*args) -> click's result of running the CLI as `owner`."""
-    api = APIClient()
-    api.force_authenticate(owner)
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = request.content.decode()
-        answer = api.generic(request.method, request.url.raw_path.decode(), body,
-                             content_type="application/json")  # fmt: skip
-        return httpx.Response(answer.status_code, content=answer.content,
-                              headers={"Content-Type": answer.get("Content-Type", "")})  # fmt: skip
-
-    def make_client() -> Client:
-        made = Client(Settings("http://berth.test", "tok"), retries=0)
-        made.http = httpx.Client(base_url="http://berth.test",
-                                 transport=httpx.MockTransport(handler))  # fmt: skip
-        return made
-
-    monkeypatch.setattr("berth.cli.main.client", make_client)
-    return lambda *args: CliRunner().invoke(cli, list(args))
 
 
 def failed_flow(owner: Any) -> Flow:

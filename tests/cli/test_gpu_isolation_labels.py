@@ -1,7 +1,7 @@
 """Which way each task holds its GPU and what that isolates, as the REST job detail and
 `berth show` say it (one wording: scheduler/agent/sharemodes.py): a MIG instance, a share
 under MPS or time-slicing, a whole GPU, no GPU. The CLI runs against the real REST API (its
-HTTP client wired straight into the Django app, as in test_fair_share_commands)."""
+HTTP client wired straight into the Django app: the `berth` fixture of tests/cli/conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 from scheduler.agent.sharemodes import LABELS, mode_of
 from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.models import Device, MigInstance, Node
-from tests.cli.test_fair_share_commands import berth as berth  # the fixture
 from tests.factories import GI, make_node
 
 pytestmark = pytest.mark.django_db

@@ -14,15 +14,13 @@ from typing import Any
 
 import pexpect
 import pytest
-from django.conf import settings as django_settings
 from django.contrib.auth.models import User
-from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from bench.processes import free_port, start_daphne
 from scheduler.models import Event, Job, Queue, ShellSession
 from scheduler.states.names import JobState
-from tests.e2e.conftest import JOIN_TOKEN, Cluster, database_url, wait_for
+from tests.e2e.conftest import JOIN_TOKEN, Cluster, database_url, skip_unless_shared_stack, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e]
 BERTH = str(Path(sys.executable).with_name("berth"))
@@ -31,10 +29,10 @@ BERTH = str(Path(sys.executable).with_name("berth"))
 @pytest.fixture
 def shell_cluster(transactional_db: None, tmp_path: Path) -> Iterator[Cluster]:
     """daphne (the web tier with websockets), the scheduler loop and one agent."""
-    if connection.vendor != "postgresql":
-        pytest.skip("needs PostgreSQL: the processes share the test database")
-    if "channels_redis" not in str(django_settings.CHANNEL_LAYERS["default"]["BACKEND"]):
-        pytest.skip("needs Redis (REDIS_URL): sessions are relayed through the channel layer")
+    skip_unless_shared_stack(
+        "the processes share the test database",
+        "sessions are relayed through the channel layer",
+    )
     Queue.objects.get_or_create(name="default")
     env = {**os.environ, "DATABASE_URL": database_url(), "BERTH_JOIN_TOKEN": JOIN_TOKEN,
            "BERTH_SECRET_KEY": "e2e-tests-only-secret-key-never-in-production-0123456789",

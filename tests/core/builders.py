@@ -11,6 +11,7 @@ from scheduler.core.model import (
     MigInfo,
     NodeInfo,
     QueueInfo,
+    SchedulingPolicy,
     Snapshot,
     TaskInfo,
 )
@@ -19,6 +20,14 @@ from scheduler.core.resources import Resources
 
 GI = 1 << 30
 NOW = 10_000.0
+# The policies the core's equivalence tests run each case under.
+POLICIES = {
+    "easy": SchedulingPolicy.easy(),
+    "fcfs": SchedulingPolicy.fcfs(),
+    "default": SchedulingPolicy(),
+    "spread": SchedulingPolicy(node_order="spread"),
+    "loose": SchedulingPolicy(strict_order=False),
+}
 _task_ids = itertools.count(1)
 
 

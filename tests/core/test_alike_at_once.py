@@ -25,15 +25,7 @@ from scheduler.core.resources import Resources
 from scheduler.core.session import Session
 from scheduler.core.statement import Statement
 from scheduler.core.types import NodeView
-from tests.core.builders import GI, NOW, job, node, snapshot
-
-POLICIES = {
-    "easy": SchedulingPolicy.easy(),
-    "fcfs": SchedulingPolicy.fcfs(),
-    "default": SchedulingPolicy(),
-    "spread": SchedulingPolicy(node_order="spread"),
-    "loose": SchedulingPolicy(strict_order=False),
-}
+from tests.core.builders import GI, NOW, POLICIES, job, node, snapshot
 
 
 def decide(snap: Snapshot, config: SchedulingPolicy, at_once: bool, explain: bool) -> CycleResult:

@@ -23,7 +23,15 @@ from scheduler.core.plugins import default_plugins
 from scheduler.core.resources import Resources
 from scheduler.core.session import Session
 from tests.core.builders import NOW, job, node
-from tests.core.test_properties import CONFIGS, FAST, LIMITED_QUEUES, OWNERS, QUEUES, _apply
+from tests.core.test_properties import (
+    CONFIGS,
+    FAST,
+    LIMITED_QUEUES,
+    OWNERS,
+    QUEUES,
+    _apply,
+    random_node,
+)
 
 # Queues whose capability binds: a refusal there also depends on what was bound since.
 CAPPED_QUEUES = [
@@ -69,17 +77,8 @@ def _copies(draw: st.DrawFn, first_id: int) -> list[JobInfo]:
 
 @st.composite
 def alike_clusters(draw: st.DrawFn) -> Snapshot:
-    nodes = [
-        node(
-            f"n{i}",
-            gpus=draw(st.integers(0, 4)),
-            cpu=draw(st.integers(1, 8)),
-            memory_gi=draw(st.integers(1, 16)),
-            labels=draw(st.sampled_from([{}, {"zone": "a"}, {"zone": "b"}])),
-            state=draw(st.sampled_from(["Ready", "Ready", "Ready", "Cordoned"])),
-        )
-        for i in range(draw(st.integers(1, 6)))
-    ]
+    states = ["Ready", "Ready", "Ready", "Cordoned"]
+    nodes = [random_node(draw, i, states) for i in range(draw(st.integers(1, 6)))]
     queues = draw(st.sampled_from([QUEUES, LIMITED_QUEUES, CAPPED_QUEUES]))
     first = Snapshot(NOW - 500, nodes, queues, _copies(draw, 1))
     running = _apply(first, run_cycle(first), started=NOW - 500)

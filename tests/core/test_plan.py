@@ -3,13 +3,12 @@ then does: advancing time to each estimate and running the cycle binds that job 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from scheduler.core.cycle import CycleResult, run_cycle
+from scheduler.core.cycle import run_cycle
 from scheduler.core.model import JobInfo, QueueInfo, SchedulingPolicy
 from scheduler.core.plan import plan_starts
 from scheduler.core.status import Code
 from tests.core.builders import NOW, job, node, snapshot
+from tests.core.simulation import simulate
 
 NODES = [node("n1", gpus=4), node("n2", gpus=4)]
 
@@ -24,51 +23,6 @@ def busy_cluster() -> list[JobInfo]:
         job(12, gpu=2, walltime=300),  # fits n1 between the two: 1400
         job(13, gpu=1, walltime=None),  # for ever: once the gang ends, 2900
     ]
-
-
-def simulate(
-    jobs: list[JobInfo],
-    config: SchedulingPolicy | None = None,
-    queues: list[QueueInfo] | None = None,
-) -> dict[int, float]:
-    """Run cycles at every moment something ends or is expected to start; tasks end exactly
-    at their walltime. Returns when each job was bound."""
-    now, bound_at = NOW, dict[int, float]()
-    for _ in range(50):
-        alive = [j for j in jobs if not _ended(j, now)]
-        snap = snapshot(NODES, alive, queues, now=now)
-        result = run_cycle(snap, config)
-        plan = plan_starts(snap, result, config)
-        jobs = [_apply(j, result, now) for j in alive]
-        for b in result.binds:
-            bound_at.setdefault(b.job_id, now)
-        moments = [_end(j) for j in jobs if j.state == "Running" and j.walltime]
-        moments += [t for t in plan.starts.values() if t is not None]
-        later = [t for t in moments if t > now]
-        if not later:
-            return bound_at
-        now = min(later)
-    raise AssertionError("the simulation did not settle")
-
-
-def _end(j: JobInfo) -> float:
-    return max(t.started_at or 0 for t in j.tasks) + (j.walltime or 0)
-
-
-def _ended(j: JobInfo, now: float) -> bool:
-    return j.state == "Running" and j.walltime is not None and _end(j) <= now
-
-
-def _apply(j: JobInfo, result: CycleResult, now: float) -> JobInfo:
-    binds = {b.task_id: b for b in result.binds if b.job_id == j.id}
-    if not binds:
-        return j
-    tasks = [
-        replace(t, state="Running", node=binds[t.id].node, devices=binds[t.id].devices,
-                started_at=now) if t.id in binds else t
-        for t in j.tasks
-    ]  # fmt: skip
-    return replace(j, state="Running", tasks=tasks)
 
 
 def test_every_waiting_job_gets_its_position_and_estimate():
@@ -92,7 +46,7 @@ def test_the_reserved_job_starts_when_the_core_reserved_it():
 def test_each_job_binds_at_its_estimate():
     snap = snapshot(NODES, busy_cluster())
     estimates = plan_starts(snap, run_cycle(snap)).starts
-    assert simulate(busy_cluster()) == estimates
+    assert simulate(NODES, busy_cluster()) == estimates
 
 
 def test_each_job_binds_at_its_estimate_first_come_first_served():
@@ -101,7 +55,7 @@ def test_each_job_binds_at_its_estimate_first_come_first_served():
     estimates = plan_starts(snap, run_cycle(snap, config), config).starts
     # In strict order job 12 may not pass the gang, which holds both nodes until 2900.
     assert estimates[12] == NOW + 2900
-    assert simulate(busy_cluster(), config) == estimates
+    assert simulate(NODES, busy_cluster(), config) == estimates
 
 
 def test_a_job_that_fits_now_but_is_not_placed_would_start_now():

@@ -4,12 +4,11 @@ fraction may join a device already shared, and each job then binds at its estima
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from scheduler.core.cycle import CycleResult, run_cycle
+from scheduler.core.cycle import run_cycle
 from scheduler.core.model import JobInfo, NodeInfo
 from scheduler.core.plan import plan_starts
 from tests.core.builders import NOW, job, node, snapshot
+from tests.core.simulation import simulate
 
 TS = ("timeslice",)
 
@@ -54,47 +53,6 @@ def test_a_fraction_joins_a_device_already_shared_while_it_stays_shared():
 
 def test_each_fraction_binds_at_its_estimate():
     nodes = [node("a", gpus=1, sharing=TS)]
-    assert _bound_at(nodes, _cluster()) == {
+    assert simulate(nodes, _cluster()) == {
         j: NOW + t for j, t in _estimates(nodes, _cluster()).items()
     }
-
-
-def _bound_at(nodes: list[NodeInfo], jobs: list[JobInfo]) -> dict[int, float]:
-    """Run cycles at every moment something ends or is planned to start; tasks end at their
-    walltime. When each waiting job was bound."""
-    now, bound = NOW, dict[int, float]()
-    for _ in range(50):
-        alive = [j for j in jobs if not _ended(j, now)]
-        snap = snapshot(nodes, alive, now=now)
-        result = run_cycle(snap)
-        plan = plan_starts(snap, result)
-        jobs = [_apply(j, result, now) for j in alive]
-        for b in result.binds:
-            bound.setdefault(b.job_id, now)
-        moments = [_end(j) for j in jobs if j.state == "Running" and j.walltime]
-        moments += [t for t in plan.starts.values() if t is not None]
-        later = [t for t in moments if t > now]
-        if not later:
-            return bound
-        now = min(later)
-    raise AssertionError("the simulation did not settle")
-
-
-def _end(j: JobInfo) -> float:
-    return max(t.started_at or 0 for t in j.tasks) + (j.walltime or 0)
-
-
-def _ended(j: JobInfo, now: float) -> bool:
-    return j.state == "Running" and j.walltime is not None and _end(j) <= now
-
-
-def _apply(j: JobInfo, result: CycleResult, now: float) -> JobInfo:
-    binds = {b.task_id: b for b in result.binds if b.job_id == j.id}
-    if not binds:
-        return j
-    tasks = [
-        replace(t, state="Running", node=binds[t.id].node, devices=binds[t.id].devices,
-                started_at=now) if t.id in binds else t
-        for t in j.tasks
-    ]  # fmt: skip
-    return replace(j, state="Running", tasks=tasks)

@@ -12,7 +12,7 @@ from scheduler.core.model import JobInfo, QueueInfo, SchedulingPolicy
 from scheduler.core.plan import fingerprint, plan_starts
 from scheduler.core.status import Code
 from tests.core.builders import NOW, job, node, snapshot
-from tests.core.test_plan import simulate
+from tests.core.simulation import simulate
 
 NODES = [node("n1", gpus=4), node("n2", gpus=4)]
 
@@ -128,4 +128,4 @@ def test_each_limited_job_binds_at_its_estimate(config):
     snap = snapshot(NODES, jobs, [jobs_limit()])
     estimates = plan_starts(snap, run_cycle(snap, config), config).starts
     assert estimates == {10: NOW + 900, 11: NOW + 1400, 13: NOW + 900}
-    assert simulate(jobs, config, [jobs_limit()]) == {14: NOW, **estimates}
+    assert simulate(NODES, jobs, config, [jobs_limit()]) == {14: NOW, **estimates}

@@ -23,20 +23,24 @@ LIMITED_QUEUES = [
 OWNERS = ["a", "b", "c"]
 
 
+def random_node(draw: st.DrawFn, i: int, states: list[str], sharing: bool = False) -> NodeInfo:
+    """Node n<i> of a drawn cluster: GPUs, CPUs, memory, a zone label and a state drawn from
+    `states`; with `sharing`, also whether it offers time-sliced GPU sharing."""
+    return node(
+        f"n{i}",
+        gpus=draw(st.integers(0, 4)),
+        cpu=draw(st.integers(1, 8)),
+        memory_gi=draw(st.integers(1, 16)),
+        labels=draw(st.sampled_from([{}, {"zone": "a"}, {"zone": "b"}])),
+        state=draw(st.sampled_from(states)),
+        sharing=draw(st.sampled_from([(), ("timeslice",), ("timeslice",)])) if sharing else (),
+    )
+
+
 @st.composite
 def clusters(draw: st.DrawFn) -> Snapshot:
-    nodes = [
-        node(
-            f"n{i}",
-            gpus=draw(st.integers(0, 4)),
-            cpu=draw(st.integers(1, 8)),
-            memory_gi=draw(st.integers(1, 16)),
-            labels=draw(st.sampled_from([{}, {"zone": "a"}, {"zone": "b"}])),
-            state=draw(st.sampled_from(["Ready", "Ready", "Ready", "Cordoned", "NotReady"])),
-            sharing=draw(st.sampled_from([(), ("timeslice",), ("timeslice",)])),
-        )
-        for i in range(draw(st.integers(1, 6)))
-    ]
+    states = ["Ready", "Ready", "Ready", "Cordoned", "NotReady"]
+    nodes = [random_node(draw, i, states, sharing=True) for i in range(draw(st.integers(1, 6)))]
     jobs = [random_job(draw, i) for i in range(1, draw(st.integers(1, 14)))]
     queues = draw(st.sampled_from([QUEUES, QUEUES, LIMITED_QUEUES]))
     first = Snapshot(NOW - 500, nodes, queues, jobs)

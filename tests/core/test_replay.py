@@ -19,16 +19,9 @@ import pytest
 from scheduler.core.model import DeviceInfo, NodeInfo, QueueInfo, SchedulingPolicy
 from scheduler.core.replay import ReplayResult, TraceJob, replay
 from scheduler.core.resources import Resources
+from tests.core.builders import GI, POLICIES
 
 FIXTURES = Path(__file__).parent / "fixtures"
-GI = 1 << 30
-POLICIES = {
-    "easy": SchedulingPolicy.easy(),
-    "fcfs": SchedulingPolicy.fcfs(),
-    "default": SchedulingPolicy(),
-    "spread": SchedulingPolicy(node_order="spread"),
-    "loose": SchedulingPolicy(strict_order=False),
-}
 
 
 def generated_trace(seed: int, count: int) -> list[TraceJob]:

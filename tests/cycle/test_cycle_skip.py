@@ -16,6 +16,7 @@ from django.utils import timezone
 from scheduler.cycle.loop import CycleReport, run_scheduler_cycle, take_changes
 from scheduler.models import Node, Queue, Task
 from scheduler.states.names import NodeState, TaskState
+from tests.cycle.loop_runner import run_loop
 from tests.factories import make_job, make_node
 
 pytestmark = pytest.mark.django_db
@@ -91,7 +92,6 @@ def test_a_quiet_housekeeping_cycle_still_runs_the_clocks_checks(owner):
 
 
 def test_the_loop_never_skips_its_first_cycle_nor_the_one_after_a_failure(monkeypatch):
-    from scheduler.management.commands import run_scheduler
 
     stop, calls = threading.Event(), []
 
@@ -104,15 +104,7 @@ def test_the_loop_never_skips_its_first_cycle_nor_the_one_after_a_failure(monkey
             stop.set()
         return report
 
-    class Lock:
-        def try_acquire(self) -> bool:
-            return True
-
-        def still_held(self) -> bool:
-            return True
-
-    monkeypatch.setattr(run_scheduler, "_cycle_and_heartbeat", cycle)
-    run_scheduler.run_loop(Lock(), 0.001, stop)  # type: ignore[arg-type]
+    run_loop(monkeypatch, cycle, 0.001, stop)
     assert calls == [False, True, False, True]
 
 
@@ -137,15 +129,7 @@ def test_the_loop_runs_a_full_cycle_every_few_seconds_even_when_nothing_changed(
             stop.set()
         return CycleReport(skipped=skip_unchanged)  # nothing ever changes
 
-    class Lock:
-        def try_acquire(self) -> bool:
-            return True
-
-        def still_held(self) -> bool:
-            return True
-
-    monkeypatch.setattr(run_scheduler, "_cycle_and_heartbeat", cycle)
-    run_scheduler.run_loop(Lock(), 0.2, stop)  # type: ignore[arg-type]
+    run_loop(monkeypatch, cycle, 0.2, stop)
     assert FULL_CYCLE_SECONDS == 5.0
     full = [i for i, skip in enumerate(calls) if not skip]
     assert full == [0, 25, 50]  # at 0, 5 and 10 s

@@ -18,16 +18,7 @@ from scheduler.models import Job, Queue, Task, UserShare
 from scheduler.states.names import JobState, TaskState
 from tests.factories import make_node, make_usage
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _fresh_usage() -> Any:
-    fairshare._cache = None
-    fairshare._written.clear()
-    yield
-    fairshare._cache = None
-    fairshare._written.clear()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_fair_share")]
 
 
 def one_gpu_job(name: str = "j", **fields: Any) -> dict[str, Any]:

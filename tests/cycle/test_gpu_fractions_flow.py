@@ -6,51 +6,31 @@ devices list each occupant with its share."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any
-
 import pytest
-from django.utils import timezone
 
 from scheduler.cycle.loop import run_scheduler_cycle
-from scheduler.models import Allocation, Job, Task, UsageRecord
+from scheduler.models import Allocation, Job
 from scheduler.states.names import JobState
-from tests.agentapi.test_protocol import agent, lease, register
+from tests.agentapi.test_protocol import (
+    JOIN,
+    join_token,  # noqa: F401 - the autouse fixture
+    lease,
+    register,
+)
+from tests.cycle.gpu_node import register_gpu_node, run_for_an_hour, submit_gpu_job
 
 pytestmark = pytest.mark.django_db
-JOIN = "join-secret"
-
-
-@pytest.fixture(autouse=True)
-def join_token(settings):
-    settings.BERTH_JOIN_TOKEN = JOIN
 
 
 def _register(sharing: list[str], token: str = JOIN, scheme: str = "Bearer") -> str:
-    body = {
-        "name": "gpu-01",
-        "cpu": "16",
-        "memory": "64Gi",
-        "gpu_sharing": sharing,
-        "devices": [{"index": i, "uuid": f"g-{i}", "memory": 16 * 2**30} for i in range(2)],
-    }
-    response = register(body, token=token, scheme=scheme)
-    assert response.status_code in (200, 201), response.content
-    return str(response.json()["token"])
-
-
-def _submit(api: Any, owner: Any, gpu: Any, name: str) -> int:
-    spec = {"name": name, "tasks": [{"name": "main", "command": "true",
-            "resources": {"cpu": "0.5", "memory": "256Mi", "gpu": gpu}}]}  # fmt: skip
-    response = api(owner).post("/api/v1/jobs/", spec, format="json")
-    assert response.status_code == 201, response.content
-    return int(response.json()["id"])
+    devices = [{"index": i, "uuid": f"g-{i}", "memory": 16 * 2**30} for i in range(2)]
+    return register_gpu_node(sharing, devices, token, scheme)
 
 
 def test_quarters_share_a_device_and_whole_gpus_wait_for_a_free_one(api, owner):
     token = _register(["timeslice"])
-    quarters = [_submit(api, owner, 0.25, f"q{i}") for i in range(4)]
-    whole = [_submit(api, owner, 1, "w1"), _submit(api, owner, 1, "w2")]
+    quarters = [submit_gpu_job(api, owner, 0.25, f"q{i}") for i in range(4)]
+    whole = [submit_gpu_job(api, owner, 1, "w1"), submit_gpu_job(api, owner, 1, "w2")]
     run_scheduler_cycle()
     held = {(a.task.job_id, a.device.index, a.share) for a in Allocation.objects.all()}
     shared = {d for _, d, s in held if s == 250}
@@ -71,16 +51,8 @@ def test_quarters_share_a_device_and_whole_gpus_wait_for_a_free_one(api, owner):
 
 def test_a_quarter_gpu_for_an_hour_is_a_quarter_gpu_hour(api, owner):
     token = _register(["timeslice"])
-    job_id = _submit(api, owner, 0.25, "quarter")
-    run_scheduler_cycle()
-    (task,) = Task.objects.filter(job_id=job_id)
-    node = agent(token)
-    running = [{"id": task.pk, "attempt": 0, "state": "Running"}]
-    assert node.post("/api/v1/agent/report/", {"tasks": running}, format="json").status_code == 200
-    Task.objects.filter(pk=task.pk).update(started_at=timezone.now() - timedelta(hours=1))
-    ended = [{**running[0], "state": "Succeeded", "exit_code": 0, "output_bytes": 0}]
-    assert node.post("/api/v1/agent/report/", {"tasks": ended}, format="json").status_code == 200
-    (record,) = UsageRecord.objects.all()
+    job_id = submit_gpu_job(api, owner, 0.25, "quarter")
+    record = run_for_an_hour(token, job_id)
     assert record.gpu_seconds == pytest.approx(0.25 * record.wall_seconds)
     assert record.wall_seconds == pytest.approx(3600, abs=5)
     (row,) = api(owner).get("/api/v1/usage/").json()["results"]
@@ -90,7 +62,7 @@ def test_a_quarter_gpu_for_an_hour_is_a_quarter_gpu_hour(api, owner):
 
 def test_a_node_without_sharing_never_takes_a_fraction(api, owner):
     token = _register(["timeslice"])
-    job_id = _submit(api, owner, 0.25, "quarter")
+    job_id = submit_gpu_job(api, owner, 0.25, "quarter")
     _register([], token=token, scheme="Node")  # its agent restarts offering no sharing
     run_scheduler_cycle()
     job = Job.objects.get(pk=job_id)

@@ -9,6 +9,7 @@ import pytest
 from scheduler.cycle.loop import PHASES, run_scheduler_cycle
 from scheduler.models import Task
 from scheduler.states.names import TaskState
+from tests.cycle.loop_runner import run_loop
 from tests.factories import make_job, make_node
 
 pytestmark = pytest.mark.django_db
@@ -70,14 +71,6 @@ def test_run_scheduler_does_the_housekeeping_once_a_second(monkeypatch):
             stop.set()
         return run_scheduler.CycleReport()
 
-    class Lock:
-        def try_acquire(self) -> bool:
-            return True
-
-        def still_held(self) -> bool:
-            return True
-
-    monkeypatch.setattr(run_scheduler, "_cycle_and_heartbeat", cycle)
-    run_scheduler.run_loop(Lock(), 0.2, stop)  # type: ignore[arg-type]
+    run_loop(monkeypatch, cycle, 0.2, stop)
     assert HOUSEKEEPING_SECONDS == 1.0
     assert flags == [True, False, False] * 4  # at 0, 1.2, 2.4 and 3.6 s

@@ -6,46 +6,26 @@ of a GPU-hour."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any
-
 import pytest
-from django.utils import timezone
 
 from scheduler.agent.runtime import discover_gpus
 from scheduler.cycle.loop import run_scheduler_cycle
-from scheduler.models import Allocation, Job, MigInstance, Task, UsageRecord
-from tests.agentapi.test_protocol import agent, lease, register
+from scheduler.models import Allocation, Job, MigInstance
+from tests.agentapi.test_protocol import (
+    JOIN,
+    join_token,  # noqa: F401 - the autouse fixture
+    lease,
+    register,
+)
+from tests.cycle.gpu_node import register_gpu_node, run_for_an_hour, submit_gpu_job
 
 pytestmark = pytest.mark.django_db
-JOIN = "join-secret"
 PROFILES = {0: ["1g.10gb", "1g.10gb", "2g.20gb"]}
 
 
-@pytest.fixture(autouse=True)
-def join_token(settings):
-    settings.BERTH_JOIN_TOKEN = JOIN
-
-
 def _register(profiles: dict[int, list[str]], token: str = JOIN, scheme: str = "Bearer") -> str:
-    body = {
-        "name": "gpu-01",
-        "cpu": "16",
-        "memory": "64Gi",
-        "gpu_sharing": ["mig", "timeslice"],
-        "devices": discover_gpus(2, "gpu-01", profiles),  # what the agent sends
-    }
-    response = register(body, token=token, scheme=scheme)
-    assert response.status_code in (200, 201), response.content
-    return str(response.json()["token"])
-
-
-def _submit(api: Any, owner: Any, gpu: Any, name: str) -> int:
-    spec = {"name": name, "tasks": [{"name": "main", "command": "true",
-            "resources": {"cpu": "0.5", "memory": "256Mi", "gpu": gpu}}]}  # fmt: skip
-    response = api(owner).post("/api/v1/jobs/", spec, format="json")
-    assert response.status_code == 201, response.content
-    return int(response.json()["id"])
+    devices = discover_gpus(2, "gpu-01", profiles)  # what the agent sends
+    return register_gpu_node(["mig", "timeslice"], devices, token, scheme)
 
 
 def test_profiles_take_free_instances_and_their_orders_name_them(api, owner):
@@ -53,8 +33,8 @@ def test_profiles_take_free_instances_and_their_orders_name_them(api, owner):
     assert sorted(MigInstance.objects.values_list("profile", flat=True)) == PROFILES[0][:2] + [
         "2g.20gb"
     ]
-    small = [_submit(api, owner, "1g.10gb", f"s{i}") for i in range(3)]
-    whole = [_submit(api, owner, 1, "w1"), _submit(api, owner, 1, "w2")]
+    small = [submit_gpu_job(api, owner, "1g.10gb", f"s{i}") for i in range(3)]
+    whole = [submit_gpu_job(api, owner, 1, "w1"), submit_gpu_job(api, owner, 1, "w2")]
     run_scheduler_cycle()
     held = {a.task.job_id: (a.device.index, a.share, a.mig) for a in Allocation.objects.all()}
     assert {held[j][:2] for j in small[:2]} == {(0, 142)}
@@ -80,7 +60,7 @@ def test_profiles_take_free_instances_and_their_orders_name_them(api, owner):
 
 def test_a_profile_only_a_gone_instance_had_never_fits(api, owner):
     token = _register(PROFILES)
-    job_id = _submit(api, owner, "2g.20gb", "big")
+    job_id = submit_gpu_job(api, owner, "2g.20gb", "big")
     _register({0: ["1g.10gb"]}, token=token, scheme="Node")  # instances remade by the admin
     assert list(MigInstance.objects.values_list("profile", flat=True)) == ["1g.10gb"]
     run_scheduler_cycle()
@@ -90,16 +70,8 @@ def test_a_profile_only_a_gone_instance_had_never_fits(api, owner):
 
 def test_an_hour_on_a_1g_instance_is_a_seventh_of_a_gpu_hour(api, owner):
     token = _register(PROFILES)
-    job_id = _submit(api, owner, "1g.10gb", "small")
-    run_scheduler_cycle()
-    (task,) = Task.objects.filter(job_id=job_id)
-    node = agent(token)
-    running = [{"id": task.pk, "attempt": 0, "state": "Running"}]
-    assert node.post("/api/v1/agent/report/", {"tasks": running}, format="json").status_code == 200
-    Task.objects.filter(pk=task.pk).update(started_at=timezone.now() - timedelta(hours=1))
-    ended = [{**running[0], "state": "Succeeded", "exit_code": 0, "output_bytes": 0}]
-    assert node.post("/api/v1/agent/report/", {"tasks": ended}, format="json").status_code == 200
-    (record,) = UsageRecord.objects.all()
+    job_id = submit_gpu_job(api, owner, "1g.10gb", "small")
+    record = run_for_an_hour(token, job_id)
     assert record.gpu_seconds == pytest.approx(0.142 * record.wall_seconds)
     assert not Allocation.objects.exists()
 

@@ -6,6 +6,7 @@ the estimate was planned by."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -75,10 +76,9 @@ def test_it_catches_up_with_jobs_finished_since_in_one_query(
     assert next(j.predicted for j in jobs if j.id == waiting.pk) == 300.0
 
 
-def test_the_estimate_follows_the_prediction_and_says_so(owner, settings, api, client):
-    settings.BERTH_RUNTIME_PREDICTIONS = True
-    finished(owner, 60)
-    finished(owner, 60)
+def _one_runs_one_waits(owner: Any) -> tuple[Job, Job, float]:
+    """A one-GPU job runs on the only GPU for up to an hour and another waits for it; after a
+    cycle: both, and in how many seconds the waiting one is estimated to start."""
     node = make_node("n1", gpus=1)
     running = make_job(owner, "runs", gpu=1, walltime=3600)
     place(running, node, devices=1)
@@ -86,7 +86,14 @@ def test_the_estimate_follows_the_prediction_and_says_so(owner, settings, api, c
     run_scheduler_cycle()
     waiting.refresh_from_db()
     assert waiting.estimated_start_at is not None
-    left = (waiting.estimated_start_at - timezone.now()).total_seconds()
+    return running, waiting, (waiting.estimated_start_at - timezone.now()).total_seconds()
+
+
+def test_the_estimate_follows_the_prediction_and_says_so(owner, settings, api, client):
+    settings.BERTH_RUNTIME_PREDICTIONS = True
+    finished(owner, 60)
+    finished(owner, 60)
+    _, waiting, left = _one_runs_one_waits(owner)
     assert 0 < left <= 60  # by its prediction, not in an hour
     body = api(owner).get(f"/api/v1/jobs/{waiting.pk}/").json()
     assert body["estimate_basis"] == "prediction"
@@ -96,14 +103,8 @@ def test_the_estimate_follows_the_prediction_and_says_so(owner, settings, api, c
 
 
 def test_without_predictions_the_estimate_says_walltimes(owner, api, client):
-    node = make_node("n1", gpus=1)
-    running = make_job(owner, "runs", gpu=1, walltime=3600)
-    place(running, node, devices=1)
-    waiting = make_job(owner, "waits", gpu=1, walltime=3600)
-    run_scheduler_cycle()
-    waiting.refresh_from_db()
-    assert waiting.estimated_start_at is not None
-    assert (waiting.estimated_start_at - timezone.now()).total_seconds() > 3000
+    running, waiting, left = _one_runs_one_waits(owner)
+    assert left > 3000
     assert api(owner).get(f"/api/v1/jobs/{waiting.pk}/").json()["estimate_basis"] == "walltime"
     client.force_login(owner)
     assert "by walltimes" in client.get(f"/jobs/{waiting.pk}/").content.decode()

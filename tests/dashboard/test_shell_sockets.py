@@ -60,6 +60,18 @@ async def _open(socket: WebsocketCommunicator, job_id: int) -> str:
     return session.key
 
 
+async def _session_ready(
+    rows: dict[str, Any],
+) -> tuple[WebsocketCommunicator, WebsocketCommunicator]:
+    """Alice's socket on the running job opens a session, node-a's agent joins it, and the
+    user is told it is ready: both sockets."""
+    user, _, _ = await _user(rows["job"], rows["keys"]["alice"])
+    key = await _open(user, rows["job"])
+    agent, _, _ = await _agent(key, "token-of-node-a")
+    await user.receive_from(timeout=5)  # ready
+    return user, agent
+
+
 async def _wait_session(job_id: int, state: str | None = None) -> ShellSession:
     """The job's session once the consumer made it (in `state`, when given)."""
     for _ in range(500):
@@ -162,10 +174,7 @@ async def test_the_agents_end_is_refused_without_the_sessions_own_nodes_token():
 
 async def test_an_oversized_frame_ends_the_session_and_nothing_else():
     rows = await database_sync_to_async(_setup)()
-    user, _, _ = await _user(rows["job"], rows["keys"]["alice"])
-    key = await _open(user, rows["job"])
-    agent, _, _ = await _agent(key, "token-of-node-a")
-    await user.receive_from(timeout=5)  # ready
+    user, agent = await _session_ready(rows)
     await user.send_to(bytes_data=b"x" * (64 * 1024))
     message = json.loads(await user.receive_from(timeout=5))
     assert message["type"] == "error" and "at most" in message["message"]
@@ -179,10 +188,7 @@ async def test_an_oversized_frame_ends_the_session_and_nothing_else():
 
 async def test_keystrokes_typed_fast_all_arrive_in_order():
     rows = await database_sync_to_async(_setup)()
-    user, _, _ = await _user(rows["job"], rows["keys"]["alice"])
-    key = await _open(user, rows["job"])
-    agent, _, _ = await _agent(key, "token-of-node-a")
-    await user.receive_from(timeout=5)  # ready
+    user, agent = await _session_ready(rows)
     typed = b"echo typed-$((6 * 7)) $BERTH_JOB_ID\r"
     for byte in typed:
         await user.send_to(bytes_data=bytes([byte]))
@@ -204,10 +210,7 @@ async def test_an_idle_session_ends_by_the_queues_policy_and_its_job_unless_it_p
         job.save(update_fields=["spec"])
 
     await database_sync_to_async(interactive)()
-    user, _, _ = await _user(rows["job"], rows["keys"]["alice"])
-    key = await _open(user, rows["job"])
-    agent, _, _ = await _agent(key, "token-of-node-a")
-    await user.receive_from(timeout=5)  # ready; then no input at all
+    user, agent = await _session_ready(rows)  # then no input at all
     message = json.loads(await user.receive_from(timeout=10))
     assert message["type"] == "error" and "no input for 0.02 minutes" in message["message"]
     assert json.loads(await agent.receive_from(timeout=5)) == {"type": "hangup", "reason": "Idle"}

@@ -3,14 +3,11 @@ share panel (as sshare): your own line, everyone's for staff."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from scheduler.cycle import fairshare
 from tests.factories import make_job, make_usage
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_fair_share")]
 
 FACTORS = {
     "priority": 5123.4,
@@ -19,13 +16,6 @@ FACTORS = {
     "weighted": {"age": 123.4, "fair_share": 5000.0, "job_size": 0.0, "queue": 0.0,
                  "job_priority": 0.0},
 }  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def _fresh_usage() -> Any:
-    fairshare._cache = None
-    yield
-    fairshare._cache = None
 
 
 def test_the_job_page_shows_a_waiting_jobs_factors(owner, signed_in):

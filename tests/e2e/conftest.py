@@ -41,6 +41,17 @@ def database_url() -> str:
     return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
+def skip_unless_shared_stack(database_why: str, redis_why: str) -> None:
+    """Skip a test whose processes share this test run's database and channel layer where
+    either is missing: PostgreSQL (not SQLite) and Redis (not the in-memory layer)."""
+    from django.conf import settings
+
+    if connection.vendor != "postgresql":
+        pytest.skip(f"needs PostgreSQL: {database_why}")
+    if "channels_redis" not in str(settings.CHANNEL_LAYERS["default"]["BACKEND"]):
+        pytest.skip(f"needs Redis (REDIS_URL): {redis_why}")
+
+
 @dataclass
 class Cluster:
     url: str

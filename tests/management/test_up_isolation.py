@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -59,26 +59,43 @@ def _ended(job: dict[str, Any]) -> dict[str, Any] | None:
     )
 
 
-@pytest.mark.root
-def test_up_runs_tasks_unprivileged_and_they_cannot_read_its_data_dir(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    port = free_port()
+def _up_env(data: Path, **extra: str) -> dict[str, str]:
+    """The environment `manage.py up` runs in: none of the test run's settings, its data in
+    `data`, short scheduler and heartbeat intervals."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATABASE_URL", "REDIS_URL", "BERTH_SECRET_KEY", "BERTH_TEST_DB_NAME",
                         "DJANGO_SETTINGS_MODULE", "BERTH_JOIN_TOKEN")}  # fmt: skip
     env.update({"BERTH_DATA_DIR": str(data), "BERTH_SCHEDULER_INTERVAL": "0.3",
-                "BERTH_HEARTBEAT_INTERVAL": "0.3", "UP_TEST_SECRET": SERVER_SECRET})  # fmt: skip
+                "BERTH_HEARTBEAT_INTERVAL": "0.3", **extra})  # fmt: skip
+    return env
+
+
+def _spawn_up(env: dict[str, str], port: int, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """`manage.py up` on `port`, in a process group of its own."""
+    return subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port)],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+
+
+def _admin_token(env: dict[str, str], url: str) -> str:
+    """Once `up` serves at `url`: an API token of its admin."""
+    until(lambda: urllib.request.urlopen(f"{url}/accounts/login/", timeout=1), "up to serve")
+    made = subprocess.run([sys.executable, str(ROOT / "manage.py"), "drf_create_token",
+                           "admin"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return re.search(r"token (\S+) for user", made.stdout).group(1)  # type: ignore[union-attr]
+
+
+@pytest.mark.root
+def test_up_runs_tasks_unprivileged_and_they_cannot_read_its_data_dir(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    port = free_port()
+    env = _up_env(data, UP_TEST_SECRET=SERVER_SECRET)
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - closed below
-    up = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port)],
-                          cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                          start_new_session=True)  # fmt: skip
+    up = _spawn_up(env, port, log)
     url = f"http://127.0.0.1:{port}"
     try:
-        until(lambda: urllib.request.urlopen(f"{url}/accounts/login/", timeout=1), "up to serve")
-        made = subprocess.run([sys.executable, str(ROOT / "manage.py"), "drf_create_token",
-                               "admin"], cwd=ROOT, env=env, capture_output=True, text=True,
-                              check=True)  # fmt: skip
-        token = re.search(r"token (\S+) for user", made.stdout).group(1)  # type: ignore[union-attr]
+        token = _admin_token(env, url)
         probe = "; ".join([
             'echo "uid=$(id -u)"', "env", "tr '\\0' '\\n' < /proc/$PPID/environ",
             f"tr '\\0' '\\n' < /proc/{up.pid}/environ", f"ls -la {data}",
@@ -153,22 +170,12 @@ def test_up_stopping_stops_its_tasks_and_their_daemons(tmp_path: Path) -> None:
     data, port = tmp_path / "data", free_port()
     marks = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="berth-up-stop-"))  # not /tmp: private
     marks.chmod(0o1777)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "REDIS_URL", "BERTH_SECRET_KEY", "BERTH_TEST_DB_NAME",
-                        "DJANGO_SETTINGS_MODULE", "BERTH_JOIN_TOKEN")}  # fmt: skip
-    env.update({"BERTH_DATA_DIR": str(data), "BERTH_SCHEDULER_INTERVAL": "0.3",
-                "BERTH_HEARTBEAT_INTERVAL": "0.3"})  # fmt: skip
+    env = _up_env(data)
     with open(tmp_path / "up.log", "wb") as log:
-        up = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port)],
-                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)  # fmt: skip
+        up = _spawn_up(env, port, log)
     url = f"http://127.0.0.1:{port}"
     try:
-        until(lambda: urllib.request.urlopen(f"{url}/accounts/login/", timeout=1), "up to serve")
-        made = subprocess.run([sys.executable, str(ROOT / "manage.py"), "drf_create_token",
-                               "admin"], cwd=ROOT, env=env, capture_output=True, text=True,
-                              check=True)  # fmt: skip
-        token = re.search(r"token (\S+) for user", made.stdout).group(1)  # type: ignore[union-attr]
+        token = _admin_token(env, url)
         command = (f"setsid sleep 301 & echo $! > {marks}/daemon; echo $$ > {marks}/task;"
                    " sleep 300")  # fmt: skip
         task = {"name": "main", "command": command, "resources": {"cpu": "0.1", "memory": "32Mi"}}
