@@ -412,6 +412,8 @@ def simulate(
     for task, count in runs:
         request = task.resources
         cpu, memory, gpu = request.cpu, request.memory, request.gpu
+        # A run of fractions shares devices: `per` of them to each device it opens.
+        per = sharing.per_device(task) if task.gpu_share and not task.gpu_mig else 0
         names = session.eligible_names(job, task)
         last = len(names)
         i = 0
@@ -430,9 +432,14 @@ def simulate(
                 taken = free.cpu // cpu
             if memory and free.memory // memory < taken:
                 taken = free.memory // memory
-            if gpu and free.gpu // gpu < taken:
+            if per:
+                taken = min(taken, free.gpu * per)
+                devices = -(-taken // per)
+            elif gpu and free.gpu // gpu < taken:
                 taken = free.gpu // gpu
-            block = request if taken == 1 else Resources(cpu * taken, memory * taken, gpu * taken)
+            if not per:
+                devices = gpu * taken
+            block = request if taken == 1 else Resources(cpu * taken, memory * taken, devices)
             if len(runs) > 1:
                 room[name] = free - block
                 used[name] = used[name] + block if name in used else block
@@ -636,9 +643,14 @@ class _GangRoom:
     the gang's size: `simulate` is only asked then, for the placement."""
 
     def __init__(
-        self, request: Resources, count: int, names: list[str], room: dict[str, Resources]
+        self,
+        request: Resources,
+        count: int,
+        names: list[str],
+        room: dict[str, Resources],
+        per: int = 0,
     ) -> None:
-        self.request, self.count = request, count
+        self.request, self.count, self.per = request, count, per  # (per: as in `simulate`)
         self.eligible = set(names)
         self.each = {name: self._taken(room[name]) for name in names if name in room}
         self.total = sum(self.each.values())
@@ -649,7 +661,8 @@ class _GangRoom:
         if len(runs) != 1:
             return None  # runs after the first see what it took: simulate them
         task, count = runs[0]
-        return cls(task.resources, count, session.eligible_names(job, task), room)
+        per = sharing.per_device(task) if task.gpu_share and not task.gpu_mig else 0
+        return cls(task.resources, count, session.eligible_names(job, task), room, per)
 
     def _taken(self, free: Resources) -> int:
         """How many of the tasks `simulate` puts on a node with `free` (at most all)."""
@@ -661,7 +674,9 @@ class _GangRoom:
             taken = free.cpu // cpu
         if memory and free.memory // memory < taken:
             taken = free.memory // memory
-        if gpu and free.gpu // gpu < taken:
+        if self.per:
+            taken = min(taken, free.gpu * self.per)
+        elif gpu and free.gpu // gpu < taken:
             taken = free.gpu // gpu
         return taken
 

@@ -42,6 +42,8 @@ from scheduler.core.status import Code, Status
 from scheduler.core.timeline import INF, Free, Timeline, as_free
 from scheduler.core.types import HOLDS_RESOURCES, NodeView
 
+MILLI = sharing.MILLI
+
 DEFAULT_DEPTH = 500
 # A gang not placed after this many tries at moments where enough is free at that instant
 # (but not for its whole walltime) is left unknown: the work per job stays bounded.
@@ -192,8 +194,12 @@ class _Planner:
         self.session = session
         self.pending = pending
         self.nodes = [n for n in session.nodes if n.ready]
+        # Per shared device, the occupant whose leaving gives it back whole: the last to
+        # leave, a Releasing or suspended one now (not the core's choice, which plans
+        # those by their walltime or not at all).
+        releasers = sharing.releasers(self.nodes, lambda j, t: _leaves_at(session, j, t))
         self.lines = {
-            n.name: Timeline(session.now, as_free(n.free()), _releases(session, n))
+            n.name: Timeline(session.now, as_free(n.free()), _releases(session, n, releasers))
             for n in self.nodes
         }
         # Strict order without backfill: nothing starts before the job ahead of it.
@@ -296,10 +302,10 @@ class _Planner:
         """Sweep the nodes' breakpoints in time order, keeping per task shape how many tasks
         the nodes could hold at that instant; only where that count is enough for the gang is
         the gang placed for real over its whole window (at most MAX_GANG_CHECKS times)."""
-        wanted: dict[Free, int] = {}
-        eligible: dict[Free, set[str]] = {}
+        wanted: dict[_Shape, int] = {}
+        eligible: dict[_Shape, set[str]] = {}
         for task in gang:
-            shape = as_free(task.resources)
+            shape = _shape(task)
             wanted[shape] = wanted.get(shape, 0) + 1
             eligible.setdefault(shape, {n.name for n in self.eligible(job, task)})
         counts = {shape: dict.fromkeys(nodes, 0) for shape, nodes in eligible.items()}
@@ -423,15 +429,16 @@ class _Planner:
         gang: list[TaskInfo],
         moment: float,
         duration: float,
-        now_free: dict[Free, dict[str, int]],
+        now_free: dict[_Shape, dict[str, int]],
     ) -> list[tuple[str, Free]] | None:
         """The gang placed first fit in node order on what stays free over the window;
-        nodes with no room for a task at `moment` itself (`now_free`) are not looked at."""
+        nodes with no room for a task at `moment` itself (`now_free`) are not looked at.
+        Its fractions share the devices its earlier fractions opened (`_Opened`)."""
         room: dict[str, list[int]] = {}
+        opened = _Opened()
         placement = []
         for task in gang:
-            need = as_free(task.resources)
-            counts = now_free[need]
+            counts = now_free[_shape(task)]
             for node in self.eligible(job, task):
                 if not counts[node.name]:
                     continue
@@ -440,7 +447,8 @@ class _Planner:
                     free = room[node.name] = list(
                         self.lines[node.name].window(moment, moment + duration)
                     )
-                if _take(free, need):
+                need = opened.take(free, node.name, task)
+                if need is not None:
                     placement.append((node.name, need))
                     break
             else:
@@ -451,12 +459,12 @@ class _Planner:
         """The reserved job with an unknown start: hold, from now on, where it would go
         once everything has ended (the core protects those nodes for it)."""
         room = {n.name: list(as_free(n.capacity())) for n in self.nodes}
+        opened = _Opened()
         placement = []
         for task in gang:
-            need = as_free(task.resources)
             for node in self.eligible(job, task):
-                free = room[node.name]
-                if _take(free, need):
+                need = opened.take(room[node.name], node.name, task)
+                if need is not None:
                     placement.append((node.name, need))
                     break
             else:
@@ -575,11 +583,51 @@ def _running_slots(session: Session, node: NodeView) -> list[_Slot]:
     ]
 
 
-def _how_many(free: Free, shape: Free) -> int:
-    """How many tasks of `shape` fit in `free`."""
-    cpu, memory, gpu = shape
+# A task's shape in a gang plan: what it asks of a node (cpu, memory, whole devices) and,
+# for a fraction of a GPU, how many like it share one device (0: whole devices, no fraction).
+_Shape = tuple[Free, int]
+
+
+def _shape(task: TaskInfo) -> _Shape:
+    fraction = task.gpu_share and not task.gpu_mig
+    return as_free(task.resources), sharing.per_device(task) if fraction else 0
+
+
+class _Opened:
+    """The devices a gang's fractions opened on each node in one placement, with the share
+    left on each: a later fraction of the gang joins one with room rather than opening a
+    device of its own, as the core puts a gang's fractions together on a device."""
+
+    def __init__(self) -> None:
+        self.left: dict[str, list[int]] = {}
+
+    def take(self, free: list[int], name: str, task: TaskInfo) -> Free | None:
+        """Take what the task needs out of the node's `free` (cpu, memory, devices) if it
+        is all there, and return it (None: it is not)."""
+        cpu, memory, gpu = task.resources
+        if not task.gpu_share or task.gpu_mig:
+            need = (cpu, memory, gpu)
+            return need if _take(free, need) else None
+        left = self.left.setdefault(name, [])
+        share = MILLI if task.gpu_memory else task.gpu_share  # (`sharing.per_device`)
+        joined = next((i for i, room in enumerate(left) if room >= share), None)
+        need = (cpu, memory, 0 if joined is not None else 1)
+        if not _take(free, need):
+            return None
+        if joined is None:
+            left.append(MILLI - share)
+        else:
+            left[joined] -= share
+        return need
+
+
+def _how_many(free: Free, shape: _Shape) -> int:
+    """How many tasks of `shape` fit in `free` (fractions as many per device as share it)."""
+    (cpu, memory, gpu), per = shape
     most = 1 << 30
-    if gpu:
+    if per:
+        most = free[2] * per
+    elif gpu:
         most = free[2] // gpu
     if cpu:
         most = min(most, free[0] // cpu)
@@ -588,14 +636,22 @@ def _how_many(free: Free, shape: Free) -> int:
     return max(0, most)
 
 
-def _releases(session: Session, node: NodeView) -> list[tuple[float, Free]]:
+def _releases(session: Session, node: NodeView, releasers: set[int]) -> list[tuple[float, Free]]:
     """When each task on the node gives back what it holds: now if it is stopping, at its
-    walltime if it has one, never (INF) otherwise."""
+    walltime if it has one, never (INF) otherwise. A fraction gives back its device whole
+    only if it is the device's last occupant to leave (`releasers`)."""
     return [
         (_release_at(session, running, task),
-         (task.resources.cpu, task.resources.memory, session.device_release(task)))
+         (task.resources.cpu, task.resources.memory,
+          int(task.id in releasers) if task.gpu_share else len(task.devices)))
         for running, task in node.tasks
     ]  # fmt: skip
+
+
+def _leaves_at(session: Session, running: JobInfo, task: TaskInfo) -> float | None:
+    """`_release_at`, None for never (as `sharing.releaser` takes it)."""
+    at = _release_at(session, running, task)
+    return None if at == INF else at
 
 
 def _release_at(session: Session, running: JobInfo, task: TaskInfo) -> float:

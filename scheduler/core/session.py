@@ -535,6 +535,19 @@ class Session:
             self._min_requests[job.id] = request
         return request
 
+    def min_devices(self, job: JobInfo) -> int:
+        """The whole devices the job needs to start (its `min_request`'s gpu, with each
+        run of alike fractions packed onto as few devices as their shares allow, as
+        `actions.simulate` places them; a MIG instance needs none)."""
+        devices = 0
+        for task, count in self.gang_runs(job):
+            if task.gpu_share and not task.gpu_mig:
+                per = sharing.per_device(task)
+                devices += (count + per - 1) // per
+            else:
+                devices += task.resources.gpu * count
+        return devices
+
     def forget_job(self, job_id: int) -> None:
         """Its tasks changed state: drop what was cached about them."""
         self._pending_tasks.pop(job_id, None)

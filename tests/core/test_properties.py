@@ -24,7 +24,8 @@ OWNERS = ["a", "b", "c"]
 
 
 @st.composite
-def clusters(draw: st.DrawFn) -> Snapshot:
+def clusters(draw: st.DrawFn, fraction_gangs: bool = False) -> Snapshot:
+    """`fraction_gangs`: every node shares its GPUs and most jobs are gangs of fractions."""
     nodes = [
         node(
             f"n{i}",
@@ -33,10 +34,15 @@ def clusters(draw: st.DrawFn) -> Snapshot:
             memory_gi=draw(st.integers(1, 16)),
             labels=draw(st.sampled_from([{}, {"zone": "a"}, {"zone": "b"}])),
             state=draw(st.sampled_from(["Ready", "Ready", "Ready", "Cordoned", "NotReady"])),
-            sharing=draw(st.sampled_from([(), ("timeslice",), ("timeslice",)])),
+            sharing=draw(
+                st.sampled_from(
+                    [("timeslice",)] if fraction_gangs else [(), ("timeslice",), ("timeslice",)]
+                )
+            ),
         )
         for i in range(draw(st.integers(1, 6)))
     ]
+    random_job = fraction_gang if fraction_gangs else any_job
     jobs = [random_job(draw, i) for i in range(1, draw(st.integers(1, 14)))]
     queues = draw(st.sampled_from([QUEUES, QUEUES, LIMITED_QUEUES]))
     first = Snapshot(NOW - 500, nodes, queues, jobs)
@@ -49,8 +55,16 @@ def clusters(draw: st.DrawFn) -> Snapshot:
     return Snapshot(NOW, nodes, queues, running + wave, usage, shares)
 
 
-def random_job(draw: st.DrawFn, id: int) -> JobInfo:
-    replicas = draw(st.integers(1, 3))
+def fraction_gang(draw: st.DrawFn, id: int) -> JobInfo:
+    """A gang of fractions of GPUs (now and then a whole-GPU job beside them)."""
+    share = draw(st.sampled_from([100, 250, 500, 700, 0]))
+    return any_job(draw, id, replicas=draw(st.integers(1, 6)), share=share)
+
+
+def any_job(
+    draw: st.DrawFn, id: int, replicas: int | None = None, share: int | None = None
+) -> JobInfo:
+    replicas = draw(st.integers(1, 3)) if replicas is None else replicas
     return job(
         id,
         gpu=draw(st.integers(0, 3)),
@@ -66,7 +80,7 @@ def random_job(draw: st.DrawFn, id: int) -> JobInfo:
         created_at=float(id),
         owner=draw(st.sampled_from(OWNERS)),
         # A fraction of one GPU for some jobs (then `gpu` is 1: the device it goes on).
-        share=draw(st.sampled_from([0, 0, 0, 250, 500, 700])),
+        share=draw(st.sampled_from([0, 0, 0, 250, 500, 700])) if share is None else share,
     )
 
 
@@ -115,6 +129,10 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 @FAST
 @given(clusters(), CONFIGS)
 def test_it_never_over_allocates_a_node_or_device(snap: Snapshot, config: SchedulingPolicy) -> None:
+    _never_over_allocates(snap, config)
+
+
+def _never_over_allocates(snap: Snapshot, config: SchedulingPolicy) -> None:
     result = run_cycle(snap, config)
     cpu: dict[str, int] = defaultdict(int)
     memory: dict[str, int] = defaultdict(int)
@@ -150,6 +168,10 @@ def snap_node(snap: Snapshot, name: str) -> NodeInfo:
 def test_it_starts_gangs_whole_and_says_why_every_job_waits(
     snap: Snapshot, config: SchedulingPolicy
 ) -> None:
+    _starts_gangs_whole(snap, config)
+
+
+def _starts_gangs_whole(snap: Snapshot, config: SchedulingPolicy) -> None:
     result = run_cycle(snap, config)
     bound: dict[int, int] = defaultdict(int)
     for b in result.binds:
@@ -240,6 +262,10 @@ def test_it_decides_the_same_for_the_same_snapshot(
 def test_it_never_lets_a_backfilled_job_delay_the_reservation(
     snap: Snapshot, config: SchedulingPolicy
 ) -> None:
+    _never_delays_the_reservation(snap, config)
+
+
+def _never_delays_the_reservation(snap: Snapshot, config: SchedulingPolicy) -> None:
     result = run_cycle(snap, config)
     reserved = [i for i, p in result.pending.items() if p.code == "Reserved"]
     backfilled = {b.job_id for b in result.binds if b.action == "backfill"}
@@ -262,3 +288,27 @@ def test_it_never_lets_a_backfilled_job_delay_the_reservation(
     if promised is None:
         return
     assert replanned is not None and replanned <= promised
+
+
+# --- the same invariants where most jobs are gangs of fractions of GPUs ---------------------
+# (gangs and EASY's reservation count a fraction as its share of a device)
+
+
+@FAST
+@given(clusters(fraction_gangs=True), CONFIGS)
+def test_fraction_gangs_never_over_allocate(snap: Snapshot, config: SchedulingPolicy) -> None:
+    _never_over_allocates(snap, config)
+
+
+@FAST
+@given(clusters(fraction_gangs=True), CONFIGS)
+def test_fraction_gangs_start_whole(snap: Snapshot, config: SchedulingPolicy) -> None:
+    _starts_gangs_whole(snap, config)
+
+
+@FAST
+@given(clusters(fraction_gangs=True), EASY)
+def test_fraction_gangs_never_delay_the_reservation(
+    snap: Snapshot, config: SchedulingPolicy
+) -> None:
+    _never_delays_the_reservation(snap, config)
