@@ -697,7 +697,7 @@ def _size(job: JobInfo) -> tuple[int, int, int]:
     for task in job.tasks:
         if task.state in ("Assigned", "Running"):
             held = held + task.resources
-            gpu += task.gpu_share or task.resources.gpu * sharing.MILLI
+            gpu += sharing.gpu_milli(task)
     return (gpu, held.cpu, held.memory)
 
 

@@ -548,6 +548,10 @@ class Session:
                 devices += task.resources.gpu * count
         return devices
 
+    def min_gpu_milli(self, job: JobInfo) -> int:
+        """What the job's gang asks of GPUs, in thousandths (`sharing.gpu_milli`)."""
+        return sum(sharing.gpu_milli(t) for t in self.pending_tasks(job)[: self.needed(job)])
+
     def forget_job(self, job_id: int) -> None:
         """Its tasks changed state: drop what was cached about them."""
         self._pending_tasks.pop(job_id, None)

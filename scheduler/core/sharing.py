@@ -21,8 +21,10 @@ in thousandths (`gpu_milli`: a fraction its share, a MIG instance its slices of 
 A MIG instance (`TaskInfo.gpu_mig`, a profile such as "1g.10gb") goes only on a free instance
 of exactly that profile on a node offering `mig` (`NodeView.mig_free`), never on a whole or
 shared device, and a GPU in MIG mode is never whole or shared (`NodeView` leaves it out of
-both). It counts as its `gpu_share` (its slices of seven) in DRF and accounting, and as no
-whole device in the core's sums: a MIG GPU never comes back whole. Instances of a profile
+both). It counts as its `gpu_share` (its slices of seven) in DRF, accounting, queue
+capabilities and per-user GPU limits, and as no whole device in the core's device sums
+(the backfill reservation sees only its cpu and memory; start estimates, `plan.py`, wait
+for a free instance of its profile): a MIG GPU never comes back whole. Instances of a profile
 are taken first fit, in the node order and GPU order.
 
 The node and device are chosen by the cluster's policy (`SchedulingPolicy.gpu_placement`):
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from scheduler.core import gpushare
+from scheduler.core import gpushare, quantity
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.types import NodeView
 
@@ -124,6 +126,13 @@ def give_back(node: NodeView, task: TaskInfo, device: int) -> bool:
     del node.shared[device], node.shared_memory[device]
     node.free_devices = sorted([*node.free_devices, device])
     return True
+
+
+def gpu_milli(task: TaskInfo) -> int:
+    """What the task asks or holds of GPUs, in thousandths of one: whole devices 1000
+    each, a fraction its share, a MIG instance its slices of seven (`quantity.mig_share`,
+    which is its `gpu_share`). The figure GPU limits and quotas sum (`quantity.gpu_milli`)."""
+    return quantity.gpu_milli(task.resources.gpu, task.gpu_share)
 
 
 def per_device(task: TaskInfo) -> int:
