@@ -471,8 +471,11 @@ def _ends(session: Session, room: dict[str, Resources]) -> list[tuple[float, str
             gpu = session.device_release(task)
             if task.state == "Releasing" or running.id in session.evicted:
                 when = session.now
-                if task.gpu_share:
-                    gpu = 0  # its device's other occupants may run on: not whole yet
+                if task.gpu_share and running.id in session.evicted:
+                    # Evicted this cycle: the device's other occupants may run on (the
+                    # releasers were chosen before). A Releasing one gives the device back
+                    # only if it leaves last (`Session.leaves_at`).
+                    gpu = 0
             elif running.walltime is not None and task.started_at is not None:
                 correction = session.config.prediction_correction
                 when = predict.end(running, task.started_at, session.now, correction) or 0.0

@@ -227,7 +227,7 @@ class Session:
         self.releasing = 0
         # Per shared device, the task whose end gives it back whole (`sharing.releasers`);
         # none for a device a fraction bound since holds (node, device: `pinned`).
-        self.releasers = sharing.releasers(self.nodes, self.end_of)
+        self.releasers = sharing.releasers(self.nodes, self.leaves_at)
         self.pinned: set[tuple[str, int]] = set()
         started: list[tuple[JobInfo, TaskInfo, str]] = []
         for node in self.nodes:
@@ -351,6 +351,14 @@ class Session:
             return task.started_at + job.walltime
         return predict.end(job, task.started_at, self.now, self.config.prediction_correction)
 
+    def leaves_at(self, job: JobInfo, task: TaskInfo) -> float | None:
+        """When the task really leaves its node, as far as a shared device's occupants go:
+        now if it is being released or its job suspended, else its planned end (None:
+        unknown). The occupant that leaves last gives the device back whole (`releasers`)."""
+        if task.state == "Releasing" or job.suspend_requested:
+            return self.now
+        return self.end_of(job, task)
+
     def device_release(self, task: TaskInfo) -> int:
         """Whole devices the task gives back when it ends: a fraction gives back its device
         only if it is the device's last occupant (`releasers`)."""
@@ -373,7 +381,7 @@ class Session:
         if not occupants:
             return
         pinned = (node.name, device) in self.pinned
-        chosen = None if pinned else sharing.releaser(occupants, self.end_of)
+        chosen = None if pinned else sharing.releaser(occupants, self.leaves_at)
         for job, task in occupants:
             releases = task.id == chosen
             if (task.id in self.releasers) == releases:

@@ -13,7 +13,8 @@ planned together (the backfill reservation's `actions.simulate`, start estimates
 `plan.py`) a run of alike fractions is packed, `per_device` of them to each device it opens,
 as allocation puts them together; a backfilled fraction still takes a whole device of the
 reservation's spare: never optimistic, at worst a later estimate. A shared device comes
-back whole, in plans, when its last occupant ends (`releasers`); a device a fraction was
+back whole, in plans, when its last occupant leaves (`releasers`, by `Session.leaves_at`:
+one being released or suspended leaves now); a device a fraction was
 bound to in the cycle never does in that cycle's plans (`Session.pin_shared`), as a whole
 device bound in it. DRF, queue capabilities and per-user GPU limits count what a task holds
 in thousandths (`gpu_milli`: a fraction its share, a MIG instance its slices of seven).

@@ -302,3 +302,24 @@ def test_a_mig_request_is_planned_when_an_instance_of_its_profile_is_free(
     plan = plan_starts(snap, run_cycle(snap, config), config)
     got = {j: None if (t := plan.starts[j]) is None else t - NOW for j in starts}
     assert got == starts
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        _releasing(job(1, share=500, walltime=5000, running_on=[("a", (0,))])),
+        job(1, share=500, walltime=5000, running_on=[("a", (0,))], suspend_requested=True),
+    ],
+    ids=["releasing", "being suspended"],
+)
+def test_the_reservation_gets_a_shared_device_back_when_its_last_occupant_leaves(
+    first: JobInfo,
+) -> None:
+    """One occupant leaving now, the other at 900: the whole-GPU job first in line is
+    reserved for 900 (not never, not the first's walltime)."""
+    nodes = [node("a", gpus=1, sharing=TS)]
+    jobs = [first, job(2, share=500, walltime=1000, running_on=[("a", (0,))]),
+            job(3, gpu=1, walltime=100)]  # fmt: skip
+    result = run_cycle(snapshot(nodes, jobs), EASY)
+    assert result.pending[3].code == Code.RESERVED
+    assert result.pending[3].estimated_start == NOW + 900
