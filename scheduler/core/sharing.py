@@ -14,10 +14,10 @@ planned together (the backfill reservation's `actions.simulate`, start estimates
 as allocation puts them together; a backfilled fraction still takes a whole device of the
 reservation's spare: never optimistic, at worst a later estimate. A shared device comes
 back whole, in plans, when its last occupant leaves (`releasers`, by `Session.leaves_at`:
-one being released or suspended leaves now); a device a fraction was
-bound to in the cycle never does in that cycle's plans (`Session.pin_shared`), as a whole
-device bound in it. DRF, queue capabilities and per-user GPU limits count what a task holds
-in thousandths (`gpu_milli`: a fraction its share, a MIG instance its slices of seven).
+one being released or suspended leaves now); a device a fraction was bound to in the cycle
+never does in that cycle's plans (`Session.pin_shared`), as a whole device bound in it.
+DRF, queue capabilities and per-user GPU limits count what a task holds in thousandths
+(`gpu_milli`: a fraction its share, a MIG instance its slices of seven).
 
 A MIG instance (`TaskInfo.gpu_mig`, a profile such as "1g.10gb") goes only on a free instance
 of exactly that profile on a node offering `mig` (`NodeView.mig_free`), never on a whole or
