@@ -394,13 +394,16 @@ def _fractions_could_ever_fit(session: Session, job: JobInfo) -> bool:
     return True
 
 
-def _copies(cpu: int, memory: int, gpu: int, free: Resources, most: int) -> int:
-    """How many tasks of `cpu`, `memory` and `gpu` each fit in `free`, at most `most`."""
+def _copies(cpu: int, memory: int, gpu: int, free: Resources, most: int, per: int = 0) -> int:
+    """How many tasks of `cpu`, `memory` and `gpu` each fit in `free`, at most `most`; with
+    `per`, the tasks are alike fractions of a GPU, `per` of them to a free device."""
     if cpu and free.cpu // cpu < most:
         most = free.cpu // cpu
     if memory and free.memory // memory < most:
         most = free.memory // memory
-    if gpu and free.gpu // gpu < most:
+    if per:
+        most = min(most, free.gpu * per)
+    elif gpu and free.gpu // gpu < most:
         most = free.gpu // gpu
     return most
 
@@ -423,6 +426,8 @@ def simulate(
     for task, count in runs:
         request = task.resources
         cpu, memory, gpu = request.cpu, request.memory, request.gpu
+        # A run of fractions shares devices: `per` of them to each device it opens.
+        per = sharing.per_device(task) if task.gpu_share and not task.gpu_mig else 0
         names = session.eligible_names(job, task)
         last = len(names)
         i = 0
@@ -436,8 +441,9 @@ def simulate(
             else:
                 return None
             name = names[i]
-            taken = _copies(cpu, memory, gpu, free, count)  # at most the rest of the run
-            block = request if taken == 1 else Resources(cpu * taken, memory * taken, gpu * taken)
+            taken = _copies(cpu, memory, gpu, free, count, per)  # at most the rest of the run
+            devices = -(-taken // per) if per else gpu * taken
+            block = request if taken == 1 else Resources(cpu * taken, memory * taken, devices)
             if len(runs) > 1:
                 room[name] = free - block
                 used[name] = used[name] + block if name in used else block
@@ -641,9 +647,14 @@ class _GangRoom:
     the gang's size: `simulate` is only asked then, for the placement."""
 
     def __init__(
-        self, request: Resources, count: int, names: list[str], room: dict[str, Resources]
+        self,
+        request: Resources,
+        count: int,
+        names: list[str],
+        room: dict[str, Resources],
+        per: int = 0,
     ) -> None:
-        self.request, self.count = request, count
+        self.request, self.count, self.per = request, count, per  # (per: as in `simulate`)
         self.eligible = set(names)
         self.each = {name: self._taken(room[name]) for name in names if name in room}
         self.total = sum(self.each.values())
@@ -654,14 +665,15 @@ class _GangRoom:
         if len(runs) != 1:
             return None  # runs after the first see what it took: simulate them
         task, count = runs[0]
-        return cls(task.resources, count, session.eligible_names(job, task), room)
+        per = sharing.per_device(task) if task.gpu_share and not task.gpu_mig else 0
+        return cls(task.resources, count, session.eligible_names(job, task), room, per)
 
     def _taken(self, free: Resources) -> int:
         """How many of the tasks `simulate` puts on a node with `free` (at most all)."""
         cpu, memory, gpu = self.request
         if cpu > free.cpu or memory > free.memory or gpu > free.gpu:
             return 0
-        return _copies(cpu, memory, gpu, free, self.count)
+        return _copies(cpu, memory, gpu, free, self.count, self.per)
 
     def changed(self, name: str, free: Resources) -> None:
         if name in self.eligible:
@@ -680,7 +692,7 @@ def _size(job: JobInfo) -> tuple[int, int, int]:
     for task in job.tasks:
         if task.state in ("Assigned", "Running"):
             held = held + task.resources
-            gpu += task.gpu_share or task.resources.gpu * sharing.MILLI
+            gpu += sharing.gpu_milli(task)
     return (gpu, held.cpu, held.memory)
 
 

@@ -449,6 +449,7 @@ def _fits_nowhere_before(session: Session, job: JobInfo, until: float) -> bool:
     if not session.all_ready or session.nominated or session.releasing or session.evicted:
         return False
     need = session.min_request(job)
+    devices = session.min_devices(job)
     cpu, memory = session.ready_free_cpu, session.ready_free_memory
     gpu = session.ready_free_gpu
     for entry in session.walltime_ends:
@@ -456,7 +457,7 @@ def _fits_nowhere_before(session: Session, job: JobInfo, until: float) -> bool:
             break
         release = entry[-1]
         cpu, memory, gpu = cpu + release.cpu, memory + release.memory, gpu + release.gpu
-    return need.cpu > cpu or need.memory > memory or need.gpu > gpu
+    return need.cpu > cpu or need.memory > memory or devices > gpu
 
 
 def _ends(session: Session, room: dict[str, Resources]) -> list[tuple[float, str, Resources]]:
@@ -470,8 +471,11 @@ def _ends(session: Session, room: dict[str, Resources]) -> list[tuple[float, str
             gpu = session.device_release(task)
             if task.state == "Releasing" or running.id in session.evicted:
                 when = session.now
-                if task.gpu_share:
-                    gpu = 0  # its device's other occupants may run on: not whole yet
+                if task.gpu_share and running.id in session.evicted:
+                    # Evicted this cycle: the device's other occupants may run on (the
+                    # releasers were chosen before). A Releasing one gives the device back
+                    # only if it leaves last (`Session.leaves_at`).
+                    gpu = 0
             elif running.walltime is not None and task.started_at is not None:
                 correction = session.config.prediction_correction
                 when = predict.end(running, task.started_at, session.now, correction) or 0.0
@@ -500,7 +504,9 @@ def _earliest(
         cpu, memory, gpu = session.ready_free_cpu, session.ready_free_memory, session.ready_free_gpu
     if session.nominated or not session.all_ready:
         ends = [e for e in ends if e[1] in room]
-    need = session.min_request(job)
+    request = session.min_request(job)
+    # (Its fractions packed onto devices, as `simulate` places them.)
+    need = Resources(request.cpu, request.memory, session.min_devices(job))
     applied = 0  # ends added to `room` so far
     # For a gang of one run of alike tasks, how many of them each node's room holds, kept
     # as ends are added: first fit places it exactly when the sum is enough (`_GangRoom`),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.core.quantity import format_memory
+from scheduler.core.quantity import GPU_MILLI, format_memory, gpu_milli
 from scheduler.core.resources import DIMENSIONS, Resources
 
 MAX_LISTED = 3  # node selector values listed in a refusal
@@ -83,13 +83,19 @@ def over_capability(
     limit, None or missing for unlimited), as the core's capability check says it."""
     gang = list(_tasks_in_core_order(asks))[:min_available]
     need = sum((a.resources for a in gang), Resources())
+    # GPUs in thousandths: a fraction as its share, a MIG instance as its slices of seven.
+    milli = sum(gpu_milli(a.resources.gpu, a.gpu_share) for a in gang)
     for dim in DIMENSIONS:
         limit = capability.get(dim)
-        if limit is not None and getattr(need, dim) > limit:
+        if limit is None:
+            continue
+        over = milli > limit * GPU_MILLI if dim == "gpu" else getattr(need, dim) > limit
+        if over:
+            wanted = f"{milli / GPU_MILLI:g}" if dim == "gpu" else need.describe(dim)
             return {
                 "queue": (
                     f"{len(gang)} task{'s' if len(gang) > 1 else ''} starting together need"
-                    f' {dim} {need.describe(dim)}, more than queue "{queue}" may ever hold'
+                    f' {dim} {wanted}, more than queue "{queue}" may ever hold'
                     f" ({Resources(**{dim: limit}).describe(dim)})"
                 )
             }

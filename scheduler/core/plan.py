@@ -14,9 +14,13 @@ resources from now for their walltime, evicted ones give theirs back now). Like
   cannot start for a reason waiting does not fix (never fits, queue closed or at its quota),
   or beyond the first `depth` jobs (the work is bounded). Under strict order without
   backfill, no job is planned before the one ahead of it.
-- The job holding the core's backfill reservation starts exactly when the core says; with an
-  unknown start it keeps, from now on, the nodes it would take once everything ends, as the
-  core keeps them for it.
+- The job holding the core's backfill reservation starts exactly when the core says (a MIG
+  request no earlier than an instance of its profile is free, which the core's reservation
+  does not look at); with an unknown start it keeps, from now on, the nodes it would take
+  once everything ends, as the core keeps them for it.
+- Fractions of a GPU: a job of one fraction may join a device shared over its whole run
+  (`_Slot`); a gang's fractions are packed onto the devices they open (`_Opened`); a MIG
+  request needs a free instance of its profile over its whole run (`_instances`).
 - Per-user running limits (`UserLimit`): in a queue with limits, each owner's room under
   them (GPUs, CPUs, jobs) is a profile too, given back as the owner's running jobs end and
   taken by the owner's jobs planned before; a job starts no earlier than the room for it
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from math import nextafter
 
@@ -41,6 +45,8 @@ from scheduler.core.session import Session
 from scheduler.core.status import Code, Status
 from scheduler.core.timeline import INF, Free, Timeline, as_free
 from scheduler.core.types import HOLDS_RESOURCES, NodeView
+
+MILLI = sharing.MILLI
 
 DEFAULT_DEPTH = 500
 # A gang not placed after this many tries at moments where enough is free at that instant
@@ -192,8 +198,12 @@ class _Planner:
         self.session = session
         self.pending = pending
         self.nodes = [n for n in session.nodes if n.ready]
+        # Per shared device, the occupant whose leaving gives it back whole: the last to
+        # leave, a Releasing or suspended one now (not the core's choice, which plans
+        # those by their walltime or not at all).
+        releasers = sharing.releasers(self.nodes, lambda j, t: _leaves_at(session, j, t))
         self.lines = {
-            n.name: Timeline(session.now, as_free(n.free()), _releases(session, n))
+            n.name: Timeline(session.now, as_free(n.free()), _releases(session, n, releasers))
             for n in self.nodes
         }
         # Strict order without backfill: nothing starts before the job ahead of it.
@@ -205,6 +215,8 @@ class _Planner:
         # Per node, the devices holding fractions over a while, which a planned fraction
         # may join instead of opening a device of its own (`_Slot`).
         self.slots = {n.name: _running_slots(session, n) for n in self.nodes}
+        # Per (node, MIG profile), its instances free over time (`_instances`).
+        self.instance_lines: dict[tuple[str, str], Timeline | None] = {}
 
     def place(self, job: JobInfo) -> float | None:
         """Plan the job at its earliest start and return it (None: unknown)."""
@@ -238,6 +250,7 @@ class _Planner:
         )
         for name, amount in placement:
             self.lines[name].hold(start, start + duration, amount)
+        self._hold_instances(gang, placement, start, start + duration)
         if _fraction(gang):
             self._share_slot(gang[0], start, duration, placement[0])
         if room is not None:
@@ -296,10 +309,10 @@ class _Planner:
         """Sweep the nodes' breakpoints in time order, keeping per task shape how many tasks
         the nodes could hold at that instant; only where that count is enough for the gang is
         the gang placed for real over its whole window (at most MAX_GANG_CHECKS times)."""
-        wanted: dict[Free, int] = {}
-        eligible: dict[Free, set[str]] = {}
+        wanted: dict[_Shape, int] = {}
+        eligible: dict[_Shape, set[str]] = {}
         for task in gang:
-            shape = as_free(task.resources)
+            shape = _shape(task)
             wanted[shape] = wanted.get(shape, 0) + 1
             eligible.setdefault(shape, {n.name for n in self.eligible(job, task)})
         counts = {shape: dict.fromkeys(nodes, 0) for shape, nodes in eligible.items()}
@@ -407,9 +420,11 @@ class _Planner:
         where = ""
         for node in self.eligible(job, task):
             line = self.lines[node.name]
-            found = line.earliest(
-                need, duration, after, INF if best is None else nextafter(best[0], INF)
-            )
+            before = INF if best is None else nextafter(best[0], INF)
+            if task.gpu_mig:
+                found = self._with_instance(node.name, task, need, duration, after, before)
+            else:
+                found = line.earliest(need, duration, after, before)
             if found is None:
                 continue
             key = (found, line.window(found, found)[2] if self.binpack else 0)
@@ -423,15 +438,21 @@ class _Planner:
         gang: list[TaskInfo],
         moment: float,
         duration: float,
-        now_free: dict[Free, dict[str, int]],
+        now_free: dict[_Shape, dict[str, int]],
     ) -> list[tuple[str, Free]] | None:
         """The gang placed first fit in node order on what stays free over the window;
-        nodes with no room for a task at `moment` itself (`now_free`) are not looked at."""
+        nodes with no room for a task at `moment` itself (`now_free`) are not looked at.
+        Its fractions share the devices its earlier fractions opened (`_Opened`)."""
         room: dict[str, list[int]] = {}
+
+        def instances(name: str, profile: str) -> int:
+            line = self._instances(name, profile)
+            return 0 if line is None else line.window(moment, moment + duration)[2]
+
+        opened = _Opened(instances)
         placement = []
         for task in gang:
-            need = as_free(task.resources)
-            counts = now_free[need]
+            counts = now_free[_shape(task)]
             for node in self.eligible(job, task):
                 if not counts[node.name]:
                     continue
@@ -440,7 +461,8 @@ class _Planner:
                     free = room[node.name] = list(
                         self.lines[node.name].window(moment, moment + duration)
                     )
-                if _take(free, need):
+                need = opened.take(free, node.name, task)
+                if need is not None:
                     placement.append((node.name, need))
                     break
             else:
@@ -451,18 +473,68 @@ class _Planner:
         """The reserved job with an unknown start: hold, from now on, where it would go
         once everything has ended (the core protects those nodes for it)."""
         room = {n.name: list(as_free(n.capacity())) for n in self.nodes}
+        by_name = self.session.node_by_name
+        opened = _Opened(lambda name, profile: by_name[name].mig_total.get(profile, 0))
         placement = []
         for task in gang:
-            need = as_free(task.resources)
             for node in self.eligible(job, task):
-                free = room[node.name]
-                if _take(free, need):
+                need = opened.take(room[node.name], node.name, task)
+                if need is not None:
                     placement.append((node.name, need))
                     break
             else:
                 return
         for name, amount in placement:
             self.lines[name].hold(self.session.now, INF, amount)
+        self._hold_instances(gang, placement, self.session.now, INF)
+
+    def _instances(self, name: str, profile: str) -> Timeline | None:
+        """The node's free instances of the MIG profile over time (in the devices'
+        place: (0, 0, count)), as those held give them back; None: it has none."""
+        key = (name, profile)
+        if key in self.instance_lines:
+            return self.instance_lines[key]
+        session = self.session
+        node = session.node_by_name[name]
+        line = None
+        if profile in node.mig_profiles:
+            releases: list[tuple[float, Free]] = [
+                (_release_at(session, running, task), (0, 0, 1))
+                for running, task in node.tasks
+                if task.gpu_mig == profile
+            ]
+            line = Timeline(session.now, (0, 0, len(node.mig_free.get(profile, ()))), releases)
+        self.instance_lines[key] = line
+        return line
+
+    def _with_instance(
+        self, name: str, task: TaskInfo, need: Free, duration: float, after: float, before: float
+    ) -> float | None:
+        """The earliest start in [after, before) where the node has the MIG task's cpu and
+        memory and a free instance of its profile over the whole run."""
+        line, instances = self.lines[name], self._instances(name, task.gpu_mig)
+        if instances is None:
+            return None
+        for _ in range(MAX_LIMIT_MOVES):
+            found = line.earliest(need, duration, after, before)
+            if found is None:
+                return None
+            at = instances.earliest((0, 0, 1), duration, found, before)
+            if at is None or at == found:
+                return at
+            after = at
+        return None
+
+    def _hold_instances(
+        self, gang: list[TaskInfo], placement: list[tuple[str, Free]], start: float, end: float
+    ) -> None:
+        """The gang's MIG tasks take an instance of their profile where they were placed
+        (`placement` is in the gang's order)."""
+        for task, (name, _amount) in zip(gang, placement, strict=True):
+            if task.gpu_mig:
+                line = self._instances(name, task.gpu_mig)
+                if line is not None:
+                    line.hold(start, end, (0, 0, 1))
 
     def eligible(self, job: JobInfo, task: TaskInfo) -> list[NodeView]:
         """Ready nodes that could ever take the task, in node order (cached per shape: the
@@ -484,7 +556,8 @@ class _Planner:
 
 class _OwnerRoom:
     """Each limited owner's room under their queue's per-user limits over time, as a
-    timeline of (CPUs, jobs, GPUs) left (the core's `UserLimitPlugin` counts the same):
+    timeline of (CPUs, jobs, GPUs in thousandths) left (the core's `UserLimitPlugin`
+    counts the same: a fraction as its share, a MIG instance as its slices of seven):
     their running jobs give theirs back as they end (as the nodes get them back)."""
 
     def __init__(self, session: Session) -> None:
@@ -501,7 +574,7 @@ class _OwnerRoom:
 
     def need(self, job: JobInfo) -> Free:
         need = self.session.min_request(job)
-        return (need.cpu, 0 if job.state == "Running" else 1, need.gpu)
+        return (need.cpu, 0 if job.state == "Running" else 1, self.session.min_gpu_milli(job))
 
     def line(self, job: JobInfo) -> Timeline | None:
         """The owner's room in the job's queue (None: no limit applies)."""
@@ -516,9 +589,10 @@ class _OwnerRoom:
     def _open(self, queue_name: str, owner: str) -> Timeline:
         session = self.session
         info = session.queues[queue_name].info
+        gpus = None if info.max_user_gpus is None else info.max_user_gpus * MILLI
         cpu, jobs, gpu = (
             UNLIMITED if limit is None else limit
-            for limit in (info.max_user_cpus, info.max_user_jobs, info.max_user_gpus)
+            for limit in (info.max_user_cpus, info.max_user_jobs, gpus)
         )
         releases = []
         for running in session.running:
@@ -529,8 +603,9 @@ class _OwnerRoom:
                 continue
             ends = [_release_at(session, running, t) for t in held]
             for task, end in zip(held, ends, strict=True):
-                cpu, gpu = cpu - task.resources.cpu, gpu - task.resources.gpu
-                releases.append((end, (task.resources.cpu, 0, task.resources.gpu)))
+                milli = sharing.gpu_milli(task)
+                cpu, gpu = cpu - task.resources.cpu, gpu - milli
+                releases.append((end, (task.resources.cpu, 0, milli)))
             jobs -= 1
             releases.append((max(ends), (0, 1, 0)))
         return Timeline(session.now, (cpu, jobs, gpu), releases)
@@ -575,11 +650,62 @@ def _running_slots(session: Session, node: NodeView) -> list[_Slot]:
     ]
 
 
-def _how_many(free: Free, shape: Free) -> int:
-    """How many tasks of `shape` fit in `free`."""
-    cpu, memory, gpu = shape
+# A task's shape in a gang plan: what it asks of a node (cpu, memory, whole devices) and,
+# for a fraction of a GPU, how many like it share one device (0: whole devices, no fraction).
+_Shape = tuple[Free, int]
+
+
+def _shape(task: TaskInfo) -> _Shape:
+    fraction = task.gpu_share and not task.gpu_mig
+    return as_free(task.resources), sharing.per_device(task) if fraction else 0
+
+
+class _Opened:
+    """The devices a gang's fractions opened on each node in one placement, with the share
+    left on each: a later fraction of the gang joins one with room rather than opening a
+    device of its own, as the core puts a gang's fractions together on a device. Its MIG
+    tasks each take an instance of their profile of those `instances` says the node has
+    (node, profile -> how many)."""
+
+    def __init__(self, instances: Callable[[str, str], int]) -> None:
+        self.left: dict[str, list[int]] = {}
+        self.instances = instances
+        self.taken: dict[tuple[str, str], int] = {}
+
+    def take(self, free: list[int], name: str, task: TaskInfo) -> Free | None:
+        """Take what the task needs out of the node's `free` (cpu, memory, devices) if it
+        is all there, and return it (None: it is not)."""
+        cpu, memory, gpu = task.resources
+        if task.gpu_mig:
+            key = (name, task.gpu_mig)
+            taken = self.taken.get(key, 0)
+            if self.instances(name, task.gpu_mig) <= taken or not _take(free, (cpu, memory, 0)):
+                return None
+            self.taken[key] = taken + 1
+            return (cpu, memory, 0)
+        if not task.gpu_share:
+            need = (cpu, memory, gpu)
+            return need if _take(free, need) else None
+        left = self.left.setdefault(name, [])
+        share = MILLI if task.gpu_memory else task.gpu_share  # (`sharing.per_device`)
+        joined = next((i for i, room in enumerate(left) if room >= share), None)
+        need = (cpu, memory, 0 if joined is not None else 1)
+        if not _take(free, need):
+            return None
+        if joined is None:
+            left.append(MILLI - share)
+        else:
+            left[joined] -= share
+        return need
+
+
+def _how_many(free: Free, shape: _Shape) -> int:
+    """How many tasks of `shape` fit in `free` (fractions as many per device as share it)."""
+    (cpu, memory, gpu), per = shape
     most = 1 << 30
-    if gpu:
+    if per:
+        most = free[2] * per
+    elif gpu:
         most = free[2] // gpu
     if cpu:
         most = min(most, free[0] // cpu)
@@ -588,14 +714,22 @@ def _how_many(free: Free, shape: Free) -> int:
     return max(0, most)
 
 
-def _releases(session: Session, node: NodeView) -> list[tuple[float, Free]]:
+def _releases(session: Session, node: NodeView, releasers: set[int]) -> list[tuple[float, Free]]:
     """When each task on the node gives back what it holds: now if it is stopping, at its
-    walltime if it has one, never (INF) otherwise."""
+    walltime if it has one, never (INF) otherwise. A fraction gives back its device whole
+    only if it is the device's last occupant to leave (`releasers`)."""
     return [
         (_release_at(session, running, task),
-         (task.resources.cpu, task.resources.memory, session.device_release(task)))
+         (task.resources.cpu, task.resources.memory,
+          int(task.id in releasers) if task.gpu_share else len(task.devices)))
         for running, task in node.tasks
     ]  # fmt: skip
+
+
+def _leaves_at(session: Session, running: JobInfo, task: TaskInfo) -> float | None:
+    """`_release_at`, None for never (as `sharing.releaser` takes it)."""
+    at = _release_at(session, running, task)
+    return None if at == INF else at
 
 
 def _release_at(session: Session, running: JobInfo, task: TaskInfo) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from scheduler.core import predict
+from scheduler.core import predict, sharing
 from scheduler.core.model import JobInfo, SchedulingPolicy, TaskInfo
 from scheduler.core.priority import Factors, fair_share_factors, new_factors
 from scheduler.core.resources import DIMENSIONS, Resources
@@ -19,6 +19,8 @@ from scheduler.core.status import Code, Status
 from scheduler.core.types import HOLDS_RESOURCES, LabelGroup, NodeView, QueueState
 
 __all__ = ["Plugin", "default_plugins"]
+
+MILLI = sharing.MILLI
 
 
 class PriorityPlugin(Plugin):
@@ -189,8 +191,16 @@ class CapabilityPlugin(Plugin):
         cap = queue.info.capability
         if cap is not None:
             need = session.min_request(job)
+            milli = session.min_gpu_milli(job)
             for dim in DIMENSIONS:
-                if getattr(cap, dim) is not None and getattr(need, dim) > getattr(cap, dim):
+                limit = getattr(cap, dim)
+                if dim == "gpu" and limit is not None and milli > limit * MILLI:
+                    return Status(
+                        Code.NEVER_FITS,
+                        f'needs gpu {_gpus(milli)}, more than queue "{job.queue}"'
+                        f" may ever hold ({cap.describe(dim)})",
+                    )
+                if dim != "gpu" and limit is not None and getattr(need, dim) > limit:
                     return Status(
                         Code.NEVER_FITS,
                         f'needs {dim} {need.describe(dim)}, more than queue "{job.queue}"'
@@ -205,6 +215,16 @@ class CapabilityPlugin(Plugin):
         need = session.min_request(job)
         for dim in DIMENSIONS:
             limit = getattr(cap, dim)
+            if dim == "gpu":  # in thousandths: fractions and MIG instances as their shares
+                used = queue.allocated.gpu * MILLI + queue.shared_gpu
+                more = session.min_gpu_milli(job)
+                if more and used + more > limit * MILLI:
+                    return Status(
+                        Code.QUEUE_QUOTA,
+                        f'queue "{queue.info.name}" at capability'
+                        f" (gpu {_gpus(used)}/{cap.describe(dim)})",
+                    )
+                continue
             used = getattr(queue.allocated, dim)
             if getattr(need, dim) and used + getattr(need, dim) > limit:
                 return Status(
@@ -227,7 +247,8 @@ class UserLimitPlugin(Plugin):
     def open(self, session: Session) -> None:
         self._bound: list[Any] | None = None  # the cycle's bind list the counts are for
         self.use: dict[tuple[str, str], list[int]] = {}  # (queue, owner) -> gpu, cpu, jobs
-        self.counted: dict[int, Resources] = {}  # job -> what it holds, as counted
+        # job -> what it holds, as counted (gpu in thousandths: `sharing.gpu_milli`)
+        self.counted: dict[int, Resources] = {}
 
     def overused(self, session: Session, queue: QueueState, job: JobInfo) -> Status | None:
         info = queue.info
@@ -239,8 +260,9 @@ class UserLimitPlugin(Plugin):
         kept = _kept_for_reservation(session, job)
         if kept is not None:  # the owner's reserved job will need its room back
             gpu, cpu, jobs = gpu + kept.gpu, cpu + kept.cpu, jobs + 1
-        checks = (
-            ("running GPUs", info.max_user_gpus, gpu, need.gpu, str),
+        max_gpus = None if info.max_user_gpus is None else info.max_user_gpus * MILLI
+        checks = (  # (GPUs in thousandths: `sharing.gpu_milli`)
+            ("running GPUs", max_gpus, gpu, session.min_gpu_milli(job), _gpus),
             ("running CPUs", info.max_user_cpus, cpu, need.cpu, _cores),
             ("running jobs", info.max_user_jobs, jobs, more_jobs, str),
         )
@@ -258,12 +280,12 @@ class UserLimitPlugin(Plugin):
             self._bound, self._seen, self._evictions = session.bound, 0, 0
             self.use, self.counted = {}, {}
             for running in session.running:
-                held = [t.resources for t in running.tasks if t.state in HOLDS_RESOURCES]
+                held = [_counted(t) for t in running.tasks if t.state in HOLDS_RESOURCES]
                 if held and running.queue in session.user_limited:
                     self._add(running, held, +1)
         for job, task, _node, _devices in session.bound[self._seen :]:
             if job.queue in session.user_limited:
-                self._add(job, [task.resources], +1)
+                self._add(job, [_counted(task)], +1)
         self._seen = len(session.bound)
         for evict in session.evictions[self._evictions :]:
             victim = session.jobs.get(evict.job_id)
@@ -286,8 +308,14 @@ class UserLimitPlugin(Plugin):
             use[2] -= 1
 
 
+def _counted(task: TaskInfo) -> Resources:
+    """What a task counts for under per-user limits: its cpu and its GPUs in thousandths."""
+    return Resources(task.resources.cpu, task.resources.memory, sharing.gpu_milli(task))
+
+
 def _kept_for_reservation(session: Session, job: JobInfo) -> Resources | None:
-    """What the owner's job holding EASY's reservation in the same queue will need, if
+    """What the owner's job holding EASY's reservation in the same queue will need (GPUs in
+    thousandths), if
     backfilling `job` could take its room under the owner's limits: `job` runs past the
     reservation's start (or for as long as nobody knows). Backfill never delays the holder,
     whether by nodes or by its owner's limits."""
@@ -301,7 +329,8 @@ def _kept_for_reservation(session: Session, job: JobInfo) -> Resources | None:
     ran = predict.runtime(job)
     if start is not None and ran is not None and session.now + ran <= start:
         return None  # it ends before the holder starts
-    return session.min_request(holder)
+    need = session.min_request(holder)
+    return Resources(need.cpu, need.memory, session.min_gpu_milli(holder))
 
 
 def _and_kept(kept: Resources | None) -> str:
@@ -310,6 +339,11 @@ def _and_kept(kept: Resources | None) -> str:
 
 def _cores(millicores: int) -> str:
     return f"{millicores / 1000:g}"
+
+
+def _gpus(milli: int) -> str:
+    """GPUs counted in thousandths, as people write them: `2`, `0.25`, `0.571`."""
+    return f"{milli / MILLI:g}"
 
 
 class GangPlugin(Plugin):

@@ -155,6 +155,12 @@ def mig_share(profile: str) -> int:
     return GPU_MILLI * slices // MIG_SLICES
 
 
+def gpu_milli(devices: int, share: int) -> int:
+    """A GPU request or holding in thousandths of one GPU, as limits and quotas sum it:
+    whole devices 1000 each, a fraction its share, a MIG instance its share (`mig_share`)."""
+    return share or devices * GPU_MILLI
+
+
 def parse_gpu_field(value: object) -> tuple[int, int, str]:
     """A spec's `gpu` -> (whole devices, share in thousandths, MIG profile): `gpu: 2` is
     (2, 0, ""), `gpu: 0.25` (1, 250, ""), `gpu: "1g.10gb"` (0, 142, "1g.10gb"): a MIG

@@ -227,7 +227,7 @@ class Session:
         self.releasing = 0
         # Per shared device, the task whose end gives it back whole (`sharing.releasers`);
         # none for a device a fraction bound since holds (node, device: `pinned`).
-        self.releasers = sharing.releasers(self.nodes, self.end_of)
+        self.releasers = sharing.releasers(self.nodes, self.leaves_at)
         self.pinned: set[tuple[str, int]] = set()
         started: list[tuple[JobInfo, TaskInfo, str]] = []
         for node in self.nodes:
@@ -351,6 +351,14 @@ class Session:
             return task.started_at + job.walltime
         return predict.end(job, task.started_at, self.now, self.config.prediction_correction)
 
+    def leaves_at(self, job: JobInfo, task: TaskInfo) -> float | None:
+        """When the task really leaves its node, as far as a shared device's occupants go:
+        now if it is being released or its job suspended, else its planned end (None:
+        unknown). The occupant that leaves last gives the device back whole (`releasers`)."""
+        if task.state == "Releasing" or job.suspend_requested:
+            return self.now
+        return self.end_of(job, task)
+
     def device_release(self, task: TaskInfo) -> int:
         """Whole devices the task gives back when it ends: a fraction gives back its device
         only if it is the device's last occupant (`releasers`)."""
@@ -373,7 +381,7 @@ class Session:
         if not occupants:
             return
         pinned = (node.name, device) in self.pinned
-        chosen = None if pinned else sharing.releaser(occupants, self.end_of)
+        chosen = None if pinned else sharing.releaser(occupants, self.leaves_at)
         for job, task in occupants:
             releases = task.id == chosen
             if (task.id in self.releasers) == releases:
@@ -534,6 +542,23 @@ class Session:
                 request = request + task.resources
             self._min_requests[job.id] = request
         return request
+
+    def min_devices(self, job: JobInfo) -> int:
+        """The whole devices the job needs to start (its `min_request`'s gpu, with each
+        run of alike fractions packed onto as few devices as their shares allow, as
+        `actions.simulate` places them; a MIG instance needs none)."""
+        devices = 0
+        for task, count in self.gang_runs(job):
+            if task.gpu_share and not task.gpu_mig:
+                per = sharing.per_device(task)
+                devices += (count + per - 1) // per
+            else:
+                devices += task.resources.gpu * count
+        return devices
+
+    def min_gpu_milli(self, job: JobInfo) -> int:
+        """What the job's gang asks of GPUs, in thousandths (`sharing.gpu_milli`)."""
+        return sum(sharing.gpu_milli(t) for t in self.pending_tasks(job)[: self.needed(job)])
 
     def forget_job(self, job_id: int) -> None:
         """Its tasks changed state: drop what was cached about them."""

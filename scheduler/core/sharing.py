@@ -8,18 +8,24 @@ which then holds fractions only until they have all ended. Whole-GPU tasks take 
 in `NodeView.free_devices`, so they never share.
 
 In the sums the rest of the core works with (`Resources.gpu`: whole devices) a fraction asks
-for the one device it may have to open (`resources.gpu` is 1). Planning, backfill's spare,
-queue capabilities and per-user GPU limits therefore count a fraction as a whole device:
-never optimistic, at worst a later estimate. A shared device comes back whole, in plans, when
-its last occupant ends (`releasers`); a device a fraction was bound to in the cycle never
-does in that cycle's plans (`Session.pin_shared`), as a whole device bound in it. DRF counts
-fractions as what they are (`QueueState.shared_gpu`).
+for the one device it may have to open (`resources.gpu` is 1). Where a gang's fractions are
+planned together (the backfill reservation's `actions.simulate`, start estimates in
+`plan.py`) a run of alike fractions is packed, `per_device` of them to each device it opens,
+as allocation puts them together; a backfilled fraction still takes a whole device of the
+reservation's spare: never optimistic, at worst a later estimate. A shared device comes
+back whole, in plans, when its last occupant leaves (`releasers`, by `Session.leaves_at`:
+one being released or suspended leaves now); a device a fraction was bound to in the cycle
+never does in that cycle's plans (`Session.pin_shared`), as a whole device bound in it.
+DRF, queue capabilities and per-user GPU limits count what a task holds in thousandths
+(`gpu_milli`: a fraction its share, a MIG instance its slices of seven).
 
 A MIG instance (`TaskInfo.gpu_mig`, a profile such as "1g.10gb") goes only on a free instance
 of exactly that profile on a node offering `mig` (`NodeView.mig_free`), never on a whole or
 shared device, and a GPU in MIG mode is never whole or shared (`NodeView` leaves it out of
-both). It counts as its `gpu_share` (its slices of seven) in DRF and accounting, and as no
-whole device in the core's sums: a MIG GPU never comes back whole. Instances of a profile
+both). It counts as its `gpu_share` (its slices of seven) in DRF, accounting, queue
+capabilities and per-user GPU limits, and as no whole device in the core's device sums
+(the backfill reservation sees only its cpu and memory; start estimates, `plan.py`, wait
+for a free instance of its profile): a MIG GPU never comes back whole. Instances of a profile
 are taken first fit, in the node order and GPU order.
 
 The node and device are chosen by the cluster's policy (`SchedulingPolicy.gpu_placement`):
@@ -32,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from scheduler.core import gpushare
+from scheduler.core import gpushare, quantity
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.types import NodeView
 
@@ -121,6 +127,20 @@ def give_back(node: NodeView, task: TaskInfo, device: int) -> bool:
     del node.shared[device], node.shared_memory[device]
     node.free_devices = sorted([*node.free_devices, device])
     return True
+
+
+def gpu_milli(task: TaskInfo) -> int:
+    """What the task asks or holds of GPUs, in thousandths of one: whole devices 1000
+    each, a fraction its share, a MIG instance its slices of seven (`quantity.mig_share`,
+    which is its `gpu_share`). The figure GPU limits and quotas sum (`quantity.gpu_milli`)."""
+    return quantity.gpu_milli(task.resources.gpu, task.gpu_share)
+
+
+def per_device(task: TaskInfo) -> int:
+    """How many fractions like `task` (not a MIG instance) the plans put on one device:
+    as many as their shares fit; one for a fraction asking GPU memory (the plans do not
+    follow each device's memory)."""
+    return 1 if task.gpu_memory else MILLI // task.gpu_share
 
 
 def instance_of(node: NodeView, task: TaskInfo) -> str:

@@ -103,3 +103,15 @@ def test_a_queue_takes_only_known_sharing_modes(api, staff):
     assert "magic" in response.json()["gpu_sharing"][0]
     response = api(staff).patch("/api/v1/queues/default/", {"gpu_sharing": ["mps"]}, format="json")
     assert response.status_code == 200 and response.json()["gpu_sharing"] == ["mps"]
+
+
+def test_a_queue_capability_counts_a_gang_of_fractions_as_their_shares(api, owner, sharing):
+    """Four quarters fit a queue of one GPU; three halves do not (1.5 GPUs)."""
+    Queue.objects.filter(name="default").update(capability={"gpu": 1})
+    response = api(owner).post("/api/v1/jobs/", spec(0.25, replicas=4), format="json")
+    assert response.status_code == 201, response.content
+    Job.objects.all().delete()
+    errors = refused(api, owner, spec(0.5, replicas=3))
+    assert errors["queue"] == [
+        '3 tasks starting together need gpu 1.5, more than queue "default" may ever hold (1)'
+    ]

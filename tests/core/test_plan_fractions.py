@@ -56,3 +56,22 @@ def test_each_fraction_binds_at_its_estimate():
     assert simulate(nodes, _cluster()) == {
         j: NOW + t for j, t in _estimates(nodes, _cluster()).items()
     }
+
+
+def _gangs() -> list[JobInfo]:
+    """Two GPUs held whole until 900 and 1400; gangs of fractions and a whole GPU wait."""
+    return [
+        job(1, gpu=1, walltime=1000, running_on=[("a", (0,))]),
+        job(2, gpu=1, walltime=1500, running_on=[("a", (1,))]),
+        job(3, share=250, replicas=4, walltime=500),
+        job(4, share=500, replicas=3, walltime=300),
+        job(5, gpu=1, walltime=100),
+    ]
+
+
+def test_gangs_of_fractions_bind_at_their_estimates():
+    nodes = [node("a", gpus=2, sharing=TS, cpu=16)]
+    estimates = _estimates(nodes, _gangs())
+    # (each gang packed: four quarters on one device, three halves on two)
+    assert estimates == {3: 900, 4: 1400, 5: 1700}
+    assert simulate(nodes, _gangs()) == {j: NOW + t for j, t in estimates.items()}

@@ -23,9 +23,13 @@ LIMITED_QUEUES = [
 OWNERS = ["a", "b", "c"]
 
 
-def random_node(draw: st.DrawFn, i: int, states: list[str], sharing: bool = False) -> NodeInfo:
+def random_node(
+    draw: st.DrawFn, i: int, states: list[str], sharing: bool = False, always_shared: bool = False
+) -> NodeInfo:
     """Node n<i> of a drawn cluster: GPUs, CPUs, memory, a zone label and a state drawn from
-    `states`; with `sharing`, also whether it offers time-sliced GPU sharing."""
+    `states`; with `sharing`, also whether it offers time-sliced GPU sharing (with
+    `always_shared`, it does)."""
+    offers = [("timeslice",)] if always_shared else [(), ("timeslice",), ("timeslice",)]
     return node(
         f"n{i}",
         gpus=draw(st.integers(0, 4)),
@@ -33,14 +37,17 @@ def random_node(draw: st.DrawFn, i: int, states: list[str], sharing: bool = Fals
         memory_gi=draw(st.integers(1, 16)),
         labels=draw(st.sampled_from([{}, {"zone": "a"}, {"zone": "b"}])),
         state=draw(st.sampled_from(states)),
-        sharing=draw(st.sampled_from([(), ("timeslice",), ("timeslice",)])) if sharing else (),
+        sharing=draw(st.sampled_from(offers)) if sharing else (),
     )
 
 
 @st.composite
-def clusters(draw: st.DrawFn) -> Snapshot:
+def clusters(draw: st.DrawFn, fraction_gangs: bool = False) -> Snapshot:
+    """`fraction_gangs`: every node shares its GPUs and most jobs are gangs of fractions."""
     states = ["Ready", "Ready", "Ready", "Cordoned", "NotReady"]
-    nodes = [random_node(draw, i, states, sharing=True) for i in range(draw(st.integers(1, 6)))]
+    count = draw(st.integers(1, 6))
+    nodes = [random_node(draw, i, states, True, always_shared=fraction_gangs) for i in range(count)]
+    random_job = fraction_gang if fraction_gangs else any_job
     jobs = [random_job(draw, i) for i in range(1, draw(st.integers(1, 14)))]
     queues = draw(st.sampled_from([QUEUES, QUEUES, LIMITED_QUEUES]))
     first = Snapshot(NOW - 500, nodes, queues, jobs)
@@ -53,8 +60,16 @@ def clusters(draw: st.DrawFn) -> Snapshot:
     return Snapshot(NOW, nodes, queues, running + wave, usage, shares)
 
 
-def random_job(draw: st.DrawFn, id: int) -> JobInfo:
-    replicas = draw(st.integers(1, 3))
+def fraction_gang(draw: st.DrawFn, id: int) -> JobInfo:
+    """A gang of fractions of GPUs (now and then a whole-GPU job beside them)."""
+    share = draw(st.sampled_from([100, 250, 500, 700, 0]))
+    return any_job(draw, id, replicas=draw(st.integers(1, 6)), share=share)
+
+
+def any_job(
+    draw: st.DrawFn, id: int, replicas: int | None = None, share: int | None = None
+) -> JobInfo:
+    replicas = draw(st.integers(1, 3)) if replicas is None else replicas
     return job(
         id,
         gpu=draw(st.integers(0, 3)),
@@ -70,7 +85,7 @@ def random_job(draw: st.DrawFn, id: int) -> JobInfo:
         created_at=float(id),
         owner=draw(st.sampled_from(OWNERS)),
         # A fraction of one GPU for some jobs (then `gpu` is 1: the device it goes on).
-        share=draw(st.sampled_from([0, 0, 0, 250, 500, 700])),
+        share=draw(st.sampled_from([0, 0, 0, 250, 500, 700])) if share is None else share,
     )
 
 
@@ -119,6 +134,10 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 @FAST
 @given(clusters(), CONFIGS)
 def test_it_never_over_allocates_a_node_or_device(snap: Snapshot, config: SchedulingPolicy) -> None:
+    _never_over_allocates(snap, config)
+
+
+def _never_over_allocates(snap: Snapshot, config: SchedulingPolicy) -> None:
     result = run_cycle(snap, config)
     cpu: dict[str, int] = defaultdict(int)
     memory: dict[str, int] = defaultdict(int)
@@ -154,6 +173,10 @@ def snap_node(snap: Snapshot, name: str) -> NodeInfo:
 def test_it_starts_gangs_whole_and_says_why_every_job_waits(
     snap: Snapshot, config: SchedulingPolicy
 ) -> None:
+    _starts_gangs_whole(snap, config)
+
+
+def _starts_gangs_whole(snap: Snapshot, config: SchedulingPolicy) -> None:
     result = run_cycle(snap, config)
     bound: dict[int, int] = defaultdict(int)
     for b in result.binds:
@@ -244,6 +267,10 @@ def test_it_decides_the_same_for_the_same_snapshot(
 def test_it_never_lets_a_backfilled_job_delay_the_reservation(
     snap: Snapshot, config: SchedulingPolicy
 ) -> None:
+    _never_delays_the_reservation(snap, config)
+
+
+def _never_delays_the_reservation(snap: Snapshot, config: SchedulingPolicy) -> None:
     result = run_cycle(snap, config)
     reserved = [i for i, p in result.pending.items() if p.code == "Reserved"]
     backfilled = {b.job_id for b in result.binds if b.action == "backfill"}
@@ -266,3 +293,27 @@ def test_it_never_lets_a_backfilled_job_delay_the_reservation(
     if promised is None:
         return
     assert replanned is not None and replanned <= promised
+
+
+# --- the same invariants where most jobs are gangs of fractions of GPUs ---------------------
+# (gangs and EASY's reservation count a fraction as its share of a device)
+
+
+@FAST
+@given(clusters(fraction_gangs=True), CONFIGS)
+def test_fraction_gangs_never_over_allocate(snap: Snapshot, config: SchedulingPolicy) -> None:
+    _never_over_allocates(snap, config)
+
+
+@FAST
+@given(clusters(fraction_gangs=True), CONFIGS)
+def test_fraction_gangs_start_whole(snap: Snapshot, config: SchedulingPolicy) -> None:
+    _starts_gangs_whole(snap, config)
+
+
+@FAST
+@given(clusters(fraction_gangs=True), EASY)
+def test_fraction_gangs_never_delay_the_reservation(
+    snap: Snapshot, config: SchedulingPolicy
+) -> None:
+    _never_delays_the_reservation(snap, config)
