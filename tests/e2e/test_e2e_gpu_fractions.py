@@ -29,7 +29,9 @@ def test_four_quarters_share_a_device_and_a_whole_gpu_waits(cluster: Cluster, ap
     ]  # fmt: skip
 
     def running_together() -> bool:
-        return Task.objects.filter(job_id__in=quarters, state=TaskState.RUNNING).count() == 4
+        # The jobs too: a job follows its task into Running in the cycle after the start.
+        tasks = Task.objects.filter(job_id__in=quarters, state=TaskState.RUNNING).count()
+        return tasks == 4 and all(job_state(q) == JobState.RUNNING for q in quarters)
 
     wait_for(running_together, timeout=60, what="four quarter-GPU jobs running at once")
     shares = list(Allocation.objects.values_list("task__job_id", "device__index", "share"))
