@@ -13,7 +13,6 @@ News reaches the loop two ways:
   `sql.WAKE_CHANNEL` when such a write commits, and the loop listens on a connection of its
   own. A transaction that rolls back sends nothing; a notification that finds no listener
   is dropped, which costs nothing but the wait for the interval.
-- inside its own process (`./run up`, on SQLite too) through `notify`'s change registry.
 - inside its own process, where the database sends no notifications (SQLite: `./run up` on
   its embedded defaults), through `notify`'s change registry: any change another thread of
   the process commits.
@@ -43,7 +42,9 @@ RECONNECT_SECONDS = 5.0  # after a failed listening connection, the next try wai
 
 
 class Wakeup:
-    """Made once per loop, in the loop's thread (`own_thread`)."""
+    """Made once per loop, in the loop's thread (changes published from that thread are the
+    loop's own). `in_process`: hear news through `notify` instead of PostgreSQL (default:
+    where the database is not PostgreSQL)."""
 
     def __init__(self, gap: float, in_process: bool | None = None) -> None:
         self.gap = max(0.0, gap)
