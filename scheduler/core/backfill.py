@@ -508,12 +508,7 @@ def _earliest(
     clamped to now, moment by moment (the order within a moment does not matter, all of it
     is added before the gang is tried). Totals first: the rooms per node are only brought
     up to date when the totals say the gang may fit."""
-    if session.nominated:
-        cpu = memory = gpu = 0
-        for free in room.values():
-            cpu, memory, gpu = cpu + free.cpu, memory + free.memory, gpu + free.gpu
-    else:
-        cpu, memory, gpu = session.ready_free_cpu, session.ready_free_memory, session.ready_free_gpu
+    cpu, memory, gpu = _room_totals(session, room)
     if session.nominated or not session.all_ready:
         ends = [e for e in ends if e[1] in room]
     request = session.min_request(job)
@@ -552,6 +547,17 @@ def _earliest(
             return moment, spare, True
     _release_into(room, ends[applied:])
     return _unknown_start(session, job, room, instances)
+
+
+def _room_totals(session: Session, room: dict[str, Resources]) -> tuple[int, int, int]:
+    """The cpu, memory and devices free now in `room` (all ready nodes, unless some are
+    nominated for a preempting job)."""
+    if not session.nominated:
+        return session.ready_free_cpu, session.ready_free_memory, session.ready_free_gpu
+    cpu = memory = gpu = 0
+    for free in room.values():
+        cpu, memory, gpu = cpu + free.cpu, memory + free.memory, gpu + free.gpu
+    return cpu, memory, gpu
 
 
 def _release_into(room: dict[str, Resources], ends: list[tuple[Any, ...]]) -> None:
