@@ -414,11 +414,16 @@ def _all_instances(node: NodeView) -> Counter[str]:
 
 
 def simulate(
-    session: Session, job: JobInfo, room: dict[str, Resources]
+    session: Session,
+    job: JobInfo,
+    room: dict[str, Resources],
+    instances: dict[tuple[str, str], int] | None = None,
 ) -> dict[str, Resources] | None:
     """First-fit the job's gang (its `needed` pending tasks) into `room`; usage per node.
     A run of alike tasks fills each node it reaches as far as it can before the next one,
-    which is where task-by-task first fit puts them too (room only shrinks as they go)."""
+    which is where task-by-task first fit puts them too (room only shrinks as they go).
+    With `instances` ((node, MIG profile) -> how many are free), a MIG task also takes one
+    of its profile there, out of `instances`; without, MIG instances are not looked at."""
     runs = session.gang_runs(job)
     if len(runs) > 1:
         room = dict(room)  # later runs see what earlier ones took; one run only reads it
@@ -430,18 +435,23 @@ def simulate(
         per = sharing.per_device(task) if task.gpu_share and not task.gpu_mig else 0
         names = session.eligible_names(job, task)
         last = len(names)
+        profile = task.gpu_mig if instances is not None else ""
+        free_instances = instances if instances is not None else {}
         i = 0
         while count:
             while i < last:
                 free = room.get(names[i])
                 if free is not None and cpu <= free.cpu and memory <= free.memory:
-                    if gpu <= free.gpu:
+                    if gpu <= free.gpu and (not profile or free_instances.get((names[i], profile))):
                         break
                 i += 1
             else:
                 return None
             name = names[i]
             taken = _copies(cpu, memory, gpu, free, count, per)  # at most the rest of the run
+            if profile:
+                taken = min(taken, free_instances[(name, profile)])
+                free_instances[(name, profile)] -= taken
             devices = -(-taken // per) if per else gpu * taken
             block = request if taken == 1 else Resources(cpu * taken, memory * taken, devices)
             if len(runs) > 1:

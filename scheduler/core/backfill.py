@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.core import predict
+from scheduler.core import predict, sharing
 from scheduler.core.actions import (
     Memo,
     _GangRoom,
@@ -338,14 +338,24 @@ class _AroundReservation:
     """A backfilled job's tasks must fit in the reservation's spare on their nodes, beside
     what its earlier tasks took of it (`Fits`, and `many` for a run of alike tasks)."""
 
-    __slots__ = ("spare", "planned")
+    __slots__ = ("spare", "planned", "instances")
 
     def __init__(self, spare: Spare) -> None:
         self.spare = spare
         self.planned: dict[str, Resources] = {}  # node -> what the job's tasks took there
+        self.instances: dict[tuple[str, str], int] = {}  # (node, profile) -> taken so far
 
     def __call__(self, node: NodeView, task: TaskInfo) -> bool:
-        return self.many(node, task.resources, 1) == 1
+        profile = task.gpu_mig
+        left = self.spare.instances_left(node.name, profile) if profile else None
+        if left is None:  # (no MIG instance, or one of a profile the reservation needs not)
+            return self.many(node, task.resources, 1) == 1
+        key = (node.name, profile)
+        taken = self.instances.get(key, 0)
+        if taken >= left or self.many(node, task.resources, 1) != 1:
+            return False
+        self.instances[key] = taken + 1
+        return True
 
     def many(self, node: NodeView, request: Resources, count: int) -> int:
         """How many (at most `count`) more tasks asking `request` fit in the node's spare,
@@ -382,6 +392,8 @@ def _consume_spare(session: Session, job: JobInfo, reservation: Reservation) -> 
         if bound_job is not job:
             break
         reservation.spare.take(node.name, task.resources)
+        if task.gpu_mig:
+            reservation.spare.take_instance(node.name, task.gpu_mig)
 
 
 def _reserve(session: Session, job: JobInfo) -> None:
@@ -496,17 +508,13 @@ def _earliest(
     clamped to now, moment by moment (the order within a moment does not matter, all of it
     is added before the gang is tried). Totals first: the rooms per node are only brought
     up to date when the totals say the gang may fit."""
-    if session.nominated:
-        cpu = memory = gpu = 0
-        for free in room.values():
-            cpu, memory, gpu = cpu + free.cpu, memory + free.memory, gpu + free.gpu
-    else:
-        cpu, memory, gpu = session.ready_free_cpu, session.ready_free_memory, session.ready_free_gpu
+    cpu, memory, gpu = _room_totals(session, room)
     if session.nominated or not session.all_ready:
         ends = [e for e in ends if e[1] in room]
     request = session.min_request(job)
     # (Its fractions packed onto devices, as `simulate` places them.)
     need = Resources(request.cpu, request.memory, session.min_devices(job))
+    instances = _Instances.of(session, job, room)  # (None: it asks no MIG instance)
     applied = 0  # ends added to `room` so far
     # For a gang of one run of alike tasks, how many of them each node's room holds, kept
     # as ends are added: first fit places it exactly when the sum is enough (`_GangRoom`),
@@ -531,12 +539,25 @@ def _earliest(
         applied = i
         if gang is not None and not gang.enough():
             continue
-        placement = simulate(session, job, room)
+        left = None if instances is None else instances.at(moment)
+        placement = simulate(session, job, room, left)
         if placement is not None:
             # The room then is what the totals counted; the gang takes `need` of it.
-            return moment, Spare(room, placement, Resources(cpu, memory, gpu) - need), True
+            spare = Spare(room, placement, Resources(cpu, memory, gpu) - need, left)
+            return moment, spare, True
     _release_into(room, ends[applied:])
-    return _unknown_start(session, job, room)
+    return _unknown_start(session, job, room, instances)
+
+
+def _room_totals(session: Session, room: dict[str, Resources]) -> tuple[int, int, int]:
+    """The cpu, memory and devices free now in `room` (all ready nodes, unless some are
+    nominated for a preempting job)."""
+    if not session.nominated:
+        return session.ready_free_cpu, session.ready_free_memory, session.ready_free_gpu
+    cpu = memory = gpu = 0
+    for free in room.values():
+        cpu, memory, gpu = cpu + free.cpu, memory + free.memory, gpu + free.gpu
+    return cpu, memory, gpu
 
 
 def _release_into(room: dict[str, Resources], ends: list[tuple[Any, ...]]) -> None:
@@ -550,10 +571,11 @@ def _release_into(room: dict[str, Resources], ends: list[tuple[Any, ...]]) -> No
 
 
 def _unknown_start(
-    session: Session, job: JobInfo, room: dict[str, Resources]
+    session: Session, job: JobInfo, room: dict[str, Resources], instances: _Instances | None
 ) -> tuple[float | None, Spare, bool]:
     """Some of what it needs is held by jobs without a walltime: the start is unknown, but
-    the nodes it would take once everything ends are still kept for it."""
+    the nodes it would take once everything ends are still kept for it (and the instances
+    of its MIG profiles there)."""
     for node in session.nodes:
         if node.name in room:
             for running, task in node.tasks:
@@ -561,13 +583,56 @@ def _unknown_start(
                     room[node.name] = room[node.name] + Resources(
                         task.resources.cpu, task.resources.memory, session.device_release(task)
                     )
-    placement = simulate(session, job, room)
+    left = None if instances is None else instances.at(None)
+    placement = simulate(session, job, room, left)
     total = Resources()
     for free in room.values():
         total = total + free
     for used in (placement or {}).values():
         total = total - used
-    return None, Spare(room, placement or {}, total), placement is not None
+    return None, Spare(room, placement or {}, total, left), placement is not None
+
+
+class _Instances:
+    """The MIG instances of the profiles a gang asks, per node of the room, over time: free
+    now, and given back as their occupants leave (`sharing.instance_releases`, as start
+    estimates count them): at their ends, now if being released, suspended or evicted."""
+
+    __slots__ = ("free", "ends")
+
+    def __init__(self) -> None:
+        self.free: dict[tuple[str, str], int] = {}
+        self.ends: dict[tuple[str, str], list[float | None]] = {}
+
+    @classmethod
+    def of(cls, session: Session, job: JobInfo, room: dict[str, Resources]) -> _Instances | None:
+        profiles = {task.gpu_mig for task, _count in session.gang_runs(job) if task.gpu_mig}
+        if not profiles:
+            return None
+        evicted = session.evicted
+
+        def end(running: JobInfo, task: TaskInfo) -> float | None:
+            return session.now if running.id in evicted else session.leaves_at(running, task)
+
+        found = cls()
+        for node in session.nodes:
+            if node.name not in room:
+                continue
+            for profile in profiles & node.mig_profiles:
+                key = (node.name, profile)
+                found.free[key], found.ends[key] = sharing.instance_releases(node, profile, end)
+        return found
+
+    def at(self, moment: float | None) -> dict[tuple[str, str], int]:
+        """How many are free at `moment` (None: once every occupant has left)."""
+        counts = {}
+        for key, free in self.free.items():
+            ends = self.ends[key]
+            if moment is None:
+                counts[key] = free + len(ends)
+            else:
+                counts[key] = free + sum(1 for end in ends if end is not None and end <= moment)
+        return counts
 
 
 def _has_end(session: Session, running: JobInfo, task: TaskInfo) -> bool:

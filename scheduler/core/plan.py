@@ -16,8 +16,8 @@ resources from now for their walltime, evicted ones give theirs back now). Like
   backfill, no job is planned before the one ahead of it.
 - The job holding the core's backfill reservation starts exactly when the core says (a MIG
   request no earlier than an instance of its profile is free, which the core's reservation
-  does not look at); with an unknown start it keeps, from now on, the nodes it would take
-  once everything ends, as the core keeps them for it.
+  counts too); with an unknown start it keeps, from now on, the nodes it would take once
+  everything ends, as the core keeps them for it.
 - Fractions of a GPU: a job of one fraction may join a device shared over its whole run
   (`_Slot`); a gang's fractions are packed onto the devices they open (`_Opened`); a MIG
   request needs a free instance of its profile over its whole run (`_instances`).
@@ -498,12 +498,13 @@ class _Planner:
         node = session.node_by_name[name]
         line = None
         if profile in node.mig_profiles:
+            free, ends = sharing.instance_releases(
+                node, profile, lambda j, t: _leaves_at(session, j, t)
+            )
             releases: list[tuple[float, Free]] = [
-                (_release_at(session, running, task), (0, 0, 1))
-                for running, task in node.tasks
-                if task.gpu_mig == profile
+                (INF if at is None else at, (0, 0, 1)) for at in ends
             ]
-            line = Timeline(session.now, (0, 0, len(node.mig_free.get(profile, ()))), releases)
+            line = Timeline(session.now, (0, 0, free), releases)
         self.instance_lines[key] = line
         return line
 

@@ -23,9 +23,11 @@ A MIG instance (`TaskInfo.gpu_mig`, a profile such as "1g.10gb") goes only on a 
 of exactly that profile on a node offering `mig` (`NodeView.mig_free`), never on a whole or
 shared device, and a GPU in MIG mode is never whole or shared (`NodeView` leaves it out of
 both). It counts as its `gpu_share` (its slices of seven) in DRF, accounting, queue
-capabilities and per-user GPU limits, and as no whole device in the core's device sums
-(the backfill reservation sees only its cpu and memory; start estimates, `plan.py`, wait
-for a free instance of its profile): a MIG GPU never comes back whole. Instances of a profile
+capabilities and per-user GPU limits, and as no whole device in the core's device sums:
+a MIG GPU never comes back whole. Plans count instances apart, per node and profile, as
+they are given back (`instance_releases`): start estimates (`plan.py`) and the backfill
+reservation (`backfill.py`, whose spare keeps the instances its holder needs) wait for a
+free instance of the profile. Instances of a profile
 are taken first fit, in the node order and GPU order.
 
 The node and device are chosen by the cluster's policy (`SchedulingPolicy.gpu_placement`):
@@ -141,6 +143,15 @@ def per_device(task: TaskInfo) -> int:
     as many as their shares fit; one for a fraction asking GPU memory (the plans do not
     follow each device's memory)."""
     return 1 if task.gpu_memory else MILLI // task.gpu_share
+
+
+def instance_releases(node: NodeView, profile: str, end: Ends) -> tuple[int, list[float | None]]:
+    """The node's instances of the MIG profile free now, and when each held one is given
+    back: at its occupant's `end` (None: never). The one count of instances over time for
+    start estimates (`plan.py`) and the backfill reservation (`backfill.py`); an instance
+    a task took in the cycle is not among them: held, as whole devices bound then are."""
+    held = [end(job, task) for job, task in node.tasks if task.gpu_mig == profile]
+    return len(node.mig_free.get(profile, ())), held
 
 
 def instance_of(node: NodeView, task: TaskInfo) -> str:

@@ -205,18 +205,38 @@ class QueueState:
 class Spare:
     """Per node, what the reserved job will not need at its start: what the node has then
     (`room`) less what the reserved job takes there (`taken`), less what backfilled jobs
-    that run past the start took since. Worked out per node when asked."""
+    that run past the start took since. Worked out per node when asked.
 
-    __slots__ = ("room", "taken", "changed", "initial", "total")
+    For a reserved job asking MIG instances, `instances`: per (node, profile) of each
+    profile it asks, the instances free at its start that it does not take, less those
+    backfilled jobs running past the start took since (other profiles are not kept: the
+    reserved job needs none of them)."""
+
+    __slots__ = ("room", "taken", "changed", "initial", "total", "first_instances", "instances")
 
     def __init__(
-        self, room: dict[str, Resources], taken: dict[str, Resources], total: Resources
+        self,
+        room: dict[str, Resources],
+        taken: dict[str, Resources],
+        total: Resources,
+        instances: dict[tuple[str, str], int] | None = None,
     ) -> None:
         self.room = room
         self.taken = taken
         self.changed: dict[str, Resources] = {}
         self.initial = total  # summed over the nodes
         self.total = total
+        self.first_instances = instances or {}
+        self.instances = dict(self.first_instances)
+
+    def instances_left(self, node: str, profile: str) -> int | None:
+        """The instances of `profile` on `node` the reserved job leaves (None: not kept)."""
+        return self.instances.get((node, profile))
+
+    def take_instance(self, node: str, profile: str) -> None:
+        key = (node, profile)
+        if key in self.instances:
+            self.instances[key] -= 1
 
     def get(self, node: str) -> Resources | None:
         spare = self.changed.get(node)
@@ -241,7 +261,7 @@ class Spare:
 
     def copy(self) -> Spare:
         """The same spare with nothing taken since (the room and taken are shared)."""
-        return Spare(self.room, self.taken, self.initial)
+        return Spare(self.room, self.taken, self.initial, self.first_instances)
 
 
 @dataclass

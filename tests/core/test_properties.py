@@ -42,14 +42,23 @@ def random_node(
 
 
 @st.composite
-def clusters(draw: st.DrawFn, fraction_gangs: bool = False) -> Snapshot:
-    """`fraction_gangs`: every node shares its GPUs and most jobs are gangs of fractions."""
+def clusters(draw: st.DrawFn, fraction_gangs: bool = False, mig: bool = False) -> Snapshot:
+    """`fraction_gangs`: every node shares its GPUs and most jobs are gangs of fractions.
+    `mig`: every GPU is cut into MIG instances and most jobs are gangs of instances."""
     states = ["Ready", "Ready", "Ready", "Cordoned", "NotReady"]
     count = draw(st.integers(1, 6))
-    nodes = [random_node(draw, i, states, True, always_shared=fraction_gangs) for i in range(count)]
-    random_job = fraction_gang if fraction_gangs else any_job
+    if mig:
+        nodes = [mig_node(draw, i, states) for i in range(count)]
+    else:
+        nodes = [
+            random_node(draw, i, states, True, always_shared=fraction_gangs) for i in range(count)
+        ]
+    random_job = mig_gang if mig else fraction_gang if fraction_gangs else any_job
     jobs = [random_job(draw, i) for i in range(1, draw(st.integers(1, 14)))]
-    queues = draw(st.sampled_from([QUEUES, QUEUES, LIMITED_QUEUES]))
+    # (Not per-user limits with MIG: there a backfilled job of the holder's owner can use up
+    # the owner's limit and hold up the reservation, for any job, MIG or not: not the
+    # instances these clusters are about.)
+    queues = draw(st.sampled_from([QUEUES] if mig else [QUEUES, QUEUES, LIMITED_QUEUES]))
     first = Snapshot(NOW - 500, nodes, queues, jobs)
     # Run what fits for a while, then add a new wave of jobs: running work to preempt,
     # reserve around and backfill next to.
@@ -58,6 +67,42 @@ def clusters(draw: st.DrawFn, fraction_gangs: bool = False) -> Snapshot:
     usage = {o: draw(st.sampled_from([0.0, 10.0, 1e6])) for o in OWNERS}
     shares = draw(st.sampled_from([{}, {"a": 3.0}, {"b": 0.0}]))
     return Snapshot(NOW, nodes, queues, running + wave, usage, shares)
+
+
+MIG_PROFILES = ["1g.10gb", "1g.10gb", "2g.20gb"]
+
+
+def mig_node(draw: st.DrawFn, i: int, states: list[str]) -> NodeInfo:
+    """Node n<i> whose one or two GPUs are each cut into one to three MIG instances."""
+    gpus = draw(st.integers(1, 2))
+    layout = st.lists(st.sampled_from(MIG_PROFILES), min_size=1, max_size=3)
+    return node(
+        f"n{i}",
+        gpus=gpus,
+        cpu=draw(st.integers(1, 8)),
+        memory_gi=draw(st.integers(1, 16)),
+        state=draw(st.sampled_from(states)),
+        mig={d: draw(layout) for d in range(gpus)},
+    )
+
+
+def mig_gang(draw: st.DrawFn, id: int) -> JobInfo:
+    """A gang of MIG instances of one profile (now and then a job asking no GPU)."""
+    replicas = draw(st.integers(1, 3))
+    return job(
+        id,
+        mig=draw(st.sampled_from(["", *MIG_PROFILES])),
+        cpu=draw(st.sampled_from([0.5, 1, 2])),
+        memory_gi=draw(st.integers(1, 4)),
+        replicas=replicas,
+        min_available=draw(st.integers(1, replicas)),
+        priority=draw(st.integers(0, 3)),
+        queue=draw(st.sampled_from(["default", "research"])),
+        walltime=draw(st.sampled_from([None, 50.0, 300.0, 2000.0])),
+        preemptible=draw(st.booleans()),
+        created_at=float(id),
+        owner=draw(st.sampled_from(OWNERS)),
+    )
 
 
 def fraction_gang(draw: st.DrawFn, id: int) -> JobInfo:
@@ -99,7 +144,12 @@ def _apply(snapshot: Snapshot, result: CycleResult, started: float) -> list[JobI
             bind = by_task.get(t.id)
             if bind is not None:
                 t = dataclasses.replace(
-                    t, state="Running", node=bind.node, devices=bind.devices, started_at=started
+                    t,
+                    state="Running",
+                    node=bind.node,
+                    devices=bind.devices,
+                    gpu_instance=bind.instance,
+                    started_at=started,
                 )
             tasks.append(t)
         placed = any(t.node for t in tasks)
@@ -317,3 +367,49 @@ def test_fraction_gangs_never_delay_the_reservation(
     snap: Snapshot, config: SchedulingPolicy
 ) -> None:
     _never_delays_the_reservation(snap, config)
+
+
+# --- the reservation where GPUs are cut into MIG instances ---------------------------------
+# (EASY's reservation of a MIG gang waits for instances of its profile; backfill keeps them)
+
+
+@FAST
+@given(clusters(mig=True), EASY)
+def test_mig_gangs_never_delay_the_reservation(snap: Snapshot, config: SchedulingPolicy) -> None:
+    _never_delays_the_reservation(snap, config)
+
+
+@FAST
+@given(clusters(mig=True), EASY)
+def test_a_mig_gang_starts_when_its_reservation_says(
+    snap: Snapshot, config: SchedulingPolicy
+) -> None:
+    """Once every running job (those backfilled included) has reached its walltime by the
+    reservation's start, the reserved gang starts then: its instances are free."""
+    result = run_cycle(snap, config)
+    reserved = [i for i, p in result.pending.items() if p.code == "Reserved"]
+    if not reserved or result.pending[reserved[0]].estimated_start is None:
+        return
+    (holder,) = reserved
+    start = result.pending[holder].estimated_start
+    assert start is not None
+    after = _apply(snap, result, started=snap.now)
+    jobs = [
+        dataclasses.replace(j, tasks=[t for t in j.tasks if t.node]) if j.state == "Running" else j
+        for j in after
+        if j.id == holder or (j.state == "Running" and not _ended(j, start))
+    ]
+    later = run_cycle(dataclasses.replace(snap, now=start, jobs=jobs), config)
+    assert holder in {b.job_id for b in later.binds}, later.pending.get(holder)
+
+
+def _ended(j: JobInfo, at: float) -> bool:
+    """Has the running job reached its walltime by `at`?"""
+    starts = [t.started_at for t in j.tasks if t.node and t.started_at is not None]
+    return j.walltime is not None and bool(starts) and max(starts) + j.walltime <= at
+
+
+@FAST
+@given(clusters(mig=True), CONFIGS)
+def test_mig_gangs_start_whole(snap: Snapshot, config: SchedulingPolicy) -> None:
+    _starts_gangs_whole(snap, config)
