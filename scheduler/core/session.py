@@ -440,14 +440,17 @@ class Session:
             self.version += 1
             self.reservations = {}
 
-    def freed(self, node: NodeView, cpu: int, memory: int, gpu: int) -> None:
-        """The node's free resources changed by (cpu, memory, gpu)."""
+    def freed(self, node: NodeView, cpu: int, memory: int, gpu: int, moved: bool = False) -> None:
+        """The node's free resources changed by (cpu, memory, gpu). `moved`: the node was
+        just moved in the index with them (`move_in_index`), which put it in its group's
+        `roomy` as they are: nothing left to resize."""
         if node.ready:
             self.ready_free_cpu += cpu
             self.ready_free_memory += memory
             self.ready_free_gpu += gpu
             self._stale_free.add(node)
-            self._resized(node)
+            if not moved:
+                self._resized(node)
 
     def took(self, nodes: list[NodeView], cpu: int, memory: int) -> None:
         """`freed` for ready nodes that together gave `cpu` and `memory` (no devices)."""
