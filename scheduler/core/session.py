@@ -19,7 +19,7 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import compress, repeat
-from operator import attrgetter, gt, is_, lt, or_
+from operator import attrgetter, is_, lt
 from typing import Any, cast
 
 from scheduler.core import gpushare, predict, sharing
@@ -991,21 +991,20 @@ def _short_of(
 ) -> tuple[dict[str, int], dict[str, int]]:
     """`Session._node_reasons` for a task asking whole devices, in whole-list passes rather
     than a test per node: a node is nominated for a preempting job, else short of cpu, else
-    of memory, else of devices, else it is held for the reservation."""
+    of memory, else of devices, else it is held for the reservation.
+
+    Each test's answers are one byte per node (1: it gives the reason) read as one integer,
+    so combining them, counting and finding the first are integer operations."""
     cpu, memory, gpu = request
-    before = (  # nodes that gave a reason so far
-        list(map(nominated.__contains__, map(_name, eligible)))
-        if nominated
-        else [False] * len(eligible)
-    )
+    before = _marks(map(nominated.__contains__, map(_name, eligible))) if nominated else 0
+    everyone = int.from_bytes(b"\x01" * len(eligible), "little")
     seen: dict[str, int] = {}
     seen_first: dict[str, int] = {}
 
-    def count(reason: str, marks: list[bool], mark: bool = True) -> None:
-        found = marks.count(mark)
-        if found:
-            seen[reason] = found
-            seen_first[reason] = positions[marks.index(mark)]
+    def count(reason: str, marks: int) -> None:
+        if marks:
+            seen[reason] = marks.bit_count()
+            seen_first[reason] = positions[((marks & -marks).bit_length() - 1) >> 3]
 
     count("reserved for a preempting job", before)
     for reason, short in (
@@ -1013,11 +1012,16 @@ def _short_of(
         ("insufficient memory", map(lt, map(_free_memory, eligible), repeat(memory))),
         ("insufficient gpu", map(lt, map(len, map(_free_devices, eligible)), repeat(gpu))),
     ):
-        shorts = list(short)
-        count(reason, list(map(gt, shorts, before)))  # short, and no reason before
-        before = list(map(or_, before, shorts))
-    count("held for the reservation", before, False)
+        shorts = _marks(short)
+        count(reason, shorts & ~before)  # short, and no reason before
+        before |= shorts
+    count("held for the reservation", everyone & ~before)
     return seen, seen_first
+
+
+def _marks(answers: Iterable[bool]) -> int:
+    """The answers as an integer, one byte each, the first lowest: 1 for True, 0 for False."""
+    return int.from_bytes(bytes(answers), "little")
 
 
 def task_shape(task: TaskInfo) -> Shape:
