@@ -495,10 +495,13 @@ def allocate(session: Session) -> None:
             record_fault(session, job, exc)
     if session.blocked is not None and session.config.strict_order and session.explain_failures:
         message = f"waiting for job {session.blocked.id} (first in order)"
-        # (Neither the failures nor the placed jobs change in this loop: one set.)
+        # One status for all, made each job's own at the end of the cycle where it is still
+        # theirs (`Session.own_statuses`): most are given another by backfill, or start.
+        shared = session.behind_blocked = Status(Code.PRIORITY, message)
         pending = session.pending  # (`set_pending`, spelled out: once per job waiting)
+        # (Neither the failures nor the placed jobs change in this loop: one set.)
         for job in in_order(session, skip_ids=session.failures.keys() | session.placed):
-            pending[job.id] = Status(Code.PRIORITY, message)  # one each: not shared
+            pending[job.id] = shared
 
 
 # --- preempt and reclaim -----------------------------------------------------------------

@@ -249,6 +249,9 @@ class Session:
         self.nominated: set[str] = set()
         self.failures: dict[int, Failure] = {}
         self.blocked: JobInfo | None = None  # first job strict allocate could not start
+        # The one status strict allocate gives every job after `blocked` (most are given
+        # another later, or start): `own_statuses` gives each job still holding it its own.
+        self.behind_blocked: Status | None = None
         self.reservation: Reservation | None = None
         self.stats: Counter[str] = Counter()
         self.plan_harmless = set()
@@ -892,6 +895,17 @@ class Session:
 
     def set_pending(self, job: JobInfo, info: Status) -> None:
         self.pending[job.id] = info
+
+    def own_statuses(self) -> None:
+        """Every job still waiting behind `blocked` gets a status of its own (statuses are
+        changed afterwards: `scheduler.cycle.planning` sets each one's estimated start)."""
+        shared = self.behind_blocked
+        if shared is None:
+            return
+        self.behind_blocked = None
+        pending = self.pending
+        for job_id in [i for i, status in pending.items() if status is shared]:
+            pending[job_id] = Status(shared.code, shared.message)
 
 
 class NodeScan:
