@@ -11,8 +11,9 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
-from itertools import filterfalse
+from collections.abc import Callable, Container, Iterator
+from itertools import compress, filterfalse
+from operator import attrgetter, not_
 
 from scheduler.core import sharing
 from scheduler.core.model import JobInfo, TaskInfo
@@ -72,19 +73,33 @@ def _admit(session: Session, job: JobInfo) -> None:
         session.queues[job.queue].jobs.append(job)
 
 
-def in_order(session: Session, skip: Callable[[JobInfo], bool]) -> Iterator[JobInfo]:
+def in_order(
+    session: Session,
+    skip: Callable[[JobInfo], bool] | None = None,
+    skip_ids: Container[int] | None = None,
+) -> Iterator[JobInfo]:
     """Admitted jobs, queue by queue in fair-share order, jobs by priority then age. The
     queue to serve next is chosen after every job, as placements change the shares.
 
-    `skip` is asked as each job comes up: the callers' skips change only for the job that
-    was just yielded, so asking late skips the same jobs as asking first."""
+    `skip` is asked as each job comes up, and so is `skip_ids` (jobs whose ids are in it are
+    skipped; asked without a Python call per job): the callers' skips change only for the
+    job that was just yielded, so asking late skips the same jobs as asking first."""
+
+    def cursor(jobs: list[JobInfo]) -> Iterator[JobInfo]:
+        kept: Iterator[JobInfo] = iter(jobs)
+        if skip_ids is not None:
+            # (`compress` takes each job and whether to keep it together, as it comes up.)
+            kept = compress(jobs, map(not_, map(skip_ids.__contains__, map(_job_id, jobs))))
+        return kept if skip is None else filterfalse(skip, kept)
+
     busy = [name for name, queue in session.queues.items() if queue.jobs]
     if len(busy) == 1:
         # One queue with work: the order is its own; no shares to compare.
-        return filterfalse(skip, session.queues[busy[0]].jobs)
-    return _across_queues(
-        session, {name: filterfalse(skip, session.queues[name].jobs) for name in busy}
-    )
+        return cursor(session.queues[busy[0]].jobs)
+    return _across_queues(session, {name: cursor(session.queues[name].jobs) for name in busy})
+
+
+_job_id = attrgetter("id")
 
 
 def _across_queues(session: Session, cursors: dict[str, Iterator[JobInfo]]) -> Iterator[JobInfo]:
@@ -144,7 +159,9 @@ def place(
 ) -> Failure | None:
     """Place the job's tasks all or nothing: the gang's `needed` tasks at once, the rest best
     effort within the queue's capability, in one statement."""
-    need = session.needed(job)
+    need = session.need.get(job.id)  # `needed`
+    if need is None:
+        need = job.min_available
     queue = session.queues[job.queue]
     over = session.overused(queue, job)
     if over is not None:
@@ -159,9 +176,10 @@ def place(
                 session, job, failure.detail, failure.blocked_by_resources, most,
                 failure.node_reasons,
             )  # fmt: skip
-    refusal = _refusal_by_total(session, job)
-    if refusal is not None:
-        return refusal
+    if not session.explain_failures and session.gang_decides:  # (else it says None)
+        refusal = _refusal_by_total(session, job)
+        if refusal is not None:
+            return refusal
     statement = Statement(session)
     placed, first_miss = _allocate_tasks(session, job, statement, fits, shape)
     if placed and (first_miss is None or session.job_ready(job, placed)):
@@ -472,7 +490,7 @@ def allocate(session: Session) -> None:
     the jobs after it may only start through backfill, which protects its reservation."""
     memo = Memo()
     strict = session.config.strict_order
-    for job in in_order(session, skip=lambda j: j.id in session.failures):
+    for job in in_order(session, skip_ids=session.failures):
         if session.blocked is not None and strict:
             break
         try:  # `guarded`, without a closure per job
@@ -487,10 +505,13 @@ def allocate(session: Session) -> None:
             record_fault(session, job, exc)
     if session.blocked is not None and session.config.strict_order and session.explain_failures:
         message = f"waiting for job {session.blocked.id} (first in order)"
-        for job in in_order(
-            session, skip=lambda j: j.id in session.failures or j.id in session.placed
-        ):
-            session.set_pending(job, Status(Code.PRIORITY, message))  # one each: not shared
+        # One status for all, made each job's own at the end of the cycle where it is still
+        # theirs (`Session.own_statuses`): most are given another by backfill, or start.
+        shared = session.behind_blocked = Status(Code.PRIORITY, message)
+        pending = session.pending  # (`set_pending`, spelled out: once per job waiting)
+        # (Neither the failures nor the placed jobs change in this loop: one set.)
+        for job in in_order(session, skip_ids=session.failures.keys() | session.placed):
+            pending[job.id] = shared
 
 
 # --- preempt and reclaim -----------------------------------------------------------------

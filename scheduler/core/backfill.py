@@ -33,7 +33,7 @@ def backfill(session: Session) -> None:
     start next to it (it must be planned before anything else starts: that is the state it
     is planned in); one that explains plans it at once, for the holder's estimated start."""
     run = _Backfill(session)
-    for job in in_order(session, skip=run.skip):
+    for job in in_order(session, skip_ids=run.skipped):
         try:  # `guarded`, without a closure per job
             run.one(job)
         except Exception as exc:  # noqa: BLE001 - fault isolation is the point
@@ -70,6 +70,11 @@ class _Backfill:
         # (alike key, whether it need not fit around the reservation) -> (the state it was
         # refused in, its failure, its status): `_alike`.
         self.alike_refused: dict[object, tuple[tuple[Any, ...], Failure, Status]] = {}
+        # Queue -> whether what was bound since may decide a refusal in it (`_version`).
+        self.binds_matter: dict[str, bool] = {}
+        # The jobs the pass skips: placed, pipelined, the holder, or refused for good before
+        # it. Worked out when the pass starts: what the pass changes is only ever the job it
+        # serves (`in_order` asks as each job comes up, so asking first skips the same jobs).
         self.skipped = {
             *session.placed,
             *session.pipelined,
@@ -88,12 +93,6 @@ class _Backfill:
             *(queue.allocated for queue in session.queues.values()),
         )
 
-    def skip(self, job: JobInfo) -> bool:
-        """Placed, pipelined, the holder, or refused for good before this pass. Worked out
-        when the pass starts: what the pass changes is only ever the job it serves (`in_order`
-        asks as each job comes up, so asking first skips the same jobs)."""
-        return job.id in self.skipped
-
     def planned(self) -> Reservation | None:
         if self.deferred is not None:
             _reserve(self.session, self.deferred)
@@ -111,15 +110,34 @@ class _Backfill:
                 return
             if self._refused_quickly(job):
                 return
-        reservation = self.planned()
+            reservation = self.planned()
+        else:
+            reservation = session.reservation  # `planned`, with nothing deferred
         around = reservation is not None and _runs_past(session, job, reservation)
-        alike = self._alike(job, not around)
-        if alike is not None:
-            kept_alike = self.alike_refused.get(alike)
-            if kept_alike is not None and self._unchanged(kept_alike[0], alike, reservation):
-                session.failures[job.id] = kept_alike[1]
-                session.pending[job.id] = kept_alike[2]
-                return
+        # `_alike` and `_unchanged`, spelled out: every job that waits comes through here.
+        alike: tuple[object, ...] | None = None
+        if (  # (`job.is_candidate`, spelled out)
+            session.alike_refusals
+            and job.state in ("Pending", "Suspended")
+            and not job.suspend_requested
+        ):
+            need = session.need.get(job.id)  # `needed`
+            if (job.min_available if need is None else need) > 0:
+                key = session.alike_key(job)
+                if key is not None:
+                    alike = (key, not around)
+                    kept_alike = self.alike_refused.get(alike)
+                    if kept_alike is not None:
+                        state = kept_alike[0]
+                        memo = self.spare_memo if around else self.free_memo
+                        if (
+                            state[0] is reservation
+                            and state[1] is memo.max_placeable.get((key[0], key[1]))
+                            and state[2] == self._version(key[1])
+                        ):
+                            session.failures[job.id] = kept_alike[1]
+                            session.pending[job.id] = kept_alike[2]
+                            return
         # The extra test its tasks must pass so the reservation is not delayed.
         fits = _AroundReservation(reservation.spare) if around and reservation else None
         self._try(job, reservation, fits)
@@ -129,8 +147,8 @@ class _Backfill:
     def _try(self, job: JobInfo, reservation: Reservation | None, fits: Fits | None) -> None:
         """Place the job now (around the reservation, if it must), or say why it waits."""
         session = self.session
-        if fits is not None:
-            assert reservation is not None
+        if fits is not None and not session.explain_failures and session.gang_decides:
+            assert reservation is not None  # (`total_refusal` says None otherwise)
             if self._refused(job, _refusal_by_spare(session, job, reservation)):
                 return
         memo = self.free_memo if fits is None else self.spare_memo
@@ -162,32 +180,26 @@ class _Backfill:
     # `total_refusal`), nothing bound. Its status is the same too (`_explain_wait` decides
     # once per shape). Only jobs waiting to start (not a running job's extra tasks).
 
-    def _alike(self, job: JobInfo, free: bool) -> tuple[object, ...] | None:
-        """The job's alike key and whether it need not fit around the reservation."""
-        session = self.session
-        if not session.alike_refusals or not job.is_candidate or session.needed(job) <= 0:
-            return None
-        key = session.alike_key(job)
-        return None if key is None else (key, free)
-
     def _state(self, alike: tuple[Any, ...], reservation: Reservation | None) -> tuple[Any, ...]:
-        """What decides the refusal of a job that is `alike`, as it stands now."""
-        session = self.session
+        """What decides the refusal of a job that is `alike`, as it stands now (`one` asks
+        the same of a kept refusal, spelled out)."""
         shape, queue, _need, _owner = alike[0]
         memo = self.free_memo if alike[1] else self.spare_memo
         entry = memo.max_placeable.get((shape, queue))
-        binds_matter = (
-            not session.explain_failures
-            or queue in session.user_limited
-            or session.queues[queue].info.capability is not None
-        )
-        return (reservation, entry, session.version if binds_matter else None)
+        return (reservation, entry, self._version(queue))
 
-    def _unchanged(
-        self, kept: tuple[Any, ...], alike: tuple[Any, ...], reservation: Reservation | None
-    ) -> bool:
-        now = self._state(alike, reservation)
-        return kept[0] is now[0] and kept[1] is now[1] and kept[2] == now[2]
+    def _version(self, queue: str) -> int | None:
+        """The session's version where binds may decide a refusal in `queue`, else None
+        (whether they may is the same all pass: asked once per queue)."""
+        session = self.session
+        binds_matter = self.binds_matter.get(queue)
+        if binds_matter is None:
+            binds_matter = self.binds_matter[queue] = (
+                not session.explain_failures
+                or queue in session.user_limited
+                or session.queues[queue].info.capability is not None
+            )
+        return session.version if binds_matter else None
 
     def _keep_refusal(
         self, job: JobInfo, alike: tuple[Any, ...], reservation: Reservation | None

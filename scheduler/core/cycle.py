@@ -86,6 +86,7 @@ def _run_actions(session: Session, timings: dict[str, float] | None) -> CycleRes
         tick = time.perf_counter()
         ACTION_FUNCTIONS[name](session)
         timings[name] = time.perf_counter() - tick
+    session.own_statuses()
     # Only a job with no pending task (nothing to place) can be neither placed nor pending
     # after the actions; a standing session holds none such.
     for job in [] if session.standing else session.candidates:

@@ -12,7 +12,7 @@ from typing import Any
 
 from scheduler.core import predict, sharing
 from scheduler.core.model import JobInfo, SchedulingPolicy, TaskInfo
-from scheduler.core.priority import Factors, fair_share_factors, new_factors
+from scheduler.core.priority import Factors, fair_share_factors
 from scheduler.core.resources import DIMENSIONS, Resources
 from scheduler.core.session import Plugin, Session
 from scheduler.core.status import Code, Status
@@ -68,7 +68,8 @@ class PriorityPlugin(Plugin):
         w_age, w_fair, w_size = weights.age, weights.fair_share, weights.job_size
         w_queue, w_priority, max_age = weights.queue, weights.priority, weights.max_age
         now, favor_small = session.now, weights.favor_small
-        made = []
+        made: list[Factors] = []
+        add, new_object, set_attribute = made.append, object.__new__, object.__setattr__
         for job in jobs:
             constant = self._constant.get((job.owner, job.queue))
             if constant is None:
@@ -85,7 +86,21 @@ class PriorityPlugin(Plugin):
                 w_age * age + w_fair * fair + w_size * size + w_queue * queue
                 + w_priority * job.priority
             )  # fmt: skip
-            made.append(new_factors(total, age, fair, size, queue, job.priority))
+            # `new_factors`, spelled out: once per pending job.
+            factors = new_object(Factors)
+            set_attribute(
+                factors,
+                "__dict__",
+                {
+                    "priority": total,
+                    "age": age,
+                    "fair_share": fair,
+                    "job_size": size,
+                    "queue": queue,
+                    "job_priority": job.priority,
+                },
+            )
+            add(factors)
         return made
 
     def _constants(self, session: Session, job: JobInfo) -> tuple[float, float]:

@@ -19,7 +19,7 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import compress, repeat
-from operator import attrgetter, gt, is_, lt, or_
+from operator import attrgetter, is_, lt
 from typing import Any, cast
 
 from scheduler.core import gpushare, predict, sharing
@@ -249,6 +249,9 @@ class Session:
         self.nominated: set[str] = set()
         self.failures: dict[int, Failure] = {}
         self.blocked: JobInfo | None = None  # first job strict allocate could not start
+        # The one status strict allocate gives every job after `blocked` (most are given
+        # another later, or start): `own_statuses` gives each job still holding it its own.
+        self.behind_blocked: Status | None = None
         self.reservation: Reservation | None = None
         self.stats: Counter[str] = Counter()
         self.plan_harmless = set()
@@ -440,14 +443,17 @@ class Session:
             self.version += 1
             self.reservations = {}
 
-    def freed(self, node: NodeView, cpu: int, memory: int, gpu: int) -> None:
-        """The node's free resources changed by (cpu, memory, gpu)."""
+    def freed(self, node: NodeView, cpu: int, memory: int, gpu: int, moved: bool = False) -> None:
+        """The node's free resources changed by (cpu, memory, gpu). `moved`: the node was
+        just moved in the index with them (`move_in_index`), which put it in its group's
+        `roomy` as they are: nothing left to resize."""
         if node.ready:
             self.ready_free_cpu += cpu
             self.ready_free_memory += memory
             self.ready_free_gpu += gpu
             self._stale_free.add(node)
-            self._resized(node)
+            if not moved:
+                self._resized(node)
 
     def took(self, nodes: list[NodeView], cpu: int, memory: int) -> None:
         """`freed` for ready nodes that together gave `cpu` and `memory` (no devices)."""
@@ -890,6 +896,17 @@ class Session:
     def set_pending(self, job: JobInfo, info: Status) -> None:
         self.pending[job.id] = info
 
+    def own_statuses(self) -> None:
+        """Every job still waiting behind `blocked` gets a status of its own (statuses are
+        changed afterwards: `scheduler.cycle.planning` sets each one's estimated start)."""
+        shared = self.behind_blocked
+        if shared is None:
+            return
+        self.behind_blocked = None
+        pending = self.pending
+        for job_id in [i for i, status in pending.items() if status is shared]:
+            pending[job_id] = Status(shared.code, shared.message)
+
 
 class NodeScan:
     """Finds a node for each of one job's tasks in turn, in the session's node order.
@@ -988,21 +1005,20 @@ def _short_of(
 ) -> tuple[dict[str, int], dict[str, int]]:
     """`Session._node_reasons` for a task asking whole devices, in whole-list passes rather
     than a test per node: a node is nominated for a preempting job, else short of cpu, else
-    of memory, else of devices, else it is held for the reservation."""
+    of memory, else of devices, else it is held for the reservation.
+
+    Each test's answers are one byte per node (1: it gives the reason) read as one integer,
+    so combining them, counting and finding the first are integer operations."""
     cpu, memory, gpu = request
-    before = (  # nodes that gave a reason so far
-        list(map(nominated.__contains__, map(_name, eligible)))
-        if nominated
-        else [False] * len(eligible)
-    )
+    before = _marks(map(nominated.__contains__, map(_name, eligible))) if nominated else 0
+    everyone = int.from_bytes(b"\x01" * len(eligible), "little")
     seen: dict[str, int] = {}
     seen_first: dict[str, int] = {}
 
-    def count(reason: str, marks: list[bool], mark: bool = True) -> None:
-        found = marks.count(mark)
-        if found:
-            seen[reason] = found
-            seen_first[reason] = positions[marks.index(mark)]
+    def count(reason: str, marks: int) -> None:
+        if marks:
+            seen[reason] = marks.bit_count()
+            seen_first[reason] = positions[((marks & -marks).bit_length() - 1) >> 3]
 
     count("reserved for a preempting job", before)
     for reason, short in (
@@ -1010,11 +1026,16 @@ def _short_of(
         ("insufficient memory", map(lt, map(_free_memory, eligible), repeat(memory))),
         ("insufficient gpu", map(lt, map(len, map(_free_devices, eligible)), repeat(gpu))),
     ):
-        shorts = list(short)
-        count(reason, list(map(gt, shorts, before)))  # short, and no reason before
-        before = list(map(or_, before, shorts))
-    count("held for the reservation", before, False)
+        shorts = _marks(short)
+        count(reason, shorts & ~before)  # short, and no reason before
+        before |= shorts
+    count("held for the reservation", everyone & ~before)
     return seen, seen_first
+
+
+def _marks(answers: Iterable[bool]) -> int:
+    """The answers as an integer, one byte each, the first lowest: 1 for True, 0 for False."""
+    return int.from_bytes(bytes(answers), "little")
 
 
 def task_shape(task: TaskInfo) -> Shape:

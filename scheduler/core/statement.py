@@ -8,7 +8,7 @@ from scheduler.core import sharing
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources, tuple_new
 from scheduler.core.session import Session, held_resources, whole_devices
-from scheduler.core.types import Bind, Evict, NodeView, new_bind
+from scheduler.core.types import Bind, Evict, NodeView, _new_object, _set_attribute
 
 EVICTED_STATES = ("Assigned", "Running")  # what an evicted job's tasks give back
 
@@ -33,7 +33,9 @@ class Statement:
             chosen = set(devices)
             node.free_devices = [d for d in node.free_devices if d not in chosen]
             self.session.move_in_index(node, old_free)
-        self.session.freed(node, -request.cpu, -request.memory, -len(devices))
+            self.session.freed(node, -request.cpu, -request.memory, -len(devices), moved=True)
+        else:
+            self.session.freed(node, -request.cpu, -request.memory, 0)
         self.allocations.append((job, task, node, devices))
         return devices
 
@@ -135,17 +137,29 @@ class Statement:
             session.version += 1
         if self.evictions:
             session.evictions.extend(evict for _victim, evict in self.evictions)
-        binds = [
-            new_bind(job.id, task.id, node.name, devices, action, sharing.instance_of(node, task))
-            for job, task, node, devices in allocations
-        ]
-        session.binds.extend(binds)
-        session.bound.extend(allocations)
+        binds: list[Bind] = []
         if allocations:
-            job = allocations[0][0]  # a statement is one job's
+            # One pass: each bind (`new_bind` with `sharing.instance_of`, spelled out: once
+            # per task a cycle starts) and what the job now holds (`held_resources`).
+            add = binds.append
             cpu = memory = gpu = shared = 0
-            for _job, task, node, devices in allocations:
-                request = task.resources  # what it holds (`held_resources`), spelled out
+            for job, task, node, devices in allocations:
+                held = node.mig_held.get(task.id) if node.mig_held else None
+                bind = _new_object(Bind)
+                _set_attribute(
+                    bind,
+                    "__dict__",
+                    {
+                        "job_id": job.id,
+                        "task_id": task.id,
+                        "node": node.name,
+                        "devices": devices,
+                        "action": action,
+                        "instance": held[1] if held else "",
+                    },  # fmt: skip
+                )
+                add(bind)
+                request = task.resources
                 cpu, memory = cpu + request.cpu, memory + request.memory
                 if task.gpu_share:
                     shared += task.gpu_share  # a fraction holds no device whole
@@ -153,11 +167,15 @@ class Statement:
                         session.pin_shared(node, devices[0])
                 else:
                     gpu += request.gpu
+            session.binds.extend(binds)
+            session.bound.extend(allocations)
+            job = allocations[0][0]  # a statement is one job's
             queue = session.queues.get(job.queue)
             if queue is not None:
-                held = queue.allocated  # `+` spelled out: once per job a cycle starts
+                held_now = queue.allocated  # `+` spelled out: once per job a cycle starts
                 queue.allocated = tuple_new(
-                    Resources, (held.cpu + cpu, held.memory + memory, held.gpu + gpu)
+                    Resources,
+                    (held_now.cpu + cpu, held_now.memory + memory, held_now.gpu + gpu),
                 )
                 queue.shared_gpu += shared
             session.placed.add(job.id)

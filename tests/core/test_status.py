@@ -122,3 +122,14 @@ def test_each_code_comes_out_of_run_cycle(case: Case) -> None:
 def test_a_job_placed_gets_no_status() -> None:
     result = run_cycle(snapshot([node("a", gpus=1)], [job(2, gpu=1)]))
     assert 2 not in result.pending
+
+
+def test_jobs_waiting_behind_the_first_in_order_each_have_their_own_status() -> None:
+    # The cycle's caller sets each status's estimated start (scheduler/cycle/planning.py):
+    # two jobs must never hold one Status object.
+    jobs = [busy(), job(2, gpu=2), job(3, gpu=1), job(4, gpu=1)]
+    result = run_cycle(snapshot([node("a", gpus=2)], jobs), FCFS)
+    third, fourth = result.pending[3], result.pending[4]
+    assert third.code == fourth.code == Code.PRIORITY
+    assert third == fourth
+    assert third is not fourth
