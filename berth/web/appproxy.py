@@ -293,9 +293,13 @@ async def note_use(job_id: int) -> None:
     """The user acted on the app: a message on one of its websockets (a notebook's cell run,
     its terminal's keys) or a request that changes something (a notebook saved). Reads
     (GET, HEAD) are not use: an open notebook tab polls by itself for as long as it stays
-    open, so they would keep an idle GPU session alive forever."""
+    open, so they would keep an idle GPU session alive forever. A database that cannot take
+    the write (an outage) fails nothing: the request is proxied all the same."""
     if app_use_due(job_id):
-        await database_sync_to_async(mark_app_used)(job_id)
+        try:
+            await database_sync_to_async(mark_app_used)(job_id)
+        except Exception:  # noqa: BLE001 - the request goes on; its use is written next time
+            log.warning("could not write the use of job %s's app", job_id, exc_info=True)
 
 
 async def proxy_http(scope: Scope, receive: Receive, send: Send, target: AppTarget,

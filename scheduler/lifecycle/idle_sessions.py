@@ -5,15 +5,15 @@ holds GPUs is idle while every one of its running GPU tasks has been below IDLE_
 since its agent's leases said so (`Task.gpu_idle_since`, scheduler/ops/gpu_idle.py) AND none
 of its terminal sessions got input (`ShellSession.last_input_at`, written by the agent's
 socket, scheduler/agentapi/terminal.py; a session's opening counts as input, and so does the
-job's start) AND its owner sent its web app no request (`Job.app_used_at`, written by the app
-proxy, berth/web/appproxy.py: HTTP requests and websocket messages from the user). The
-stretch starts at the latest of these.
+job's start) AND its owner did not use its web app (`Job.app_used_at`, written by the app
+proxy, berth/web/appproxy.py `note_use`: the user's websocket messages and requests that
+change something; reads are not use). The stretch starts at the latest of these.
 
 - Idle for its queue's `interactive_gpu_idle_minutes` (0: never): warned once — the job's
   `idle_warned_at` and `idle_ends_at` (now + BERTH_IDLE_SESSION_GRACE_MINUTES), an event
   `SessionIdleWarning` (reason `GpusIdle`), a notification through the outbox on each of the
   owner's channels, a line in its open terminals.
-- Used again (input or an app request after the warning, or a GPU busy): the warning is
+- Used again (input or use of its app after the warning, or a GPU busy): the warning is
   withdrawn with an event `SessionIdleCleared` (reason `TerminalInput`, `AppRequest` or
   `GpusBusy`) and a line in its terminals.
 - Still idle at `idle_ends_at`: ended through the job state machine as a deadline ends a job
@@ -73,7 +73,7 @@ class _Stretch:
         if self.gpus is None:
             return Reason.GPUS_BUSY, "its GPUs are in use again"
         if self.app is not None and self.app > self.input:
-            return Reason.APP_REQUEST, "its app got a request"
+            return Reason.APP_REQUEST, "its app was used"
         return Reason.TERMINAL_INPUT, "its terminal got input"
 
 

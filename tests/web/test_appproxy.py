@@ -131,3 +131,24 @@ async def test_what_the_user_does_through_the_proxy_is_the_apps_use(owner, outsi
     assert upstream.sent == ["run cell"]
     assert await database_sync_to_async(used)() is not None
     await sync_to_async(connections.close_all)()
+
+
+async def test_a_use_that_cannot_be_written_fails_no_request(owner, outsider, monkeypatch):
+    """The database down while the user saves a notebook: the request is proxied all the
+    same (here to an app that does not answer: the 502 naming the job), never a 500."""
+    from django.db import OperationalError
+
+    from berth.web import appproxy
+    from scheduler.jobs import webapps
+
+    jobs = await database_sync_to_async(_setup)(owner, outsider)
+    monkeypatch.setattr(webapps, "_marked", {})
+
+    def down(job_id: int) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(appproxy, "mark_app_used", down)
+    saved = await _get(f"/apps/{jobs['silent']}/api/contents/a.ipynb", jobs["token"],
+                       method="PUT", content=b"{}")  # fmt: skip
+    assert saved.status_code == 502 and "does not answer" in saved.text
+    await sync_to_async(connections.close_all)()
