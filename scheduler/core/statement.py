@@ -137,51 +137,56 @@ class Statement:
             session.version += 1
         if self.evictions:
             session.evictions.extend(evict for _victim, evict in self.evictions)
-        binds: list[Bind] = []
-        if allocations:
-            # One pass: each bind (`new_bind` with `sharing.instance_of`, spelled out: once
-            # per task a cycle starts) and what the job now holds (`held_resources`).
-            add = binds.append
-            cpu = memory = gpu = shared = 0
-            for job, task, node, devices in allocations:
-                held = node.mig_held.get(task.id) if node.mig_held else None
-                bind = _new_object(Bind)
-                _set_attribute(
-                    bind,
-                    "__dict__",
-                    {
-                        "job_id": job.id,
-                        "task_id": task.id,
-                        "node": node.name,
-                        "devices": devices,
-                        "action": action,
-                        "instance": held[1] if held else "",
-                    },  # fmt: skip
-                )
-                add(bind)
-                request = task.resources
-                cpu, memory = cpu + request.cpu, memory + request.memory
-                if task.gpu_share:
-                    shared += task.gpu_share  # a fraction holds no device whole
-                    if not task.gpu_mig:  # a MIG instance is its own; no device is shared
-                        session.pin_shared(node, devices[0])
-                else:
-                    gpu += request.gpu
-            session.binds.extend(binds)
-            session.bound.extend(allocations)
-            job = allocations[0][0]  # a statement is one job's
-            queue = session.queues.get(job.queue)
-            if queue is not None:
-                held_now = queue.allocated  # `+` spelled out: once per job a cycle starts
-                queue.allocated = tuple_new(
-                    Resources,
-                    (held_now.cpu + cpu, held_now.memory + memory, held_now.gpu + gpu),
-                )
-                queue.shared_gpu += shared
-            session.placed.add(job.id)
-            session.pending.pop(job.id, None)
+        binds = self._record_binds(action) if allocations else []
         self.allocations.clear()
         self.evictions.clear()
+        return binds
+
+    def _record_binds(self, action: str) -> list[Bind]:
+        """The statement's allocations (one job's) as binds, and what its queue now holds."""
+        session, allocations = self.session, self.allocations
+        binds: list[Bind] = []
+        # One pass: each bind (`new_bind` with `sharing.instance_of`, spelled out: once per
+        # task a cycle starts) and what the job now holds (`held_resources`).
+        add = binds.append
+        cpu = memory = gpu = shared = 0
+        for job, task, node, devices in allocations:
+            held = node.mig_held.get(task.id) if node.mig_held else None
+            bind = _new_object(Bind)
+            _set_attribute(
+                bind,
+                "__dict__",
+                {
+                    "job_id": job.id,
+                    "task_id": task.id,
+                    "node": node.name,
+                    "devices": devices,
+                    "action": action,
+                    "instance": held[1] if held else "",
+                },  # fmt: skip
+            )
+            add(bind)
+            request = task.resources
+            cpu, memory = cpu + request.cpu, memory + request.memory
+            if task.gpu_share:
+                shared += task.gpu_share  # a fraction holds no device whole
+                if not task.gpu_mig:  # a MIG instance is its own; no device is shared
+                    session.pin_shared(node, devices[0])
+            else:
+                gpu += request.gpu
+        session.binds.extend(binds)
+        session.bound.extend(allocations)
+        job = allocations[0][0]  # a statement is one job's
+        queue = session.queues.get(job.queue)
+        if queue is not None:
+            held_now = queue.allocated  # `+` spelled out: once per job a cycle starts
+            queue.allocated = tuple_new(
+                Resources,
+                (held_now.cpu + cpu, held_now.memory + memory, held_now.gpu + gpu),
+            )
+            queue.shared_gpu += shared
+        session.placed.add(job.id)
+        session.pending.pop(job.id, None)
         return binds
 
 
