@@ -37,7 +37,7 @@ def _setup() -> tuple[User, User, Flow, Flow]:
 async def _connect(path: str, user: User | None) -> tuple[WebsocketCommunicator, bool]:
     headers = await database_sync_to_async(_cookie_for)(user)
     socket = WebsocketCommunicator(application, path, headers=headers)
-    connected, _ = await socket.connect()
+    connected, _ = await socket.connect(timeout=10)
     return socket, connected
 
 

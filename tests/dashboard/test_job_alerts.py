@@ -40,7 +40,7 @@ async def test_the_alerts_socket_carries_only_your_own_jobs_rows():
 
     headers, mine, theirs = await database_sync_to_async(make)()
     socket = WebsocketCommunicator(application, "/ws/me/jobs/", headers=headers)
-    assert (await socket.connect())[0]
+    assert (await socket.connect(timeout=10))[0]
     await database_sync_to_async(publish)(jobs=[theirs])
     assert await socket.receive_nothing(timeout=0.5)  # staff, but not their job
     await database_sync_to_async(publish)(jobs=[mine])
@@ -48,7 +48,7 @@ async def test_the_alerts_socket_carries_only_your_own_jobs_rows():
     assert f'data-job="{mine}" data-state="Running" data-started="' in row
     await socket.disconnect()
     anonymous = WebsocketCommunicator(application, "/ws/me/jobs/", headers=[ORIGIN])
-    assert not (await anonymous.connect())[0]
+    assert not (await anonymous.connect(timeout=10))[0]
     await sync_to_async(connections.close_all)()
 
 

@@ -38,7 +38,7 @@ def _setup() -> tuple[list[tuple[bytes, bytes]], Job, Job, Task, Task, Flow]:
 
 async def _open(path: str, headers: list[tuple[bytes, bytes]]) -> WebsocketCommunicator:
     socket = WebsocketCommunicator(application, path, headers=headers)
-    connected, _ = await socket.connect()
+    connected, _ = await socket.connect(timeout=10)
     assert connected
     return socket
 

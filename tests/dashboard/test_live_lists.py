@@ -38,7 +38,7 @@ async def _open(path: str, user: User) -> WebsocketCommunicator:
     socket = WebsocketCommunicator(
         application, path, headers=await database_sync_to_async(_headers)(user)
     )
-    assert (await socket.connect())[0]
+    assert (await socket.connect(timeout=10))[0]
     return socket
 
 

@@ -44,7 +44,7 @@ async def test_an_open_page_is_watched_and_only_watched_pages_are_rendered():
     caches["default"].clear()
     headers, seen, unseen = await database_sync_to_async(_setup)()
     socket = WebsocketCommunicator(application, f"/ws/jobs/{seen.pk}/", headers=headers)
-    assert (await socket.connect())[0]
+    assert (await socket.connect(timeout=10))[0]
     groups = [f"job-{seen.pk}", f"job-{unseen.pk}"]
     assert await sync_to_async(presence.watched)(groups) == {f"job-{seen.pk}"}
     with mock.patch.object(live, "render_to_string", return_value="<p>x</p>") as render:

@@ -42,7 +42,7 @@ def _setup() -> dict[str, Any]:
 async def _user(job_id: int, key: str | None) -> tuple[WebsocketCommunicator, Any, Any]:
     headers = [ORIGIN] + ([(b"authorization", f"Token {key}".encode())] if key else [])
     socket = WebsocketCommunicator(application, f"/ws/jobs/{job_id}/shell/", headers=headers)
-    connected, code = await socket.connect()
+    connected, code = await socket.connect(timeout=10)
     return socket, connected, code
 
 
@@ -50,7 +50,7 @@ async def _agent(session: str, token: str | None) -> tuple[WebsocketCommunicator
     headers = [ORIGIN, PROTOCOL] + ([(b"authorization", f"Node {token}".encode())] if token else [])
     path = f"/ws/agent/sessions/{session}/"
     socket = WebsocketCommunicator(application, path, headers=headers)
-    connected, code = await socket.connect()
+    connected, code = await socket.connect(timeout=10)
     return socket, connected, code
 
 
