@@ -3,8 +3,10 @@ the order for the task's agent, the agent's claim, the close and what it means f
 
 Every open and close is an event on the job (`ShellOpened`, `ShellClosed`, who and why). An
 interactive job (spec `interactive`) ends with its last session: when a session closes and no
-other of the job is open or asked for, the job is cancelled; one that persists is cancelled
-only when the session's command exited (not when it was idle or its user went away).
+other of the job is open or asked for, the job ends with reason `SessionEnded` (one that
+persists only when the session's command exited, not when it was idle or its user went away):
+Succeeded when the command exited 0, Failed when it exited otherwise or the session failed,
+Cancelled when it ended by policy (idle) or its user went away.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from django.utils import timezone
 from scheduler import notify
 from scheduler.agent.wire import TERMINAL_COMMAND_BYTES, TerminalOrder, terminal_size
 from scheduler.jobs.events import record
-from scheduler.jobs.operations import OperationError, request_job_action
+from scheduler.lifecycle.transitions import terminate_job
 from scheduler.models import Job, Node, ShellSession, Task
 from scheduler.states.codes import EventKind, Reason
 from scheduler.states.names import JobRequest, JobState, TaskState
@@ -146,14 +148,14 @@ def close_session(key: str, reason: str, message: str = "",
         record(EventKind.SHELL_CLOSED, reason[:50], f"{session.user.username}'s session: {text}",
                job=session.job)  # fmt: skip
         notify.changed(jobs=[session.job_id])
-        _end_job_with_session(session)
+        _end_job_with_session(session, message)
     return True
 
 
-def _end_job_with_session(session: ShellSession) -> None:
+def _end_job_with_session(session: ShellSession, message: str) -> None:
     """An interactive job ends with its last session: whatever the session's end when the job
     does not persist, only when its command exited when it does (an idle or dropped session
-    leaves it to be attached again)."""
+    leaves it to be attached again). Its state says how the session ended (`_job_end`)."""
     job = session.job
     interactive = job.spec.get("interactive") if isinstance(job.spec, dict) else None
     if not isinstance(interactive, dict):
@@ -163,10 +165,24 @@ def _end_job_with_session(session: ShellSession) -> None:
     others = ShellSession.objects.filter(job=job).exclude(state=ShellSession.State.CLOSED)
     if others.exclude(pk=session.pk).exists():
         return
-    try:
-        request_job_action(job, JobRequest.CANCEL, session.user)  # on their behalf
-    except OperationError:
-        pass  # it ended meanwhile
+    fresh = Job.objects.select_for_update().get(pk=job.pk)
+    if fresh.state not in (JobState.RUNNING, JobState.PENDING, JobState.SUSPENDED):
+        return  # it ended, or is ending for another reason (a cancel, its walltime)
+    final_state, said = _job_end(session, message)
+    terminate_job(fresh, final_state=final_state, reason=Reason.SESSION_ENDED, message=said)
+
+
+def _job_end(session: ShellSession, message: str) -> tuple[str, str]:
+    """The state an interactive job ends in with its last session, and the message: the
+    command's exit status decides as a batch job's would; a session ended by policy or by
+    its user going away cancels the job; one that failed fails it."""
+    said = f"its terminal session ended ({session.reason}"
+    if session.reason == "Exited":
+        status = session.exit_status
+        final = JobState.SUCCEEDED if status == 0 else JobState.FAILED
+        return final, f"{said}, the command's exit status {status})"
+    final = JobState.CANCELLED if session.reason in ("Idle", "Disconnected") else JobState.FAILED
+    return final, f"{said}: {message[:300]})" if message else f"{said})"
 
 
 def idle_minutes(session: ShellSession) -> float:

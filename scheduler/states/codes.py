@@ -86,6 +86,7 @@ class Reason(StrEnum):
     TERMINAL_INPUT = "TerminalInput"  # an idle session's warning withdrawn: its user typed
     APP_REQUEST = "AppRequest"  # ... or used its web app through the proxy
     GPU_IDLE_TIMEOUT = "GpuIdleTimeout"  # an interactive job ended for holding GPUs idle
+    SESSION_ENDED = "SessionEnded"  # an interactive job ended with its last terminal session
     # flows
     INVALID_JOB_SPEC = "InvalidJobSpec"
     FLOW_CANCELLED = "FlowCancelled"

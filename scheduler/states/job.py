@@ -60,7 +60,9 @@ MACHINE: Machine[JobState, JobEvent] = Machine(
     table={
         JobEvent.BIND: {_P: _P, _S: _P, _R: _R},  # a preempted job placed again waits to start
         JobEvent.START: {_P: _R},
-        JobEvent.SUCCEED: {_P: _OK, _R: _OK},  # Pending: it ran and ended between two cycles
+        # Pending: it ran and ended between two cycles; Terminating: an interactive job whose
+        # session's command exited 0 ends Succeeded once its holding task stopped.
+        JobEvent.SUCCEED: {_P: _OK, _R: _OK, _T: _OK},
         JobEvent.PREEMPT: {_P: _S, _R: _S},
         JobEvent.SUSPEND: {_P: _S, _R: _S},
         JobEvent.RESUME: {_S: _P},

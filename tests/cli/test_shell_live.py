@@ -93,7 +93,10 @@ def test_shell_runs_a_command_on_a_terminal_in_the_task_and_exits_with_its_statu
     child.expect(re.escape(f"task-{task.pk}-{task.attempt}"))
     assert finish(child) == 7
     # The job ends with its session, and both ends of the session are on its record.
-    wait_for(lambda: Job.objects.get(pk=job_id).state == JobState.CANCELLED, what="job to end")
+    # ... as its command did: exit status 7 fails it, with the reason SessionEnded.
+    wait_for(lambda: Job.objects.get(pk=job_id).state == JobState.FAILED, what="job to end")
+    ended = Job.objects.get(pk=job_id)
+    assert ended.reason == "SessionEnded" and "exit status 7" in ended.message
     kinds = list(Event.objects.filter(job_id=job_id).values_list("kind", flat=True))
     assert kinds.count("ShellOpened") == 1 and kinds.count("ShellClosed") == 1
     session = ShellSession.objects.get(job_id=job_id)

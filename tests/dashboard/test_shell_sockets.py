@@ -217,5 +217,7 @@ async def test_an_idle_session_ends_by_the_queues_policy_and_its_job_unless_it_p
     session = await _wait_session(rows["job"], "Closed")
     assert session.reason == "Idle"
     job = await database_sync_to_async(Job.objects.get)(pk=rows["job"])
-    assert job.requested_action == ("" if persist else "cancel")
+    # Ended by policy: the job with it (Cancelled once its task stopped), unless it persists.
+    ended = ("Running", "") if persist else ("Terminating", "Cancelled")
+    assert (job.state, job.terminal_state) == ended
     await _close(user, agent)
