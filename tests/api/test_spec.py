@@ -206,3 +206,16 @@ def test_the_schema_types_the_specs_with_examples(api, owner):
         assert body["examples"], path
     job = components["Job"]["properties"]["spec"]
     assert "JobSpec" in str(job)
+
+
+def test_the_schema_describes_both_tokens_as_authorization_headers(api, owner):
+    schemes = api(owner).get("/api/schema/?format=json").json()["components"]["securitySchemes"]
+    for name, words in (("tokenAuth", "`Token <key>` or `Bearer <key>`"),
+                        ("nodeToken", 'sent as "Node <token>"')):  # fmt: skip
+        scheme = schemes[name]
+        assert (scheme["type"], scheme["in"], scheme["name"]) == (
+            "apiKey",
+            "header",
+            "Authorization",
+        )
+        assert words in scheme["description"], name
