@@ -213,9 +213,6 @@ def test_the_schema_describes_both_tokens_as_authorization_headers(api, owner):
     for name, words in (("tokenAuth", "`Token <key>` or `Bearer <key>`"),
                         ("nodeToken", 'sent as "Node <token>"')):  # fmt: skip
         scheme = schemes[name]
-        assert (scheme["type"], scheme["in"], scheme["name"]) == (
-            "apiKey",
-            "header",
-            "Authorization",
-        )
+        where = (scheme["type"], scheme["in"], scheme["name"])
+        assert where == ("apiKey", "header", "Authorization"), name
         assert words in scheme["description"], name
