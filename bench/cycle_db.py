@@ -42,29 +42,13 @@ os.environ.setdefault("BERTH_SECRET_KEY", "bench-only-secret-key-0123456789abcde
 
 import django  # noqa: E402
 
+from scheduler.cycle.meter import QueryMeter  # noqa: E402
+
 GI = 1 << 30
 PHASES = ("load", "core", "commit", "flows", "lifecycle", "publish")
 DB_PHASES = ("load", "commit", "flows", "lifecycle")
 # What older loops called their phases (for a "before" figure from an older checkout).
 OLD_NAMES = {"snapshot": "load", "schedule": "core", "requests": "lifecycle", "ttl": "lifecycle"}
-
-
-class QueryMeter:
-    """Counts queries and the time spent inside them (execute and transfer, not row building)."""
-
-    def __init__(self) -> None:
-        self.queries = 0
-        self.seconds = 0.0
-
-    def __call__(
-        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
-    ) -> Any:
-        start = time.perf_counter()
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            self.seconds += time.perf_counter() - start
-            self.queries += 1
 
 
 @contextmanager

@@ -81,6 +81,18 @@ def env_list(name: str, default: list[str], environ: Mapping[str, str] | None = 
     return items
 
 
+def env_choice(
+    name: str, choices: tuple[str, ...], environ: Mapping[str, str] | None = None
+) -> str:
+    """One of `choices`; the first where `name` is unset or blank."""
+    environ = os.environ if environ is None else environ
+    value = (environ.get(name) or "").strip() or choices[0]
+    if value not in choices:
+        expected = f"{', '.join(choices[:-1])} or {choices[-1]}" if choices[1:] else choices[0]
+        raise ImproperlyConfiguredEnv(f"{name}={value!r}: expected {expected}")
+    return value
+
+
 def env_url(
     name: str,
     schemes: tuple[str, ...],

@@ -15,7 +15,7 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
-from berth.env import env_bool, env_float, env_int, env_list, env_rate, env_url
+from berth.env import env_bool, env_choice, env_float, env_int, env_list, env_rate, env_url
 
 # Lets admin and DRF classes be written ModelAdmin[Job] at run time, as the type checker reads them.
 django_stubs_ext.monkeypatch()
@@ -392,21 +392,10 @@ BERTH_PLAN_INTERVAL = env_int("BERTH_PLAN_INTERVAL", 10, minimum=0)
 # jobs are still killed only at their walltime. Off by default: planning as before.
 BERTH_RUNTIME_PREDICTIONS = env_bool("BERTH_RUNTIME_PREDICTIONS", default=False)
 # How a prediction a running job outlived is raised: to its walltime, or stepwise.
-BERTH_PREDICTION_CORRECTION = (
-    os.environ.get("BERTH_PREDICTION_CORRECTION", "").strip() or "walltime"
-)
-if BERTH_PREDICTION_CORRECTION not in ("walltime", "stepwise"):
-    raise ImproperlyConfigured(
-        f"BERTH_PREDICTION_CORRECTION={BERTH_PREDICTION_CORRECTION!r}:"
-        " expected walltime or stepwise"
-    )
+BERTH_PREDICTION_CORRECTION = env_choice("BERTH_PREDICTION_CORRECTION", ("walltime", "stepwise"))
 # Where fractions of a GPU go (docs/gpus.md): fragmentation gradient descent (measured best
 # on Alibaba's GPU trace, docs/gpushare.md), best fit or first fit.
-BERTH_GPU_PLACEMENT = os.environ.get("BERTH_GPU_PLACEMENT", "").strip() or "fgd"
-if BERTH_GPU_PLACEMENT not in ("fgd", "best-fit", "first-fit"):
-    raise ImproperlyConfigured(
-        f"BERTH_GPU_PLACEMENT={BERTH_GPU_PLACEMENT!r}: expected fgd, best-fit or first-fit"
-    )
+BERTH_GPU_PLACEMENT = env_choice("BERTH_GPU_PLACEMENT", ("fgd", "best-fit", "first-fit"))
 # Job priority from named factors (docs/planning.md, docs/configuration.md), as Slurm's
 # PriorityWeight*: each factor in [0, 1] times its weight (the job's own priority counts per
 # unit). BERTH_PRIORITY_FACTORS=off sets every weight to 0: jobs go by their own priority,

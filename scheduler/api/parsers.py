@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, Any, TypeAlias
 
 from django.conf import settings
 from django.http import QueryDict
@@ -18,6 +18,9 @@ from rest_framework.exceptions import APIException, ParseError, ValidationError
 
 from scheduler.intake.inputs import BadInput, NotYAML, body_limit, check_tree, load_yaml, shorten
 
+# What DRF hands a parser besides the stream: the request, the view, the encoding.
+Context: TypeAlias = Mapping[str, Any] | None
+
 
 class PayloadTooLarge(APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
@@ -25,7 +28,7 @@ class PayloadTooLarge(APIException):
     default_code = "payload_too_large"
 
 
-def read_body(stream: IO[Any] | None, parser_context: Mapping[str, Any] | None) -> bytes:
+def read_body(stream: IO[Any] | None, parser_context: Context) -> bytes:
     """The raw body, refused with 413 past the limit before it is read into memory."""
     limit = body_limit()
     declared = _declared_length(parser_context)
@@ -37,14 +40,14 @@ def read_body(stream: IO[Any] | None, parser_context: Mapping[str, Any] | None) 
     return raw if isinstance(raw, bytes) else str(raw).encode()
 
 
-def _declared_length(parser_context: Mapping[str, Any] | None) -> int | None:
+def _declared_length(parser_context: Context) -> int | None:
     """The request's Content-Length (0 where it has none); None where it is not a number."""
     request = (parser_context or {}).get("request")
     declared = getattr(request, "META", {}).get("CONTENT_LENGTH") or "0"
     return int(declared) if declared.isdigit() else None
 
 
-def checked(tree: object, parser_context: Mapping[str, Any] | None = None) -> None:
+def checked(tree: object, parser_context: Context = None) -> None:
     """check_tree for a request: a refused value is a 400 naming its path. Top-level string
     fields the view names in `raw_text_fields` may carry NUL or surrogates (task output)."""
     try:
@@ -53,7 +56,7 @@ def checked(tree: object, parser_context: Mapping[str, Any] | None = None) -> No
         raise ValidationError(exc.errors) from None
 
 
-def _raw_text_fields(parser_context: Mapping[str, Any] | None) -> frozenset[str]:
+def _raw_text_fields(parser_context: Context) -> frozenset[str]:
     view = (parser_context or {}).get("view")
     return frozenset(getattr(view, "raw_text_fields", ()))
 
@@ -66,19 +69,16 @@ class _WholeBodyParser(parsers.BaseParser):
     """A parser that reads the whole body within the limit (read_body), then parses it."""
 
     def parse(
-        self,
-        stream: IO[Any],
-        media_type: str | None = None,
-        parser_context: Mapping[str, Any] | None = None,
+        self, stream: IO[Any], media_type: str | None = None, parser_context: Context = None
     ) -> Any:
         return self.parse_body(read_body(stream, parser_context), parser_context)
 
-    def parse_body(self, raw: bytes, parser_context: Mapping[str, Any] | None) -> Any:
+    def parse_body(self, raw: bytes, parser_context: Context) -> Any:
         raise NotImplementedError
 
 
 class JSONParser(_WholeBodyParser, parsers.JSONParser):
-    def parse_body(self, raw: bytes, parser_context: Mapping[str, Any] | None) -> Any:
+    def parse_body(self, raw: bytes, parser_context: Context) -> Any:
         try:
             data = json.loads(raw, parse_constant=_refuse_constant)
         except RecursionError:
@@ -94,7 +94,7 @@ class JSONParser(_WholeBodyParser, parsers.JSONParser):
 class YAMLParser(_WholeBodyParser):
     media_type = "application/yaml"
 
-    def parse_body(self, raw: bytes, parser_context: Mapping[str, Any] | None) -> Any:
+    def parse_body(self, raw: bytes, parser_context: Context) -> Any:
         try:
             return load_yaml(raw.decode(), raw_text=_raw_text_fields(parser_context))
         except UnicodeDecodeError:
@@ -111,7 +111,7 @@ def _form_tree(data: QueryDict) -> dict[str, object]:
 
 
 class FormParser(_WholeBodyParser, parsers.FormParser):
-    def parse_body(self, raw: bytes, parser_context: Mapping[str, Any] | None) -> Any:
+    def parse_body(self, raw: bytes, parser_context: Context) -> Any:
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         data = QueryDict(raw, encoding=encoding)
         checked(_form_tree(data))
@@ -120,10 +120,7 @@ class FormParser(_WholeBodyParser, parsers.FormParser):
 
 class MultiPartParser(parsers.MultiPartParser):
     def parse(
-        self,
-        stream: IO[Any],
-        media_type: str | None = None,
-        parser_context: Mapping[str, Any] | None = None,
+        self, stream: IO[Any], media_type: str | None = None, parser_context: Context = None
     ) -> Any:
         declared = _declared_length(parser_context)
         if declared is None or declared > body_limit():

@@ -15,33 +15,35 @@ from rest_framework import serializers
 from scheduler.core.quantity import MIG_PROFILE_RE
 
 
-class ApiTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "scheduler.api.authentication.ApiTokenAuthentication"
-    name = "tokenAuth"
+class _AuthorizationHeader(OpenApiAuthenticationExtension):
+    """A key in the `Authorization` header; `description` says which and how it is written."""
+
+    description = ""
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
         return {
             "type": "apiKey",
             "in": "header",
             "name": "Authorization",
-            "description": "`Token <key>` or `Bearer <key>`: a key from /api/v1/tokens/, the "
-            "API tokens page or manage.py drf_create_token",
+            "description": self.description,
         }
 
 
-class NodeTokenScheme(OpenApiAuthenticationExtension):
+class ApiTokenScheme(_AuthorizationHeader):
+    target_class = "scheduler.api.authentication.ApiTokenAuthentication"
+    name = "tokenAuth"
+    description = (
+        "`Token <key>` or `Bearer <key>`: a key from /api/v1/tokens/, the "
+        "API tokens page or manage.py drf_create_token"
+    )
+
+
+class NodeTokenScheme(_AuthorizationHeader):
     """The agents' `Authorization: Node <token>` header, from `agent/register`."""
 
     target_class = "scheduler.agentapi.views.NodeTokenAuthentication"
     name = "nodeToken"
-
-    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
-        return {
-            "type": "apiKey",
-            "in": "header",
-            "name": "Authorization",
-            "description": 'The node token from agent/register, sent as "Node <token>".',
-        }
+    description = 'The node token from agent/register, sent as "Node <token>".'
 
 
 # --- the job, template and flow specs (request bodies; also the stored `spec` of answers) ---

@@ -18,14 +18,7 @@ from collections.abc import Iterable
 
 from scheduler.core import predict, sharing
 from scheduler.core.cycle import CycleResult, run_actions
-from scheduler.core.model import (
-    JobInfo,
-    NodeInfo,
-    QueueInfo,
-    SchedulingPolicy,
-    Snapshot,
-    TaskInfo,
-)
+from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulingPolicy, Snapshot, TaskInfo
 from scheduler.core.plugins import default_plugins
 from scheduler.core.resources import Resources
 from scheduler.core.session import Session, grows, held_resources, need_of, whole_devices

@@ -22,6 +22,7 @@ from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulingPolicy
 from scheduler.cycle import fairshare, planning, store
 from scheduler.cycle.leader import LostLeadership
+from scheduler.cycle.meter import QueryMeter
 from scheduler.flows import controller as flow_controller
 from scheduler.flows import ttl as flow_ttl
 from scheduler.jobs import arrays
@@ -97,22 +98,17 @@ class CycleReport:
         return text
 
 
-class _QueryMeter:
+class _PhaseMeter(QueryMeter):
     """Counts each query, and the time inside it, towards the phase that is running."""
 
     def __init__(self, report: CycleReport) -> None:
+        super().__init__()
         self.report = report
 
-    def __call__(
-        self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
-    ) -> Any:
-        start = time.perf_counter()
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            timing = self.report.phases[self.report.current_phase]
-            timing.queries += 1
-            timing.db_seconds += time.perf_counter() - start
+    def count(self, seconds: float) -> None:
+        timing = self.report.phases[self.report.current_phase]
+        timing.queries += 1
+        timing.db_seconds += seconds
 
 
 def _phase(report: CycleReport, name: str, fn: Callable[[], Any], label: str = "") -> Any:
@@ -169,7 +165,7 @@ def run_scheduler_cycle(
     # What the cycle writes is not news that should wake the loop again (cycle/wakeup.py).
     sql.quiet_session(True)
     try:
-        with connection.execute_wrapper(_QueryMeter(report)):
+        with connection.execute_wrapper(_PhaseMeter(report)):
             report.current_phase = "load"
             changed = _phase(report, "load", take_changes, "changes")
             if skip_unchanged and changed is False:

@@ -206,3 +206,13 @@ def test_the_schema_types_the_specs_with_examples(api, owner):
         assert body["examples"], path
     job = components["Job"]["properties"]["spec"]
     assert "JobSpec" in str(job)
+
+
+def test_the_schema_describes_both_tokens_as_authorization_headers(api, owner):
+    schemes = api(owner).get("/api/schema/?format=json").json()["components"]["securitySchemes"]
+    for name, words in (("tokenAuth", "`Token <key>` or `Bearer <key>`"),
+                        ("nodeToken", 'sent as "Node <token>"')):  # fmt: skip
+        scheme = schemes[name]
+        where = (scheme["type"], scheme["in"], scheme["name"])
+        assert where == ("apiKey", "header", "Authorization"), name
+        assert words in scheme["description"], name

@@ -12,14 +12,7 @@ from typing import Any
 import pytest
 
 from scheduler.core.cycle import CycleResult, run_actions
-from scheduler.core.model import (
-    JobInfo,
-    NodeInfo,
-    QueueInfo,
-    SchedulingPolicy,
-    Snapshot,
-    TaskInfo,
-)
+from scheduler.core.model import JobInfo, NodeInfo, QueueInfo, SchedulingPolicy, Snapshot, TaskInfo
 from scheduler.core.plugins import default_plugins
 from scheduler.core.resources import Resources
 from scheduler.core.session import Session

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from berth.env import ImproperlyConfiguredEnv, env_bool, env_float, env_int, env_list, env_url
+from berth.env import (
+    ImproperlyConfiguredEnv,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_url,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,6 +41,11 @@ def test_it_reads_booleans(raw, value):
         (lambda: env_float("F", 1.0, environ={"F": "nan"}), "finite"),
         (lambda: env_list("L", [], environ={"L": "a,,b"}), "no empty items"),
         (
+            lambda: env_choice("P", ("fgd", "best-fit", "first-fit"), environ={"P": " fast "}),
+            "P='fast': expected fgd, best-fit or first-fit",
+        ),
+        (lambda: env_choice("C", ("walltime", "stepwise"), environ={"C": "x"}), "walltime or step"),
+        (
             lambda: env_url("DATABASE_URL", ("postgres",), environ={"DATABASE_URL": "mysql://x"}),
             "postgres://",
         ),
@@ -47,6 +60,9 @@ def test_it_uses_defaults_when_unset():
     assert env_int("N", 7, environ={}) == 7
     assert env_url("REDIS_URL", ("redis",), environ={}) is None
     assert env_list("L", ["a"], environ={}) == ["a"]
+    assert env_choice("C", ("walltime", "stepwise"), environ={}) == "walltime"
+    assert env_choice("C", ("walltime", "stepwise"), environ={"C": " "}) == "walltime"
+    assert env_choice("C", ("walltime", "stepwise"), environ={"C": " stepwise "}) == "stepwise"
 
 
 def test_settings_refuse_to_start_without_a_secret_key_when_not_debugging(tmp_path):

@@ -39,14 +39,7 @@ def test_random_event_sequences_only_make_moves_the_table_allows(sequence):
 
 
 def test_every_state_is_reachable_from_submission_and_every_job_can_end():
-    reached, frontier = {INITIAL}, [INITIAL]
-    while frontier:
-        state = frontier.pop()
-        for table in MACHINE.table.values():
-            if state in table and table[state] not in reached:
-                reached.add(table[state])
-                frontier.append(table[state])
-    assert reached == set(JobState)
+    assert MACHINE.initial == INITIAL and MACHINE.reachable() == set(JobState)
     for state in set(JobState) - FINAL:  # no trap: a final state is one event away
         assert any(MACHINE.table[e].get(state) in FINAL for e in (JobEvent.CANCEL, JobEvent.FAIL))
 
