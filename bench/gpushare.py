@@ -17,11 +17,11 @@ Gradient Descent" (USENIX ATC '23), Fig. 9(a), set up as the authors' simulator
    bins them.
 
 FGD's target workload is the variant's own pod list (`typical_tasks`: the shapes making up
-95 % of the pods); FGD scores in the simulator's whole points and sends ties to the fullest
-node (`--fgd-exact`: exact fragmentation growths), see docs/gpushare.md. Arrivals use
+95 % of the pods); FGD scores each device in the simulator's whole points and takes the first
+best (`--fgd-exact`: exact fragmentation growths), see docs/gpushare.md. Arrivals use
 `random.Random(seed)` (the random policy and `--random-ties` a second generator seeded from
 it), so every policy sees the same arrivals for a seed. Equally scored nodes: the first in
-the shuffled node order, which is how the authors' simulator behaves on this trace.
+the shuffled node order, as the authors' scheduler takes the smallest of their permuted names.
 Python's generator is not Go's, so single runs differ from the authors'; the means over
 seeds compare.
 

@@ -26,10 +26,12 @@ Fragmentation Gradient Descent (the paper's §3-4), in four steps:
 3. A node's fragmentation is the expectation of that over the workload (`node_fragmentation`);
    the cluster's is the sum over nodes.
 4. A task goes to the node and device whose placement grows the cluster's fragmentation least,
-   i.e. the node's (`FGD`), the only node whose fragmentation changes.
+   i.e. the node's (`FGD`), the only node whose fragmentation changes; scored, as the authors'
+   simulator scores it, in whole points, the first device and (`Cluster`) the first node
+   winning among equals.
 
-Nothing here imports Django; `bench/gpushare.py` replays the trace through `Cluster`. The
-scheduler's cycle (`session.py`, `fit.py`) does not place fractions yet.
+Nothing here imports Django; `bench/gpushare.py` replays the trace through `Cluster`, and the
+scheduler's cycle scores nodes and devices for fractions with the same policies (`sharing.py`).
 """
 
 from __future__ import annotations
@@ -308,13 +310,14 @@ class FGD(Policy):
     """Fragmentation gradient descent: the node and device whose placement grows the node's
     (and so the cluster's) expected fragmentation least.
 
-    By default the growth is scored as the authors' simulator scores it, sigmoid(-growth /
-    1000) in whole points of 100, so growths within a few tens of milli-GPUs tie; ties go to
-    the node left fullest (`BestFit`'s measure), not to a random one. Measured on the trace
-    (docs/benchmarks.md): random ties lose about six points of allocation, because FGD is
-    indifferent between opening an empty node and filling a used one and so spreads small
-    tasks until no node is left whole for the 8-GPU tasks. `quantized=False` compares the
-    exact growths (ties, now rare, still to the fullest node)."""
+    As the authors' simulator scores it (`FGDScore`, `hkust-adsl/kubernetes-scheduler-simulator`):
+    each way of placing the task on the node is scored sigmoid(-growth / 1000) in whole points
+    of 100; the node's score is the best of them, and the device the first (lowest index)
+    reaching it. Equal nodes are left to `Cluster`'s tie rule (the first in the cluster's
+    order, which is what the authors' scheduler does: the smallest node name). Growths within
+    a few tens of milli-GPUs score the same, so both choices among equals matter; measured
+    on the trace in docs/benchmarks.md. `quantized=False` compares the exact growths instead
+    (the device: the least growth), an ablation."""
 
     name = "fgd"
 
@@ -339,9 +342,15 @@ class FGD(Policy):
         before = self.fragmentation(node.model, node.cpu_free, node.gpu_free)
         return self.fragmentation(node.model, cpu_after, after) - before
 
-    def least_growth(self, node: GpuNode, task: GpuTask, options: list[Devices]) -> Scored:
-        """The smallest growth over `options` and the first devices giving it; devices with
-        the same free share give the same growth, so each share is tried once."""
+    def value(self, growth: float) -> float:
+        """The score of a growth: the simulator's whole points, or (exact) its negation."""
+        if self.quantized:
+            return int(sigmoid(-growth / MILLI) * MAX_SCORE)
+        return -growth
+
+    def score(self, node: GpuNode, index: int, task: GpuTask, options: list[Devices]) -> Scored:
+        """The best `value` over `options` and the first devices (lowest index) reaching it;
+        devices with the same free share score the same, so each share is tried once."""
         best: Scored | None = None
         tried: set[int] = set()
         for devices in options:
@@ -349,20 +358,11 @@ class FGD(Policy):
                 if node.gpu_free[devices[0]] in tried:
                     continue
                 tried.add(node.gpu_free[devices[0]])
-            growth = self.growth(node, task, devices)
-            if best is None or growth < best[0]:
-                best = (growth, devices)
+            value = self.value(self.growth(node, task, devices))
+            if best is None or value > best[0]:
+                best = (value, devices)
         assert best is not None
         return best
-
-    def score(self, node: GpuNode, index: int, task: GpuTask, options: list[Devices]) -> Scored:
-        growth, devices = self.least_growth(node, task, options)
-        left = 0.5 * (node.cpu_free - task.cpu_milli) / MAX_SPEC_CPU
-        left += 0.5 * (node.gpu_free_total - task.gpu_total) / MAX_SPEC_GPU
-        fuller = (1.0 - min(left, 1.0)) / 2  # in [0, 0.5]: orders only equal primaries
-        if self.quantized:
-            return int(sigmoid(-growth / MILLI) * MAX_SCORE) + fuller, devices
-        return -growth + 1e-6 * fuller, devices
 
 
 POLICIES: dict[str, type[Policy]] = {

@@ -165,6 +165,30 @@ def test_fgd_fills_a_fragment_and_picks_the_device_within_the_node() -> None:
     assert node.gpu_free == [1000, 0]
 
 
+def test_fgd_scores_each_device_in_whole_points_and_takes_the_first_best() -> None:
+    # As the authors' FGDScore: 20 on the 400 fragment shrinks it (growth -20), on the whole
+    # device it leaves 980, still usable (growth 0); both are 50 points, so the first device
+    # wins. Compared exactly, the fragment does.
+    task, workload = share(20), ((share(500), 1.0),)
+    node = gpu_node("x", [1000, 400])
+    assert Cluster([node], FGD(workload), random.Random(1)).place(task) == (0, (0,))
+    exact = gpu_node("x", [1000, 400])
+    assert Cluster([exact], FGD(workload, quantized=False), random.Random(1)).place(task) == (
+        0,
+        (1,),
+    )
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_fgd_leaves_equal_nodes_to_the_cluster_order(quantized: bool) -> None:
+    # Half a GPU on either node grows nothing (500 left is still usable): the first node in
+    # the cluster's order takes it, as the authors' scheduler takes the smallest node name,
+    # not the one left fuller (b).
+    nodes = [gpu_node("a", [1000, 1000]), gpu_node("b", [1000])]
+    fgd = FGD(((share(500), 1.0),), quantized=quantized)
+    assert Cluster(nodes, fgd, random.Random(1)).place(share(500)) == (0, (0,))
+
+
 # --- no over-allocation, whatever the policy -------------------------------------------------
 
 TASKS = st.one_of(
