@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.jobs import terminals
-from scheduler.models import Job, Node, ShellSession
+from scheduler.models import Job, Node, Queue, ShellSession
 from tests.agentapi.test_protocol import JOIN, agent, register
 from tests.factories import place
 
@@ -136,6 +136,7 @@ def test_a_closing_session_leaves_its_owner_and_job_referable(
     node's tasks holds), the rows that report must reference to commit stay free: it locked
     the owner's and the job's FOR UPDATE, and 16 sessions ending at once deadlocked with the
     agent's report (PostgreSQL: a 500 to the agent, a session left open, its job running)."""
+    Queue.objects.get_or_create(name="default")  # a flushed database has none
     job, session = open_shell(api, owner)
     seen: dict[str, bool] = {}
     real = terminals.terminate_job
