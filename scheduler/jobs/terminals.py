@@ -129,10 +129,16 @@ def claim(key: str, node: Node) -> ShellSession | None:
 def close_session(key: str, reason: str, message: str = "",
                   exit_status: int | None = None) -> bool:  # fmt: skip
     """Close the session (once: False if it was closed already), record why, and end an
-    interactive job whose last session this was, unless it persists."""
+    interactive job whose last session this was, unless it persists.
+
+    Locks the session's row alone (then, to end the job, the job's, FOR NO KEY UPDATE): a
+    report of the node's tasks, which locks them all, takes FOR KEY SHARE on the rows its
+    events and usage records name (their owner, their job) when it commits; a close holding
+    those rows FOR UPDATE while it waited for its task's row deadlocked with it (16 sessions
+    ending at once, bench/shell_latency.py --end exit on PostgreSQL)."""
     with transaction.atomic():
         session = (
-            ShellSession.objects.select_for_update()
+            ShellSession.objects.select_for_update(of=("self",))
             .select_related("job", "user")
             .filter(key=key)
             .exclude(state=ShellSession.State.CLOSED)
@@ -165,7 +171,7 @@ def _end_job_with_session(session: ShellSession, message: str) -> None:
     others = ShellSession.objects.filter(job=job).exclude(state=ShellSession.State.CLOSED)
     if others.exclude(pk=session.pk).exists():
         return
-    fresh = Job.objects.select_for_update().get(pk=job.pk)
+    fresh = Job.objects.select_for_update(no_key=True).get(pk=job.pk)  # close_session: why
     if fresh.state not in (JobState.RUNNING, JobState.PENDING, JobState.SUSPENDED):
         return  # it ended, or is ending for another reason (a cancel, its walltime)
     final_state, said = _job_end(session, message)

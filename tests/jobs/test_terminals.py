@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
+from django.contrib.auth.models import User
+from django.db import connection
 from django.utils import timezone
 
 from scheduler.cycle.loop import run_scheduler_cycle
 from scheduler.jobs import terminals
-from scheduler.models import Job, Node, ShellSession
+from scheduler.models import Job, Node, Queue, ShellSession
 from tests.agentapi.test_protocol import JOIN, agent, register
 from tests.factories import place
 
@@ -108,3 +111,42 @@ def test_a_job_already_being_cancelled_is_left_to_end_cancelled(
     assert terminals.close_session(session.key, "Exited", "", 0)
     ended = stopped(token, job)
     assert (ended.state, ended.message) == ("Cancelled", "cancelled by user")
+
+
+def referable(table: str, pk: int) -> bool:
+    """Whether another transaction may reference row `pk` of `table` now, as a report's
+    events and usage records do when it commits (FOR KEY SHARE), without waiting."""
+    s = connection.settings_dict
+    where = {"dbname": s["NAME"], "host": s["HOST"] or "127.0.0.1", "port": s["PORT"] or 5432,
+             "user": s["USER"], "password": s["PASSWORD"] or None}  # fmt: skip
+    with psycopg.connect(**where) as other:
+        try:
+            other.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR KEY SHARE NOWAIT", [pk])
+        except psycopg.errors.LockNotAvailable:
+            return False
+    return True
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_closing_session_leaves_its_owner_and_job_referable(
+    token: str, api: Any, owner: Any, monkeypatch: Any
+) -> None:
+    """While a close ends the job (it then waits for the task's row, which a report of the
+    node's tasks holds), the rows that report must reference to commit stay free: it locked
+    the owner's and the job's FOR UPDATE, and 16 sessions ending at once deadlocked with the
+    agent's report (PostgreSQL: a 500 to the agent, a session left open, its job running)."""
+    Queue.objects.get_or_create(name="default")  # a flushed database has none
+    job, session = open_shell(api, owner)
+    seen: dict[str, bool] = {}
+    real = terminals.terminate_job
+
+    def terminate(*args: Any, **kwargs: Any) -> None:
+        seen["owner"] = referable(User._meta.db_table, owner.pk)
+        seen["job"] = referable(Job._meta.db_table, job.pk)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(terminals, "terminate_job", terminate)
+    assert terminals.close_session(session.key, "Exited", "", 0)
+    assert seen == {"owner": True, "job": True}
+    assert Job.objects.get(pk=job.pk).terminal_state == "Succeeded"
