@@ -34,6 +34,7 @@ REFUSED_MESSAGES = (
 BUSY_DETAIL = "server busy: no database connection free, retry shortly"
 DOWN_DETAIL = "database unavailable, retry shortly"
 FULL_DETAIL = "database cannot write (disk full or read-only): no new work accepted, retry later"
+CONFLICT_DETAIL = "a concurrent change to the same rows won: nothing was written, retry shortly"
 
 
 def is_database_overload(exc: BaseException | None) -> bool:
@@ -55,14 +56,17 @@ def is_database_overload(exc: BaseException | None) -> bool:
 
 
 def unavailable_detail(exc: BaseException | None) -> str | None:
-    """The 503's detail when `exc` means the database is overloaded, down or full; None for
-    anything else (a bug: the normal 500)."""
+    """The 503's detail when `exc` means the database is overloaded, down or full, or the
+    request's transaction lost a deadlock PostgreSQL broke (rolled back whole: retrying is
+    safe); None for anything else (a bug: the normal 500)."""
     if is_database_overload(exc):
         return BUSY_DETAIL
     if faults.database_cannot_write(exc):
         return FULL_DETAIL
     if faults.database_down(exc):
         return DOWN_DETAIL
+    if faults.database_conflict(exc):
+        return CONFLICT_DETAIL
     return None
 
 

@@ -26,6 +26,9 @@ from psycopg_pool import PoolTimeout
 OUTAGE_STATES = {"57P01", "57P02", "57P03", "53000", "53100", "53200", "53300", "58030"}
 DISK_FULL = "53100"
 READ_ONLY = "25006"  # a standby promoted late, or default_transaction_read_only after a failover
+# A transaction rolled back because it lost to a concurrent one (a deadlock PostgreSQL broke,
+# a serialization failure): nothing it wrote stays, and the same request may simply be retried.
+CONFLICT_STATES = {"40P01", "40001"}
 
 
 def _chain(exc: BaseException | None) -> list[BaseException]:
@@ -55,6 +58,11 @@ def database_down(exc: BaseException | None) -> bool:
         if isinstance(item, psycopg.Error) and _sqlstate(item) == READ_ONLY:
             return True
     return False
+
+
+def database_conflict(exc: BaseException | None) -> bool:
+    """The transaction lost a race PostgreSQL broke (deadlock, serialization): retry it."""
+    return any(_sqlstate(item) in CONFLICT_STATES for item in _chain(exc))
 
 
 def database_cannot_write(exc: BaseException | None) -> bool:

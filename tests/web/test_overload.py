@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import psycopg
@@ -9,7 +10,7 @@ import pytest
 from django.db import connection
 from psycopg import errors
 
-from berth.web.overload import DOWN_DETAIL, FULL_DETAIL, is_database_overload
+from berth.web.overload import CONFLICT_DETAIL, DOWN_DETAIL, FULL_DETAIL, is_database_overload
 from scheduler.api.errors import exception_handler
 
 pytestmark = pytest.mark.postgres
@@ -66,3 +67,47 @@ def test_a_full_database_disk_is_answered_503_saying_so() -> None:
     assert response is not None and response.status_code == 503
     assert response.data == {"detail": FULL_DETAIL}
     assert "disk full" in FULL_DETAIL
+
+
+def test_a_transaction_that_lost_a_deadlock_is_answered_503_to_retry(db: None) -> None:
+    """The error PostgreSQL really gives the loser of a deadlock (two sessions each holding a
+    row the other wants): rolled back whole, so the client is told to retry, not a 500."""
+    s = connection.settings_dict
+    where = {"dbname": s["NAME"], "host": s["HOST"] or "127.0.0.1", "port": s["PORT"] or 5432,
+             "user": s["USER"]}  # fmt: skip
+    table = f"berth_test_deadlock_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(**where, autocommit=True) as admin:
+        admin.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+        admin.execute(f"INSERT INTO {table} VALUES (1), (2)")
+        try:
+            lost = _deadlock(where, table)
+        finally:
+            admin.execute(f"DROP TABLE {table}")
+    assert lost.sqlstate == "40P01"
+    response = exception_handler(lost, {})
+    assert response is not None and response.status_code == 503
+    assert response["Retry-After"] == "1"
+    assert response.data == {"detail": CONFLICT_DETAIL}
+
+
+def _deadlock(where: dict[str, object], table: str) -> psycopg.Error:
+    """Two sessions lock rows 1 and 2 in opposite orders; the error of the one that lost."""
+    both_hold = threading.Barrier(2)
+    lost: list[psycopg.Error] = []
+
+    def lock(first: int, second: int) -> None:
+        with psycopg.connect(**where) as conn:  # type: ignore[arg-type]
+            conn.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", (first,))
+            both_hold.wait(timeout=10)
+            try:
+                conn.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", (second,))
+            except psycopg.Error as exc:
+                lost.append(exc)
+
+    threads = [threading.Thread(target=lock, args=pair) for pair in ((1, 2), (2, 1))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(lost) == 1, lost
+    return lost[0]
