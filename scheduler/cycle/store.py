@@ -173,7 +173,7 @@ def _lock_waiting_jobs(binds_by_job: dict[int, list[Bind]]) -> dict[int, tuple[s
     waiting: dict[int, tuple[str, int | None]] = {}
     for ids in chunks(sorted(binds_by_job)):
         rows = (
-            Job.objects.select_for_update()
+            Job.objects.select_for_update(no_key=True)
             .filter(pk__in=ids, state__in=MACHINE.sources(JobEvent.BIND))
             .exclude(requested_action__in=(JobRequest.CANCEL, JobRequest.SUSPEND))
             .order_by("id")
@@ -250,7 +250,7 @@ def _evict_jobs(evictions: list[Evict], events: list[Event], now: datetime) -> s
     by_job = {e.job_id: e for e in evictions}
     victims = {
         pk: (state, flow_id)
-        for pk, state, flow_id in Job.objects.select_for_update()
+        for pk, state, flow_id in Job.objects.select_for_update(no_key=True)
         .filter(pk__in=sorted(by_job), state__in=MACHINE.sources(JobEvent.PREEMPT))
         .filter(preemptible=True)
         .order_by("id")

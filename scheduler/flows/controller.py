@@ -112,7 +112,7 @@ def _stop_all(flow: Flow, decision: FlowDecision, jobs: list[Job], now: datetime
     for job in jobs:
         if job.state in ACTIVE and job.state != JobState.TERMINATING:
             terminate_job(
-                Job.objects.select_for_update().get(pk=job.pk),
+                Job.objects.select_for_update(no_key=True).get(pk=job.pk),
                 final_state=JobState.CANCELLED,
                 reason=reason,
                 message=f"stopped: {why}",

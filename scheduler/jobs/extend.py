@@ -56,7 +56,7 @@ def extend_walltime(job: Job, seconds: int, user: object) -> Job:
             f"{delay.job_id}, which waits for its resources: it {later}"
         )
     with transaction.atomic():
-        fresh = Job.objects.select_for_update().get(pk=job.pk)
+        fresh = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
         if fresh.walltime != walltime or fresh.state != JobState.RUNNING:
             raise ExtendRefused(f"job {job.pk} changed meanwhile; try again")
         fresh.walltime = walltime + seconds

@@ -32,7 +32,7 @@ def request_job_action(job: Job, action: str, user: Any) -> Job:
     if job.is_array:
         return _request_array_action(job, action, user)
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job.pk)
+        job = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
         if job.state in JOB_FINAL:
             raise OperationError(f"job {job.pk} is {job.state}: nothing to {action}")
         if action == JobRequest.SUSPEND and job.state == JobState.SUSPENDED:

@@ -58,7 +58,7 @@ def request_session(job: Job, user: Any, channel: str, command: str = "", rows: 
     if len(command.encode()) > TERMINAL_COMMAND_BYTES:
         raise ShellRefused(f"command: at most {TERMINAL_COMMAND_BYTES} bytes")
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job.pk)
+        job = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
         if job.state != JobState.RUNNING or job.requested_action == JobRequest.CANCEL:
             raise ShellRefused(f"job {job.pk} is {job.state}: a terminal needs a running job")
         task = (

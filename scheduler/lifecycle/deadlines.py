@@ -37,7 +37,7 @@ def enforce_deadlines(now: datetime | None = None) -> int:
     for job_id, reason, message in _overdue(now):
         try:
             with transaction.atomic():
-                fresh = Job.objects.select_for_update().get(pk=job_id)
+                fresh = Job.objects.select_for_update(no_key=True).get(pk=job_id)
                 if fresh.state not in KILLABLE:
                     continue
                 terminate_job(

@@ -184,7 +184,7 @@ def _clear(job: Job, stretch: _Stretch | None, now: datetime) -> bool:
 
 def _end(job: Job, since: datetime, now: datetime) -> bool:
     with transaction.atomic():
-        fresh = Job.objects.select_for_update().get(pk=job.pk)
+        fresh = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
         if fresh.state != JobState.RUNNING or fresh.idle_warned_at != job.idle_warned_at:
             return False
         held = _minutes((now - since).total_seconds())

@@ -33,7 +33,7 @@ def process_requests(now: datetime | None = None) -> int:
     for job in jobs:
         try:
             with transaction.atomic():
-                job = Job.objects.select_for_update().get(pk=job.pk)
+                job = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
                 if _carry_out(job, now):
                     done += 1
         except Exception:  # one bad job never stops the others

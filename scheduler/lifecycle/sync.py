@@ -65,7 +65,7 @@ def sync_jobs(now: datetime | None = None) -> int:
     for job_id, tasks in moves["other"].items():
         try:
             with transaction.atomic():
-                job = Job.objects.select_for_update().get(pk=job_id)
+                job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
                 if _sync_job(job, tasks, now):
                     changed += 1
                     notify.changed(jobs=[job.pk])
@@ -117,7 +117,7 @@ def _lock_jobs(ids: Iterable[int], states: tuple[str, ...]) -> dict[int, tuple[s
     """Lock the jobs still in `states`: id -> (state, flow id)."""
     return {
         pk: (state, flow_id)
-        for pk, state, flow_id in Job.objects.select_for_update()
+        for pk, state, flow_id in Job.objects.select_for_update(no_key=True)
         .filter(pk__in=sorted(ids), state__in=states)
         .order_by("id")
         .values_list("id", "state", "flow_id")

@@ -150,3 +150,29 @@ def test_a_closing_session_leaves_its_owner_and_job_referable(
     assert terminals.close_session(session.key, "Exited", "", 0)
     assert seen == {"owner": True, "job": True}
     assert Job.objects.get(pk=job.pk).terminal_state == "Succeeded"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_carried_out_leaves_the_job_referable(
+    token: str, api: Any, owner: Any, monkeypatch: Any
+) -> None:
+    """The scheduler carrying out a user's cancel locks the job, then the job's tasks (which a
+    report of the node's tasks may hold while it waits to reference the job): the job's lock
+    must leave it referable (FOR NO KEY UPDATE), as the close's does, or the two deadlock."""
+    from scheduler.lifecycle import requests
+
+    Queue.objects.get_or_create(name="default")  # a flushed database has none
+    job, _session = open_shell(api, owner)
+    seen: dict[str, bool] = {}
+    real = requests.terminate_job
+
+    def terminate(*args: Any, **kwargs: Any) -> None:
+        seen["job"] = referable(Job._meta.db_table, job.pk)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(requests, "terminate_job", terminate)
+    assert api(owner).post(f"/api/v1/jobs/{job.pk}/cancel/").status_code in (200, 202)
+    requests.process_requests()
+    assert seen == {"job": True}
+    assert Job.objects.get(pk=job.pk).terminal_state == "Cancelled"
