@@ -19,7 +19,7 @@ from scheduler.core import sharing
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources
 from scheduler.core.session import Fits, NodeScan, Session, Shape, alike, whole_devices
-from scheduler.core.statement import Statement
+from scheduler.core.statement import Statement, commit_one
 from scheduler.core.status import Code, Status
 from scheduler.core.types import Failure, NodeView
 
@@ -180,11 +180,10 @@ def place(
         refusal = _refusal_by_total(session, job)
         if refusal is not None:
             return refusal
-    statement = Statement(session)
-    placed, first_miss = _allocate_tasks(session, job, statement, fits, shape)
-    if placed and (first_miss is None or session.job_ready(job, placed)):
-        statement.commit(action)
+    tried = _start_job(session, job, action, fits, need, shape)
+    if tried is None:
         return None
+    statement, placed, first_miss = tried
     if first_miss is None:
         statement.discard()
         message = f'queue "{queue.info.name}" at capability'
@@ -247,6 +246,75 @@ def _cannot_fit_in(session: Session, job: JobInfo, need: int, cpu: int, memory: 
         return False
     request = shape[0]
     return request.cpu * need > cpu or request.memory * need > memory
+
+
+def _start_job(
+    session: Session, job: JobInfo, action: str, fits: Fits | None, need: int, shape: Shape | None
+) -> tuple[Statement, int, TaskInfo | None] | None:
+    """Start the job (None: its tasks are placed and committed), or say how far it got: the
+    statement of what it placed, how many, and the first task that did not fit."""
+    single = _single_task(session, job, need, shape)
+    if single is not None:
+        # (`_allocate_tasks` for one task: it starts if it is placed, else nothing changed.)
+        if _place_single(session, job, single, action, fits):
+            return None
+        return Statement(session), 0, single
+    statement = Statement(session)
+    placed, first_miss = _allocate_tasks(session, job, statement, fits, shape)
+    if placed and (first_miss is None or session.job_ready(job, placed)):
+        statement.commit(action)
+        return None
+    return statement, placed, first_miss
+
+
+def _single_task(session: Session, job: JobInfo, need: int, shape: Shape | None) -> TaskInfo | None:
+    """The one pending task of a job that needs just it, if `_place_single` may place it:
+    whole devices or none (no fraction, no MIG instance), no queue capability, no predicate
+    asked when placing, a node order that depends on free devices alone."""
+    if (
+        need != 1
+        or shape is None
+        or shape[2]
+        or session.queues[job.queue].info.capability is not None
+        or not session.single_at_once
+        or session.placing_predicates
+        or not session.static_node_order
+    ):
+        return None
+    tasks = session.pending_tasks(job)
+    return tasks[0] if len(tasks) == 1 else None
+
+
+def _place_single(
+    session: Session, job: JobInfo, task: TaskInfo, action: str, fits: Fits | None
+) -> bool:
+    """Place and commit a job's one task (`_single_task`) on the first node that takes it,
+    as `_allocate_tasks` would (a task with devices as `NodeScan.find` finds its node, one
+    without as `_allocate_alike` does); False, changing nothing, if no node takes it."""
+    cpu, memory, gpu = task.resources
+    if gpu:
+        static = session.max_devices == 0  # (`NodeScan.find`: the order is static)
+        order = session.ordered_nodes(task) if static else session.candidate_nodes(task)
+    else:
+        order = session.ordered_nodes(task) if session.max_devices == 0 else session.walk_once(task)
+    nominated = session.nominated
+    # A test of the node alone, if the caller's `fits` has one (`one`: as `fits` for a
+    # job's first task).
+    one = getattr(fits, "one", None)
+    for node in order:
+        if (
+            node.free_cpu >= cpu
+            and node.free_memory >= memory
+            and len(node.free_devices) >= gpu
+            and node.name not in nominated
+            and (
+                fits is None
+                or (one(node.name, cpu, memory, gpu) if one is not None else fits(node, task))
+            )
+        ):
+            commit_one(session, job, task, node, action)
+            return True
+    return False
 
 
 def _allocate_tasks(

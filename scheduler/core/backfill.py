@@ -369,6 +369,18 @@ class _AroundReservation:
         self.instances[key] = taken + 1
         return True
 
+    def one(self, name: str, cpu: int, memory: int, gpu: int) -> bool:
+        """`__call__` for a job's first task, asking (`cpu`, `memory`, `gpu`) and no MIG
+        instance, on node `name`: `many` for one task, taking nothing (the job's one task
+        is committed at once and `_consume_spare` takes its spare)."""
+        room = self.spare.get(name)
+        if room is None:
+            return False
+        used = self.planned.get(name)
+        if used is not None:
+            room = room - used
+        return room.cpu >= cpu and room.memory >= memory and room.gpu >= gpu
+
     def many(self, node: NodeView, request: Resources, count: int) -> int:
         """How many (at most `count`) more tasks asking `request` fit in the node's spare,
         taken as one by one would: each fits if it and those before it do."""

@@ -173,6 +173,9 @@ class Session:
         tests)."""
         # A job's alike tasks without devices placed in one scan rather than one by one.
         self.alike_at_once = True
+        # A job that needs its one pending task placed without a statement's task loop
+        # (`actions._place_single`).
+        self.single_at_once = True
         # Backfill refuses a job as the last alike job was refused when nothing that decides
         # it changed since (`scheduler.core.backfill`).
         self.alike_refusals = all(p.alike_overused for p in self.hooks["overused"])
