@@ -55,8 +55,7 @@ def enqueue(session: Session) -> None:
             session.set_pending(session.jobs[job_id], problem)
             session.failures[job_id] = Failure(problem.code, problem.message, False)
         return
-    session.key_all(session.candidates)
-    for job in sorted(session.candidates, key=session.job_key):
+    for job in session.in_key_order(session.candidates):
         try:  # `guarded`, without a closure per job
             _admit(session, job)
         except Exception as exc:  # noqa: BLE001 - fault isolation is the point

@@ -155,8 +155,8 @@ class Session:
         self.jobs = {j.id: j for j in snapshot.jobs}
         # A Running job with pending tasks left (a gang started with min_available) is a
         # candidate for the rest, unless it is being stopped.
-        self.candidates, self.need, self.running = _sort_out(snapshot.jobs)
-        self._open_caches()
+        self.candidates, self.need, self.running, pending = _sort_out(snapshot.jobs)
+        self._open_caches(pending)
         self._load_running()
         self._open_totals()
         # A standing session keeps its queues' admitted jobs between cycles, and why it
@@ -180,11 +180,12 @@ class Session:
         # it changed since (`scheduler.core.backfill`).
         self.alike_refusals = all(p.alike_overused for p in self.hooks["overused"])
 
-    def _open_caches(self) -> None:
-        """What is worked out once per job or task shape and kept."""
+    def _open_caches(self, pending: dict[int, list[TaskInfo]]) -> None:
+        """What is worked out once per job or task shape and kept (`pending`: each
+        candidate's pending tasks, as `pending_tasks` says)."""
         # Nodes with less than this free can take none of the pending tasks (`LabelGroup`).
-        self.floor = request_floor(self.candidates)
-        self._pending_tasks: dict[int, list[TaskInfo]] = {}
+        self.floor = request_floor(pending.values())
+        self._pending_tasks: dict[int, list[TaskInfo]] = pending
         self._shapes: dict[int, Shape | None] = {}
         self._min_requests: dict[int, Resources] = {}
         self._gang_runs: dict[int, list[tuple[TaskInfo, int]]] = {}
@@ -504,9 +505,19 @@ class Session:
         if tasks is None:
             tasks = self.pending_tasks(job)
         shape: Shape | None = None
-        if tasks:
+        if len(tasks) == 1:  # (`task_shape`, spelled out: once per job)
             first = tasks[0]
-            if len(tasks) == 1 or all(alike(t, first) for t in tasks):
+            selector = first.node_selector
+            shape = (
+                first.resources,
+                tuple(sorted(selector.items())) if selector else (),
+                (first.gpu_share, first.gpu_memory, first.gpu_modes, first.gpu_mig)
+                if first.gpu_share
+                else (),
+            )
+        elif tasks:
+            first = tasks[0]
+            if all(alike(t, first) for t in tasks):
                 shape = task_shape(first)
         self._shapes[job.id] = shape
         return shape
@@ -516,7 +527,9 @@ class Session:
         None; the owner only in a queue with per-user limits (elsewhere it is "")."""
         key = self._alike_keys.get(job.id, _UNKNOWN)
         if key is _UNKNOWN:
-            shape = self.shape(job)
+            shape = self._shapes.get(job.id, _UNKNOWN)
+            if shape is _UNKNOWN:
+                shape = self.shape(job)
             if shape is None:
                 key = None
             else:
@@ -614,6 +627,18 @@ class Session:
         todo = [job for job in jobs if job.id not in known]
         for job, key in zip(todo, batch(self, todo), strict=True):
             known[job.id] = key + (job.id,)
+
+    def in_key_order(self, jobs: list[JobInfo]) -> list[JobInfo]:
+        """`sorted(jobs, key=self.job_key)`: keyed in one pass where the plugin can
+        (`key_all`), then sorted by the keys without a call per job (each ends with the
+        job's id: no two are equal)."""
+        self.key_all(jobs)
+        known = cast(Callable[[int], tuple[Any, ...]], self._job_keys.get)  # (None: not made)
+        keys = list(map(known, map(_job_id, jobs)))
+        if None in keys:
+            return sorted(jobs, key=self.job_key)
+        at: Callable[[int], tuple[Any, ...]] = keys.__getitem__
+        return list(map(jobs.__getitem__, sorted(range(len(jobs)), key=at)))
 
     def refresh_keys(self) -> None:
         """Work out every job's key again and reorder the queues by them (a standing
@@ -998,6 +1023,7 @@ class NodeScan:
 
 
 _name = attrgetter("name")
+_job_id = attrgetter("id")
 _free_cpu = attrgetter("free_cpu")
 _free_memory = attrgetter("free_memory")
 _free_devices = attrgetter("free_devices")
@@ -1104,39 +1130,47 @@ def grows(job: JobInfo) -> bool:
     )
 
 
-def request_floor(jobs: list[JobInfo]) -> tuple[int, int]:
-    """The least cpu and the least memory (each on its own) any pending task of `jobs`
-    asks; (0, 0) with none."""
+def request_floor(pending: Iterable[list[TaskInfo]]) -> tuple[int, int]:
+    """The least cpu and the least memory (each on its own) any of the `pending` tasks
+    asks (the candidates' pending tasks); (0, 0) with none."""
     cpu = memory = -1
-    for job in jobs:
-        for task in job.tasks:
-            if task.state == "Pending":
-                request = task.resources
-                if cpu < 0 or request.cpu < cpu:
-                    cpu = request.cpu
-                if memory < 0 or request.memory < memory:
-                    memory = request.memory
+    for tasks in pending:
+        for task in tasks:
+            request = task.resources
+            if cpu < 0 or request.cpu < cpu:
+                cpu = request.cpu
+            if memory < 0 or request.memory < memory:
+                memory = request.memory
     return (max(cpu, 0), max(memory, 0))
 
 
-def _sort_out(jobs: list[JobInfo]) -> tuple[list[JobInfo], dict[int, int], list[JobInfo]]:
+def _sort_out(
+    jobs: list[JobInfo],
+) -> tuple[list[JobInfo], dict[int, int], list[JobInfo], dict[int, list[TaskInfo]]]:
     """The candidates (in snapshot order) with how many tasks each needs at once
-    (`need_of`), and the running jobs: one pass over a backlog of any size."""
+    (`need_of`), the running jobs, and each candidate's pending tasks (`pending_tasks`):
+    one pass over a backlog of any size."""
     candidates: list[JobInfo] = []
     need: dict[int, int] = {}
     running: list[JobInfo] = []
+    pending: dict[int, list[TaskInfo]] = {}
     for job in jobs:
         if job.state == "Running":
             running.append(job)
         if job.is_candidate or grows(job):
             candidates.append(job)
             held = 0
+            waiting = []
             for task in job.tasks:
-                if task.node and task.state in ("Assigned", "Running"):
+                state = task.state
+                if state == "Pending":
+                    waiting.append(task)
+                elif task.node and state in ("Assigned", "Running"):
                     held += 1
             more = job.min_available - held
             need[job.id] = more if more > 0 else 0  # `need_of`
-    return candidates, need, running
+            pending[job.id] = waiting
+    return candidates, need, running, pending
 
 
 def need_of(job: JobInfo) -> int:
