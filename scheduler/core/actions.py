@@ -12,7 +12,7 @@ import heapq
 import logging
 from collections import Counter
 from collections.abc import Callable, Container, Iterator
-from itertools import compress, filterfalse
+from itertools import compress, filterfalse, repeat
 from operator import attrgetter, not_
 
 from scheduler.core import sharing
@@ -55,21 +55,18 @@ def enqueue(session: Session) -> None:
             session.set_pending(session.jobs[job_id], problem)
             session.failures[job_id] = Failure(problem.code, problem.message, False)
         return
+    valid, pending_tasks, queues = session.job_valid, session.pending_tasks, session.queues
     for job in session.in_key_order(session.candidates):
         try:  # `guarded`, without a closure per job
-            _admit(session, job)
+            invalid = valid(job)
+            if invalid is None:
+                if pending_tasks(job):
+                    queues[job.queue].jobs.append(job)
+                continue
+            session.set_pending(job, invalid)
+            session.failures[job.id] = Failure(invalid.code, invalid.message, False)
         except Exception as exc:  # noqa: BLE001 - fault isolation is the point
             record_fault(session, job, exc)
-
-
-def _admit(session: Session, job: JobInfo) -> None:
-    problem = session.job_valid(job)
-    if problem is not None:
-        session.set_pending(job, problem)
-        session.failures[job.id] = Failure(problem.code, problem.message, False)
-        return
-    if session.pending_tasks(job):
-        session.queues[job.queue].jobs.append(job)
 
 
 def in_order(
@@ -99,6 +96,17 @@ def in_order(
 
 
 _job_id = attrgetter("id")
+
+
+def in_order_unchanged(session: Session, skip_ids: Container[int]) -> Iterator[JobInfo]:
+    """`in_order` for a caller that changes no queue while it walks the jobs: each queue's
+    key then stays as it was, so the queues are served one after the other, least key
+    first, each to its end (as `_across_queues` serves a queue whose state is the same)."""
+    busy = [queue for queue in session.queues.values() if queue.jobs]
+    busy.sort(key=session.queue_key)  # (keys end with the queue's name: no two are equal)
+    for queue in busy:
+        jobs = queue.jobs
+        yield from compress(jobs, map(not_, map(skip_ids.__contains__, map(_job_id, jobs))))
 
 
 def _across_queues(session: Session, cursors: dict[str, Iterator[JobInfo]]) -> Iterator[JobInfo]:
@@ -575,10 +583,10 @@ def allocate(session: Session) -> None:
         # One status for all, made each job's own at the end of the cycle where it is still
         # theirs (`Session.own_statuses`): most are given another by backfill, or start.
         shared = session.behind_blocked = Status(Code.PRIORITY, message)
-        pending = session.pending  # (`set_pending`, spelled out: once per job waiting)
-        # (Neither the failures nor the placed jobs change in this loop: one set.)
-        for job in in_order(session, skip_ids=session.failures.keys() | session.placed):
-            pending[job.id] = shared
+        # (`set_pending`, spelled out: once per job waiting. Nothing is placed or refused
+        # while they are: one skip set, and the queues' order stays as it is.)
+        skip = session.failures.keys() | session.placed
+        session.pending.update(zip(map(_job_id, in_order_unchanged(session, skip)), repeat(shared)))
 
 
 # --- preempt and reclaim -----------------------------------------------------------------

@@ -19,7 +19,7 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import compress, repeat
-from operator import attrgetter, is_, lt
+from operator import add, attrgetter, is_, lt
 from typing import Any, cast
 
 from scheduler.core import gpushare, predict, sharing
@@ -155,9 +155,10 @@ class Session:
         self.jobs = {j.id: j for j in snapshot.jobs}
         # A Running job with pending tasks left (a gang started with min_available) is a
         # candidate for the rest, unless it is being stopped.
-        self.candidates, self.need, self.running, pending = _sort_out(snapshot.jobs)
+        self.candidates, self.need, self.running, pending, holders = _sort_out(snapshot.jobs)
         self._open_caches(pending)
-        self._load_running()
+        # (Every job, where two share an id: `jobs` keeps the last of them.)
+        self._load_running(holders if len(self.jobs) == len(snapshot.jobs) else self.jobs.values())
         self._open_totals()
         # A standing session keeps its queues' admitted jobs between cycles, and why it
         # refused the others (job -> status).
@@ -265,8 +266,10 @@ class Session:
         if self.index_dirty:
             self._build_index()
 
-    def _load_running(self) -> None:
-        for job in self.jobs.values():
+    def _load_running(self, jobs: Iterable[JobInfo]) -> None:
+        """What the tasks of `jobs` (in snapshot order: every job that may hold something)
+        hold, taken from their nodes and counted for their queues."""
+        for job in jobs:
             held: Resources | None = None  # (None: nothing held, as most pending jobs)
             shared = 0
             for task in job.tasks:
@@ -625,8 +628,14 @@ class Session:
             return
         known = self._job_keys
         todo = [job for job in jobs if job.id not in known]
-        for job, key in zip(todo, batch(self, todo), strict=True):
-            known[job.id] = key + (job.id,)
+        ids = list(map(_job_id, todo))
+        keys = batch(self, todo)
+        if len(keys) != len(ids):
+            raise ValueError(
+                f"{type(hooks[0]).__name__}.job_keys: {len(keys)} keys for {len(ids)} jobs"
+            )
+        # Each key with the job's id after it (`zip(ids)`: the 1-tuples `(id,)`).
+        known.update(zip(ids, map(add, keys, zip(ids)), strict=True))
 
     def in_key_order(self, jobs: list[JobInfo]) -> list[JobInfo]:
         """`sorted(jobs, key=self.job_key)`: keyed in one pass where the plugin can
@@ -1146,31 +1155,40 @@ def request_floor(pending: Iterable[list[TaskInfo]]) -> tuple[int, int]:
 
 def _sort_out(
     jobs: list[JobInfo],
-) -> tuple[list[JobInfo], dict[int, int], list[JobInfo], dict[int, list[TaskInfo]]]:
+) -> tuple[list[JobInfo], dict[int, int], list[JobInfo], dict[int, list[TaskInfo]], list[JobInfo]]:
     """The candidates (in snapshot order) with how many tasks each needs at once
-    (`need_of`), the running jobs, and each candidate's pending tasks (`pending_tasks`):
+    (`need_of`), the running jobs, each candidate's pending tasks (`pending_tasks`), and
+    the jobs that may hold something (all but candidates with no task holding anything):
     one pass over a backlog of any size."""
     candidates: list[JobInfo] = []
     need: dict[int, int] = {}
     running: list[JobInfo] = []
     pending: dict[int, list[TaskInfo]] = {}
+    holders: list[JobInfo] = []
     for job in jobs:
         if job.state == "Running":
             running.append(job)
-        if job.is_candidate or grows(job):
-            candidates.append(job)
-            held = 0
-            waiting = []
-            for task in job.tasks:
-                state = task.state
-                if state == "Pending":
-                    waiting.append(task)
-                elif task.node and state in ("Assigned", "Running"):
+        if not (job.is_candidate or grows(job)):
+            holders.append(job)
+            continue
+        candidates.append(job)
+        held = 0
+        holds = False
+        waiting = []
+        for task in job.tasks:
+            state = task.state
+            if state == "Pending":
+                waiting.append(task)
+            elif state in HOLDS_RESOURCES:
+                holds = True
+                if task.node and state != "Releasing":  # (Assigned or Running)
                     held += 1
-            more = job.min_available - held
-            need[job.id] = more if more > 0 else 0  # `need_of`
-            pending[job.id] = waiting
-    return candidates, need, running, pending
+        more = job.min_available - held
+        need[job.id] = more if more > 0 else 0  # `need_of`
+        pending[job.id] = waiting
+        if holds:
+            holders.append(job)
+    return candidates, need, running, pending, holders
 
 
 def need_of(job: JobInfo) -> int:
