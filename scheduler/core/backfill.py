@@ -133,7 +133,8 @@ class _Backfill:
                         if (
                             state[0] is reservation
                             and state[1] is memo.max_placeable.get((key[0], key[1]))
-                            and state[2] == self._version(key[1])
+                            # (None: binds never matter in its queue, `_version`)
+                            and (state[2] is None or state[2] == session.version)
                         ):
                             session.failures[job.id] = kept_alike[1]
                             session.pending[job.id] = kept_alike[2]
@@ -339,11 +340,11 @@ def _runs_past(session: Session, job: JobInfo, reservation: Reservation) -> bool
     """Must a backfilled job's tasks fit around the reservation (`_AroundReservation`)?"""
     if not reservation.placed:
         return False  # the reserved job fits nowhere for now: nothing to protect
-    return not (
-        reservation.start is not None
-        and (ran := predict.runtime(job)) is not None
-        and session.now + ran <= reservation.start
-    )  # (False: it ends before the reservation starts, by walltime or prediction)
+    start, ran = reservation.start, job.walltime  # (`predict.runtime`, spelled out)
+    if ran is not None and job.predicted is not None and job.predicted < ran:
+        ran = job.predicted
+    # (False: it ends before the reservation starts, by walltime or prediction.)
+    return not (start is not None and ran is not None and session.now + ran <= start)
 
 
 class _AroundReservation:
