@@ -195,10 +195,9 @@ class Session:
         self._eligible: dict[Shape, list[NodeView]] = {}
         self._eligible_names: dict[Shape, list[str]] = {}
         self._static: dict[Shape, tuple[tuple[Counter[str], dict[str, int]], list[int]]] = {}
-        # Each node's kind, in position order, and the first node of each (`_reasons_by_kind`).
-        self._node_kinds: (
-            tuple[list[tuple[object, ...]], dict[tuple[object, ...], NodeView]] | None
-        ) = None
+        # Each node's kind (numbered as first seen), in position order, and the first node
+        # of each kind (`_reasons_by_kind`).
+        self._node_kinds: tuple[list[int], list[NodeView]] | None = None
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
         # The backfill's quick refusals, with the state they were made in (what is free and
@@ -827,8 +826,11 @@ class Session:
             return [self.node_reason(job, task, node) for node in self.nodes]
         known = self._node_kinds
         if known is None:
-            kinds: list[tuple[object, ...]] = [
-                (
+            numbers: dict[tuple[object, ...], int] = {}
+            kinds: list[int] = []
+            firsts: list[NodeView] = []
+            for node in self.nodes:
+                kind = (
                     node.state,
                     node.label_key,
                     node.allocatable,
@@ -837,13 +839,14 @@ class Session:
                     max(node.device_memory.values(), default=0),
                     node.mig_profiles,
                 )
-                for node in self.nodes
-            ]
-            firsts: dict[tuple[object, ...], NodeView] = {}
-            for kind, node in zip(kinds, self.nodes, strict=True):
-                firsts.setdefault(kind, node)
+                number = numbers.get(kind)
+                if number is None:
+                    number = numbers[kind] = len(firsts)
+                    firsts.append(node)
+                kinds.append(number)
             known = self._node_kinds = (kinds, firsts)
-        by_kind = {kind: self.node_reason(job, task, node) for kind, node in known[1].items()}
+        # (Kinds by number: no kind is hashed again per node.)
+        by_kind = [self.node_reason(job, task, node) for node in known[1]]
         return list(map(by_kind.__getitem__, known[0]))
 
     def node_reason(self, job: JobInfo, task: TaskInfo, node: NodeView) -> str | None:
