@@ -56,9 +56,10 @@ def enqueue(session: Session) -> None:
             session.failures[job_id] = Failure(problem.code, problem.message, False)
         return
     valid, pending_tasks, queues = session.job_valid, session.pending_tasks, session.queues
+    valid_queues = _valid_queues(session)
     for job in session.in_key_order(session.candidates):
         try:  # `guarded`, without a closure per job
-            invalid = valid(job)
+            invalid = None if job.queue in valid_queues else valid(job)
             if invalid is None:
                 if pending_tasks(job):
                     queues[job.queue].jobs.append(job)
@@ -67,6 +68,18 @@ def enqueue(session: Session) -> None:
             session.failures[job.id] = Failure(invalid.code, invalid.message, False)
         except Exception as exc:  # noqa: BLE001 - fault isolation is the point
             record_fault(session, job, exc)
+
+
+def _valid_queues(session: Session) -> set[str]:
+    """The queues whose every job `job_valid` would say None of, without asking: open
+    queues without a capability, where every plugin says so (`valid_in_open_queue`)."""
+    if not session.open_queues_valid:
+        return set()
+    return {
+        name
+        for name, queue in session.queues.items()
+        if queue.info.open and queue.info.capability is None
+    }
 
 
 def in_order(

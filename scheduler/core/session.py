@@ -62,6 +62,9 @@ class Plugin:
     # nothing is bound or evicted: backfill then refuses such jobs together
     # (`scheduler.core.backfill`).
     alike_overused = False
+    # True if `job_valid` says None for every job of an open queue without a capability:
+    # enqueue then asks it only of the jobs of other queues.
+    valid_in_open_queue = False
 
     def open(self, session: Session) -> None:
         """Called once when the session opens."""
@@ -139,6 +142,8 @@ class Session:
         self.walking_once = False  # `walk_once`
         # Every `overused` says None for a queue without a capability or per-user limits.
         self.limits_only_overuse = all(p.alike_overused for p in self.hooks["overused"])
+        # Every `job_valid` says None for a job of an open queue without a capability.
+        self.open_queues_valid = all(p.valid_in_open_queue for p in self.hooks["job_valid"])
         self._open_shortcuts()
         self.nodes = [NodeView(n) for n in snapshot.nodes]
         self.node_by_name = {n.name: n for n in self.nodes}
