@@ -162,7 +162,6 @@ class Session:
         # candidate for the rest, unless it is being stopped.
         self.candidates, self.need, self.running, pending, holders = _sort_out(snapshot.jobs)
         self._open_caches(pending)
-        # (Every job, where two share an id: `jobs` keeps the last of them.)
         self._load_running(holders if len(self.jobs) == len(snapshot.jobs) else self.jobs.values())
         self._open_totals()
         # A standing session keeps its queues' admitted jobs between cycles, and why it
@@ -271,8 +270,9 @@ class Session:
             self._build_index()
 
     def _load_running(self, jobs: Iterable[JobInfo]) -> None:
-        """What the tasks of `jobs` (in snapshot order: every job that may hold something)
-        hold, taken from their nodes and counted for their queues."""
+        """What the tasks of `jobs` (in snapshot order: every job that may hold something;
+        all of `self.jobs` where two jobs share an id, which keeps the last) hold, taken
+        from their nodes and counted for their queues."""
         for job in jobs:
             held: Resources | None = None  # (None: nothing held, as most pending jobs)
             shared = 0
@@ -508,6 +508,10 @@ class Session:
         known = self._shapes.get(job.id, _UNKNOWN)
         if known is not _UNKNOWN:
             return known
+        return self._new_shape(job)
+
+    def _new_shape(self, job: JobInfo) -> Shape | None:
+        """`shape`, worked out and kept."""
         tasks = self._pending_tasks.get(job.id)
         if tasks is None:
             tasks = self.pending_tasks(job)
@@ -536,7 +540,7 @@ class Session:
         if key is _UNKNOWN:
             shape = self._shapes.get(job.id, _UNKNOWN)
             if shape is _UNKNOWN:
-                shape = self.shape(job)
+                shape = self._new_shape(job)
             if shape is None:
                 key = None
             else:
