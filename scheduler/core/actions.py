@@ -17,7 +17,7 @@ from operator import attrgetter, not_
 
 from scheduler.core import sharing
 from scheduler.core.model import JobInfo, TaskInfo
-from scheduler.core.resources import Resources
+from scheduler.core.resources import Resources, tuple_new
 from scheduler.core.session import Fits, NodeScan, Session, Shape, alike, whole_devices
 from scheduler.core.statement import Statement, commit_one
 from scheduler.core.status import Code, Status
@@ -642,10 +642,18 @@ def _future_room(session: Session) -> tuple[dict[str, Resources], _SharedDevices
     devices' occupants that still hold them."""
     room = {}
     shared = _SharedDevices(session)
+    released, nominated = shared.released, session.nominated
     for node in session.nodes:
-        if node.ready and node.name not in session.nominated:
-            whole = Resources(0, 0, shared.released.get(node.name, 0))
-            room[node.name] = node.free() + node.releasing() + whole
+        if node.ready and node.name not in nominated:
+            # (`node.free() + node.releasing()` and the whole devices, in one tuple)
+            room[node.name] = tuple_new(
+                Resources,
+                (
+                    node.free_cpu + node.rel_cpu,
+                    node.free_memory + node.rel_memory,
+                    len(node.free_devices) + node.rel_devices + released.get(node.name, 0),
+                ),
+            )
     return room, shared
 
 
