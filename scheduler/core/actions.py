@@ -12,14 +12,14 @@ import heapq
 import logging
 from collections import Counter
 from collections.abc import Callable, Container, Iterator
-from itertools import compress, filterfalse
+from itertools import compress, filterfalse, repeat
 from operator import attrgetter, not_
 
 from scheduler.core import sharing
 from scheduler.core.model import JobInfo, TaskInfo
-from scheduler.core.resources import Resources
+from scheduler.core.resources import Resources, tuple_new
 from scheduler.core.session import Fits, NodeScan, Session, Shape, alike, whole_devices
-from scheduler.core.statement import Statement
+from scheduler.core.statement import Statement, commit_one
 from scheduler.core.status import Code, Status
 from scheduler.core.types import Failure, NodeView
 
@@ -55,22 +55,31 @@ def enqueue(session: Session) -> None:
             session.set_pending(session.jobs[job_id], problem)
             session.failures[job_id] = Failure(problem.code, problem.message, False)
         return
-    session.key_all(session.candidates)
-    for job in sorted(session.candidates, key=session.job_key):
+    valid, pending_tasks, queues = session.job_valid, session.pending_tasks, session.queues
+    valid_queues = _valid_queues(session)
+    for job in session.in_key_order(session.candidates):
         try:  # `guarded`, without a closure per job
-            _admit(session, job)
+            invalid = None if job.queue in valid_queues else valid(job)
+            if invalid is None:
+                if pending_tasks(job):
+                    queues[job.queue].jobs.append(job)
+                continue
+            session.set_pending(job, invalid)
+            session.failures[job.id] = Failure(invalid.code, invalid.message, False)
         except Exception as exc:  # noqa: BLE001 - fault isolation is the point
             record_fault(session, job, exc)
 
 
-def _admit(session: Session, job: JobInfo) -> None:
-    problem = session.job_valid(job)
-    if problem is not None:
-        session.set_pending(job, problem)
-        session.failures[job.id] = Failure(problem.code, problem.message, False)
-        return
-    if session.pending_tasks(job):
-        session.queues[job.queue].jobs.append(job)
+def _valid_queues(session: Session) -> set[str]:
+    """The queues whose every job `job_valid` would say None of, without asking: open
+    queues without a capability, where every plugin says so (`valid_in_open_queue`)."""
+    if not session.open_queues_valid:
+        return set()
+    return {
+        name
+        for name, queue in session.queues.items()
+        if queue.info.open and queue.info.capability is None
+    }
 
 
 def in_order(
@@ -100,6 +109,17 @@ def in_order(
 
 
 _job_id = attrgetter("id")
+
+
+def in_order_unchanged(session: Session, skip_ids: Container[int]) -> Iterator[JobInfo]:
+    """`in_order` for a caller that changes no queue while it walks the jobs: each queue's
+    key then stays as it was, so the queues are served one after the other, least key
+    first, each to its end (as `_across_queues` serves a queue whose state is the same)."""
+    busy = [queue for queue in session.queues.values() if queue.jobs]
+    busy.sort(key=session.queue_key)  # (keys end with the queue's name: no two are equal)
+    for queue in busy:
+        jobs = queue.jobs
+        yield from compress(jobs, map(not_, map(skip_ids.__contains__, map(_job_id, jobs))))
 
 
 def _across_queues(session: Session, cursors: dict[str, Iterator[JobInfo]]) -> Iterator[JobInfo]:
@@ -180,11 +200,10 @@ def place(
         refusal = _refusal_by_total(session, job)
         if refusal is not None:
             return refusal
-    statement = Statement(session)
-    placed, first_miss = _allocate_tasks(session, job, statement, fits, shape)
-    if placed and (first_miss is None or session.job_ready(job, placed)):
-        statement.commit(action)
+    tried = _start_job(session, job, action, fits, need, shape)
+    if tried is None:
         return None
+    statement, placed, first_miss = tried
     if first_miss is None:
         statement.discard()
         message = f'queue "{queue.info.name}" at capability'
@@ -247,6 +266,75 @@ def _cannot_fit_in(session: Session, job: JobInfo, need: int, cpu: int, memory: 
         return False
     request = shape[0]
     return request.cpu * need > cpu or request.memory * need > memory
+
+
+def _start_job(
+    session: Session, job: JobInfo, action: str, fits: Fits | None, need: int, shape: Shape | None
+) -> tuple[Statement, int, TaskInfo | None] | None:
+    """Start the job (None: its tasks are placed and committed), or say how far it got: the
+    statement of what it placed, how many, and the first task that did not fit."""
+    single = _single_task(session, job, need, shape)
+    if single is not None:
+        # (`_allocate_tasks` for one task: it starts if it is placed, else nothing changed.)
+        if _place_single(session, job, single, action, fits):
+            return None
+        return Statement(session), 0, single
+    statement = Statement(session)
+    placed, first_miss = _allocate_tasks(session, job, statement, fits, shape)
+    if placed and (first_miss is None or session.job_ready(job, placed)):
+        statement.commit(action)
+        return None
+    return statement, placed, first_miss
+
+
+def _single_task(session: Session, job: JobInfo, need: int, shape: Shape | None) -> TaskInfo | None:
+    """The one pending task of a job that needs just it, if `_place_single` may place it:
+    whole devices or none (no fraction, no MIG instance), no queue capability, no predicate
+    asked when placing, a node order that depends on free devices alone."""
+    if (
+        need != 1
+        or shape is None
+        or shape[2]
+        or session.queues[job.queue].info.capability is not None
+        or not session.single_at_once
+        or session.placing_predicates
+        or not session.static_node_order
+    ):
+        return None
+    tasks = session.pending_tasks(job)
+    return tasks[0] if len(tasks) == 1 else None
+
+
+def _place_single(
+    session: Session, job: JobInfo, task: TaskInfo, action: str, fits: Fits | None
+) -> bool:
+    """Place and commit a job's one task (`_single_task`) on the first node that takes it,
+    as `_allocate_tasks` would (a task with devices as `NodeScan.find` finds its node, one
+    without as `_allocate_alike` does); False, changing nothing, if no node takes it."""
+    cpu, memory, gpu = task.resources
+    if gpu:
+        static = session.max_devices == 0  # (`NodeScan.find`: the order is static)
+        order = session.ordered_nodes(task) if static else session.candidate_nodes(task)
+    else:
+        order = session.ordered_nodes(task) if session.max_devices == 0 else session.walk_once(task)
+    nominated = session.nominated
+    # A test of the node alone, if the caller's `fits` has one (`one`: as `fits` for a
+    # job's first task).
+    one = getattr(fits, "one", None)
+    for node in order:
+        if (
+            node.free_cpu >= cpu
+            and node.free_memory >= memory
+            and len(node.free_devices) >= gpu
+            and node.name not in nominated
+            and (
+                fits is None
+                or (one(node.name, cpu, memory, gpu) if one is not None else fits(node, task))
+            )
+        ):
+            commit_one(session, job, task, node, action)
+            return True
+    return False
 
 
 def _allocate_tasks(
@@ -508,10 +596,10 @@ def allocate(session: Session) -> None:
         # One status for all, made each job's own at the end of the cycle where it is still
         # theirs (`Session.own_statuses`): most are given another by backfill, or start.
         shared = session.behind_blocked = Status(Code.PRIORITY, message)
-        pending = session.pending  # (`set_pending`, spelled out: once per job waiting)
-        # (Neither the failures nor the placed jobs change in this loop: one set.)
-        for job in in_order(session, skip_ids=session.failures.keys() | session.placed):
-            pending[job.id] = shared
+        # (`set_pending`, spelled out: once per job waiting. Nothing is placed or refused
+        # while they are: one skip set, and the queues' order stays as it is.)
+        skip = session.failures.keys() | session.placed
+        session.pending.update(zip(map(_job_id, in_order_unchanged(session, skip)), repeat(shared)))
 
 
 # --- preempt and reclaim -----------------------------------------------------------------
@@ -554,10 +642,18 @@ def _future_room(session: Session) -> tuple[dict[str, Resources], _SharedDevices
     devices' occupants that still hold them."""
     room = {}
     shared = _SharedDevices(session)
+    released, nominated = shared.released, session.nominated
     for node in session.nodes:
-        if node.ready and node.name not in session.nominated:
-            whole = Resources(0, 0, shared.released.get(node.name, 0))
-            room[node.name] = node.free() + node.releasing() + whole
+        if node.ready and node.name not in nominated:
+            # (`node.free() + node.releasing()` and the whole devices, in one tuple)
+            room[node.name] = tuple_new(
+                Resources,
+                (
+                    node.free_cpu + node.rel_cpu,
+                    node.free_memory + node.rel_memory,
+                    len(node.free_devices) + node.rel_devices + released.get(node.name, 0),
+                ),
+            )
     return room, shared
 
 

@@ -133,7 +133,8 @@ class _Backfill:
                         if (
                             state[0] is reservation
                             and state[1] is memo.max_placeable.get((key[0], key[1]))
-                            and state[2] == self._version(key[1])
+                            # (None: binds never matter in its queue, `_version`)
+                            and (state[2] is None or state[2] == session.version)
                         ):
                             session.failures[job.id] = kept_alike[1]
                             session.pending[job.id] = kept_alike[2]
@@ -339,11 +340,11 @@ def _runs_past(session: Session, job: JobInfo, reservation: Reservation) -> bool
     """Must a backfilled job's tasks fit around the reservation (`_AroundReservation`)?"""
     if not reservation.placed:
         return False  # the reserved job fits nowhere for now: nothing to protect
-    return not (
-        reservation.start is not None
-        and (ran := predict.runtime(job)) is not None
-        and session.now + ran <= reservation.start
-    )  # (False: it ends before the reservation starts, by walltime or prediction)
+    start, ran = reservation.start, job.walltime  # (`predict.runtime`, spelled out)
+    if ran is not None and job.predicted is not None and job.predicted < ran:
+        ran = job.predicted
+    # (False: it ends before the reservation starts, by walltime or prediction.)
+    return not (start is not None and ran is not None and session.now + ran <= start)
 
 
 class _AroundReservation:
@@ -368,6 +369,18 @@ class _AroundReservation:
             return False
         self.instances[key] = taken + 1
         return True
+
+    def one(self, name: str, cpu: int, memory: int, gpu: int) -> bool:
+        """`__call__` for a job's first task, asking (`cpu`, `memory`, `gpu`) and no MIG
+        instance, on node `name`: `many` for one task, taking nothing (the job's one task
+        is committed at once and `_consume_spare` takes its spare)."""
+        room = self.spare.get(name)
+        if room is None:
+            return False
+        used = self.planned.get(name)
+        if used is not None:
+            room = room - used
+        return room.cpu >= cpu and room.memory >= memory and room.gpu >= gpu
 
     def many(self, node: NodeView, request: Resources, count: int) -> int:
         """How many (at most `count`) more tasks asking `request` fit in the node's spare,

@@ -196,6 +196,7 @@ class CapabilityPlugin(Plugin):
 
     name = "capability"
     alike_overused = True  # by the job's queue and gang request alone
+    valid_in_open_queue = True
 
     def job_valid(self, session: Session, job: JobInfo) -> Status | None:
         queue = session.queues.get(job.queue)

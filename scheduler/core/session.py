@@ -19,7 +19,7 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import compress, repeat
-from operator import attrgetter, is_, lt
+from operator import add, attrgetter, is_, lt
 from typing import Any, cast
 
 from scheduler.core import gpushare, predict, sharing
@@ -62,6 +62,9 @@ class Plugin:
     # nothing is bound or evicted: backfill then refuses such jobs together
     # (`scheduler.core.backfill`).
     alike_overused = False
+    # True if `job_valid` says None for every job of an open queue without a capability:
+    # enqueue then asks it only of the jobs of other queues.
+    valid_in_open_queue = False
 
     def open(self, session: Session) -> None:
         """Called once when the session opens."""
@@ -139,6 +142,8 @@ class Session:
         self.walking_once = False  # `walk_once`
         # Every `overused` says None for a queue without a capability or per-user limits.
         self.limits_only_overuse = all(p.alike_overused for p in self.hooks["overused"])
+        # Every `job_valid` says None for a job of an open queue without a capability.
+        self.open_queues_valid = all(p.valid_in_open_queue for p in self.hooks["job_valid"])
         self._open_shortcuts()
         self.nodes = [NodeView(n) for n in snapshot.nodes]
         self.node_by_name = {n.name: n for n in self.nodes}
@@ -155,9 +160,9 @@ class Session:
         self.jobs = {j.id: j for j in snapshot.jobs}
         # A Running job with pending tasks left (a gang started with min_available) is a
         # candidate for the rest, unless it is being stopped.
-        self.candidates, self.need, self.running = _sort_out(snapshot.jobs)
-        self._open_caches()
-        self._load_running()
+        self.candidates, self.need, self.running, pending, holders = _sort_out(snapshot.jobs)
+        self._open_caches(pending)
+        self._load_running(holders if len(self.jobs) == len(snapshot.jobs) else self.jobs.values())
         self._open_totals()
         # A standing session keeps its queues' admitted jobs between cycles, and why it
         # refused the others (job -> status).
@@ -173,15 +178,19 @@ class Session:
         tests)."""
         # A job's alike tasks without devices placed in one scan rather than one by one.
         self.alike_at_once = True
+        # A job that needs its one pending task placed without a statement's task loop
+        # (`actions._place_single`).
+        self.single_at_once = True
         # Backfill refuses a job as the last alike job was refused when nothing that decides
         # it changed since (`scheduler.core.backfill`).
         self.alike_refusals = all(p.alike_overused for p in self.hooks["overused"])
 
-    def _open_caches(self) -> None:
-        """What is worked out once per job or task shape and kept."""
+    def _open_caches(self, pending: dict[int, list[TaskInfo]]) -> None:
+        """What is worked out once per job or task shape and kept (`pending`: each
+        candidate's pending tasks, as `pending_tasks` says)."""
         # Nodes with less than this free can take none of the pending tasks (`LabelGroup`).
-        self.floor = request_floor(self.candidates)
-        self._pending_tasks: dict[int, list[TaskInfo]] = {}
+        self.floor = request_floor(pending.values())
+        self._pending_tasks: dict[int, list[TaskInfo]] = pending
         self._shapes: dict[int, Shape | None] = {}
         self._min_requests: dict[int, Resources] = {}
         self._gang_runs: dict[int, list[tuple[TaskInfo, int]]] = {}
@@ -190,10 +199,9 @@ class Session:
         self._eligible: dict[Shape, list[NodeView]] = {}
         self._eligible_names: dict[Shape, list[str]] = {}
         self._static: dict[Shape, tuple[tuple[Counter[str], dict[str, int]], list[int]]] = {}
-        # Each node's kind, in position order, and the first node of each (`_reasons_by_kind`).
-        self._node_kinds: (
-            tuple[list[tuple[object, ...]], dict[tuple[object, ...], NodeView]] | None
-        ) = None
+        # Each node's kind (numbered as first seen), in position order, and the first node
+        # of each kind (`_reasons_by_kind`).
+        self._node_kinds: tuple[list[int], list[NodeView]] | None = None
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
         # The backfill's quick refusals, with the state they were made in (what is free and
@@ -261,8 +269,11 @@ class Session:
         if self.index_dirty:
             self._build_index()
 
-    def _load_running(self) -> None:
-        for job in self.jobs.values():
+    def _load_running(self, jobs: Iterable[JobInfo]) -> None:
+        """What the tasks of `jobs` (in snapshot order: every job that may hold something;
+        all of `self.jobs` where two jobs share an id, which keeps the last) hold, taken
+        from their nodes and counted for their queues."""
+        for job in jobs:
             held: Resources | None = None  # (None: nothing held, as most pending jobs)
             shared = 0
             for task in job.tasks:
@@ -497,13 +508,27 @@ class Session:
         known = self._shapes.get(job.id, _UNKNOWN)
         if known is not _UNKNOWN:
             return known
+        return self._new_shape(job)
+
+    def _new_shape(self, job: JobInfo) -> Shape | None:
+        """`shape`, worked out and kept."""
         tasks = self._pending_tasks.get(job.id)
         if tasks is None:
             tasks = self.pending_tasks(job)
         shape: Shape | None = None
-        if tasks:
+        if len(tasks) == 1:  # (`task_shape`, spelled out: once per job)
             first = tasks[0]
-            if len(tasks) == 1 or all(alike(t, first) for t in tasks):
+            selector = first.node_selector
+            shape = (
+                first.resources,
+                tuple(sorted(selector.items())) if selector else (),
+                (first.gpu_share, first.gpu_memory, first.gpu_modes, first.gpu_mig)
+                if first.gpu_share
+                else (),
+            )
+        elif tasks:
+            first = tasks[0]
+            if all(alike(t, first) for t in tasks):
                 shape = task_shape(first)
         self._shapes[job.id] = shape
         return shape
@@ -513,7 +538,9 @@ class Session:
         None; the owner only in a queue with per-user limits (elsewhere it is "")."""
         key = self._alike_keys.get(job.id, _UNKNOWN)
         if key is _UNKNOWN:
-            shape = self.shape(job)
+            shape = self._shapes.get(job.id, _UNKNOWN)
+            if shape is _UNKNOWN:
+                shape = self._new_shape(job)
             if shape is None:
                 key = None
             else:
@@ -609,8 +636,26 @@ class Session:
             return
         known = self._job_keys
         todo = [job for job in jobs if job.id not in known]
-        for job, key in zip(todo, batch(self, todo), strict=True):
-            known[job.id] = key + (job.id,)
+        ids = list(map(_job_id, todo))
+        keys = batch(self, todo)
+        if len(keys) != len(ids):
+            raise ValueError(
+                f"{type(hooks[0]).__name__}.job_keys: {len(keys)} keys for {len(ids)} jobs"
+            )
+        # Each key with the job's id after it (`zip(ids)`: the 1-tuples `(id,)`).
+        known.update(zip(ids, map(add, keys, zip(ids)), strict=True))
+
+    def in_key_order(self, jobs: list[JobInfo]) -> list[JobInfo]:
+        """`sorted(jobs, key=self.job_key)`: keyed in one pass where the plugin can
+        (`key_all`), then sorted by the keys without a call per job (each ends with the
+        job's id: no two are equal)."""
+        self.key_all(jobs)
+        known = cast(Callable[[int], tuple[Any, ...]], self._job_keys.get)  # (None: not made)
+        keys = list(map(known, map(_job_id, jobs)))
+        if None in keys:
+            return sorted(jobs, key=self.job_key)
+        at: Callable[[int], tuple[Any, ...]] = keys.__getitem__
+        return list(map(jobs.__getitem__, sorted(range(len(jobs)), key=at)))
 
     def refresh_keys(self) -> None:
         """Work out every job's key again and reorder the queues by them (a standing
@@ -790,8 +835,11 @@ class Session:
             return [self.node_reason(job, task, node) for node in self.nodes]
         known = self._node_kinds
         if known is None:
-            kinds: list[tuple[object, ...]] = [
-                (
+            numbers: dict[tuple[object, ...], int] = {}
+            kinds: list[int] = []
+            firsts: list[NodeView] = []
+            for node in self.nodes:
+                kind = (
                     node.state,
                     node.label_key,
                     node.allocatable,
@@ -800,13 +848,14 @@ class Session:
                     max(node.device_memory.values(), default=0),
                     node.mig_profiles,
                 )
-                for node in self.nodes
-            ]
-            firsts: dict[tuple[object, ...], NodeView] = {}
-            for kind, node in zip(kinds, self.nodes, strict=True):
-                firsts.setdefault(kind, node)
+                number = numbers.get(kind)
+                if number is None:
+                    number = numbers[kind] = len(firsts)
+                    firsts.append(node)
+                kinds.append(number)
             known = self._node_kinds = (kinds, firsts)
-        by_kind = {kind: self.node_reason(job, task, node) for kind, node in known[1].items()}
+        # (Kinds by number: no kind is hashed again per node.)
+        by_kind = [self.node_reason(job, task, node) for node in known[1]]
         return list(map(by_kind.__getitem__, known[0]))
 
     def node_reason(self, job: JobInfo, task: TaskInfo, node: NodeView) -> str | None:
@@ -995,6 +1044,7 @@ class NodeScan:
 
 
 _name = attrgetter("name")
+_job_id = attrgetter("id")
 _free_cpu = attrgetter("free_cpu")
 _free_memory = attrgetter("free_memory")
 _free_devices = attrgetter("free_devices")
@@ -1101,39 +1151,56 @@ def grows(job: JobInfo) -> bool:
     )
 
 
-def request_floor(jobs: list[JobInfo]) -> tuple[int, int]:
-    """The least cpu and the least memory (each on its own) any pending task of `jobs`
-    asks; (0, 0) with none."""
+def request_floor(pending: Iterable[list[TaskInfo]]) -> tuple[int, int]:
+    """The least cpu and the least memory (each on its own) any of the `pending` tasks
+    asks (the candidates' pending tasks); (0, 0) with none."""
     cpu = memory = -1
-    for job in jobs:
-        for task in job.tasks:
-            if task.state == "Pending":
-                request = task.resources
-                if cpu < 0 or request.cpu < cpu:
-                    cpu = request.cpu
-                if memory < 0 or request.memory < memory:
-                    memory = request.memory
+    for tasks in pending:
+        for task in tasks:
+            request = task.resources
+            if cpu < 0 or request.cpu < cpu:
+                cpu = request.cpu
+            if memory < 0 or request.memory < memory:
+                memory = request.memory
     return (max(cpu, 0), max(memory, 0))
 
 
-def _sort_out(jobs: list[JobInfo]) -> tuple[list[JobInfo], dict[int, int], list[JobInfo]]:
+def _sort_out(
+    jobs: list[JobInfo],
+) -> tuple[list[JobInfo], dict[int, int], list[JobInfo], dict[int, list[TaskInfo]], list[JobInfo]]:
     """The candidates (in snapshot order) with how many tasks each needs at once
-    (`need_of`), and the running jobs: one pass over a backlog of any size."""
+    (`need_of`), the running jobs, each candidate's pending tasks (`pending_tasks`), and
+    the jobs that may hold something (all but candidates with no task holding anything):
+    one pass over a backlog of any size."""
     candidates: list[JobInfo] = []
     need: dict[int, int] = {}
     running: list[JobInfo] = []
+    pending: dict[int, list[TaskInfo]] = {}
+    holders: list[JobInfo] = []
     for job in jobs:
         if job.state == "Running":
             running.append(job)
-        if job.is_candidate or grows(job):
-            candidates.append(job)
-            held = 0
-            for task in job.tasks:
-                if task.node and task.state in ("Assigned", "Running"):
+        if not (job.is_candidate or grows(job)):
+            holders.append(job)
+            continue
+        candidates.append(job)
+        held = 0
+        holds = False
+        waiting = []
+        for task in job.tasks:
+            state = task.state
+            if state == "Pending":
+                waiting.append(task)
+            elif state in HOLDS_RESOURCES:
+                holds = True
+                if task.node and state != "Releasing":  # (Assigned or Running)
                     held += 1
-            more = job.min_available - held
-            need[job.id] = more if more > 0 else 0  # `need_of`
-    return candidates, need, running
+        more = job.min_available - held
+        need[job.id] = more if more > 0 else 0  # `need_of`
+        pending[job.id] = waiting
+        if holds:
+            holders.append(job)
+    return candidates, need, running, pending, holders
 
 
 def need_of(job: JobInfo) -> int:

@@ -190,6 +190,50 @@ class Statement:
         return binds
 
 
+def commit_one(session: Session, job: JobInfo, task: TaskInfo, node: NodeView, action: str) -> Bind:
+    """`Statement.allocate` then `commit` for a job's one task asking whole devices or
+    none, on a ready node: the same changes, without a statement."""
+    cpu, memory, gpu = task.resources
+    node.free_cpu -= cpu
+    node.free_memory -= memory
+    if gpu > 0:
+        devices = _pick_devices(node.free_devices, gpu)
+        old_free = len(node.free_devices)
+        chosen = set(devices)
+        node.free_devices = [d for d in node.free_devices if d not in chosen]
+        session.move_in_index(node, old_free)
+        session.freed(node, -cpu, -memory, -len(devices), moved=True)
+    else:
+        devices = ()
+        session.freed(node, -cpu, -memory, 0)
+    session.version += 1
+    held = node.mig_held.get(task.id) if node.mig_held else None
+    bind = _new_object(Bind)
+    _set_attribute(
+        bind,
+        "__dict__",
+        {
+            "job_id": job.id,
+            "task_id": task.id,
+            "node": node.name,
+            "devices": devices,
+            "action": action,
+            "instance": held[1] if held else "",
+        },  # fmt: skip
+    )
+    session.binds.append(bind)
+    session.bound.append((job, task, node, devices))
+    queue = session.queues.get(job.queue)
+    if queue is not None:
+        held_now = queue.allocated  # (a new tuple, as `_record_binds` makes)
+        queue.allocated = tuple_new(
+            Resources, (held_now.cpu + cpu, held_now.memory + memory, held_now.gpu + gpu)
+        )
+    session.placed.add(job.id)
+    session.pending.pop(job.id, None)
+    return bind
+
+
 def _pick_devices(free: list[int], count: int) -> tuple[int, ...]:
     """The lowest free device indices, preferring a contiguous run (kept sorted)."""
     if count <= 0:
