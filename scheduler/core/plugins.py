@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from scheduler.core import predict, sharing
+from scheduler.core import sharing
 from scheduler.core.model import JobInfo, SchedulingPolicy, TaskInfo
 from scheduler.core.priority import Factors, fair_share_factors
 from scheduler.core.resources import DIMENSIONS, Resources
@@ -331,20 +331,19 @@ def _counted(task: TaskInfo) -> Resources:
 
 def _kept_for_reservation(session: Session, job: JobInfo) -> Resources | None:
     """What the owner's job holding EASY's reservation in the same queue will need (GPUs in
-    thousandths), if
-    backfilling `job` could take its room under the owner's limits: `job` runs past the
-    reservation's start (or for as long as nobody knows). Backfill never delays the holder,
-    whether by nodes or by its owner's limits."""
+    thousandths): a job of the same owner and queue may start only within the room the
+    holder leaves under the owner's limits, however soon it ends. One that ended before the
+    reservation's start would still hold the owner's room meanwhile: the holder would then
+    wait on its owner's limit instead of for nodes, and a job held by a limit holds no
+    reservation, so the nodes kept for it could go to others (Hypothesis found the holder
+    so delayed in test_fraction_gangs_never_delay_the_reservation). Backfill never delays
+    the holder, whether by nodes or by its owner's limits."""
     reservation = session.reservation
     if reservation is None or not reservation.placed:
         return None
     holder = reservation.job
     if holder.id == job.id or holder.queue != job.queue or holder.owner != job.owner:
         return None
-    start = reservation.start
-    ran = predict.runtime(job)
-    if start is not None and ran is not None and session.now + ran <= start:
-        return None  # it ends before the holder starts
     need = session.min_request(holder)
     return Resources(need.cpu, need.memory, session.min_gpu_milli(holder))
 

@@ -299,7 +299,9 @@ def test_a_user_limited_job_does_not_hold_up_other_users_in_backfill():
     [
         ("c", None, False),  # the holder's owner, running for as long as nobody knows
         ("c", 3000.0, False),  # past the reservation's start
-        ("c", 30.0, True),  # ends before the holder starts: its room comes back in time
+        # Ends before the holder starts, but meanwhile the holder would wait on c's limit,
+        # holding no reservation, and the nodes kept for it could go to others.
+        ("c", 30.0, False),
         ("d", None, True),  # another user: not counted against c's limit
     ],
 )
