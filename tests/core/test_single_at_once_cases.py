@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scheduler.core import actions
 from scheduler.core.cycle import run_actions
@@ -27,6 +29,8 @@ from scheduler.core.resources import Resources
 from scheduler.core.session import Plugin, Session
 from scheduler.core.types import NodeView
 from tests.core.builders import GI, NOW, POLICIES, job, node, snapshot
+from tests.core.test_properties import CONFIGS as ANY_CONFIG
+from tests.core.test_properties import FAST, clusters
 
 
 def decide(snap: Snapshot, config: SchedulingPolicy, single: bool, explain: bool) -> Any:
@@ -482,3 +486,23 @@ def test_a_replayed_trace_starts_the_same_jobs_both_ways(
     assert schedule(jobs, shortcut) == schedule(jobs, loop)
     assert shortcut.first_reservation == loop.first_reservation
     assert len(shortcut.starts) > 50
+
+
+@FAST
+@given(clusters(fraction_gangs=True), ANY_CONFIG, st.booleans())
+def test_whole_gpu_jobs_beside_fractions_place_as_the_task_loop(
+    snap: Snapshot, config: SchedulingPolicy, explain: bool
+) -> None:
+    """Shared devices everywhere: the one-task whole-GPU jobs among gangs of fractions
+    (which take the loop) bind as the loop binds them."""
+    assert decide(snap, config, True, explain) == decide(snap, config, False, explain)
+
+
+@FAST
+@given(clusters(mig=True), ANY_CONFIG, st.booleans())
+def test_cpu_jobs_beside_mig_instances_place_as_the_task_loop(
+    snap: Snapshot, config: SchedulingPolicy, explain: bool
+) -> None:
+    """GPUs cut into MIG instances: the one-task jobs asking no GPU among gangs of
+    instances (which take the loop) bind as the loop binds them."""
+    assert decide(snap, config, True, explain) == decide(snap, config, False, explain)
