@@ -99,17 +99,19 @@ def _growing() -> Snapshot:
 
 
 def _preempting() -> Snapshot:
-    """A high-priority gang that must evict: the nodes nominated for it are passed over by
-    the one-task jobs placed after it (backfill), in its queue and another."""
-    nodes = [node("n0", gpus=2, cpu=4), node("n1", gpus=2, cpu=4), node("n2", gpus=1, cpu=2)]
-    queues = [QueueInfo("default"), QueueInfo("other")]
+    """A high-priority job that must evict: the node nominated for it (n0, with room left
+    now) is passed over by the one-task jobs placed after it (backfill), in its queue and
+    another, which go elsewhere or wait."""
+    nodes = [node("n0", gpus=4, cpu=8), node("n1", gpus=2, cpu=4), node("n2", gpus=0, cpu=2)]
+    queues = [QueueInfo("default", priority=1), QueueInfo("other")]  # (default first)
     jobs = [
         job(1, cpu=4, gpu=2, running_on=[("n0", (0, 1))], priority=0, preemptible=True),
         job(2, cpu=3, gpu=1, running_on=[("n1", (0,))], priority=0, preemptible=False),
-        job(3, cpu=4, gpu=2, priority=5, walltime=600.0),
-        job(4, cpu=1, gpu=1, walltime=60.0),
-        job(5, cpu=1, walltime=60.0, queue="other"),
+        job(3, cpu=5, gpu=3, priority=5, walltime=600.0),
+        job(4, cpu=1, gpu=2, walltime=60.0),
+        job(5, cpu=3, walltime=60.0, queue="other"),
         job(6, cpu=1, gpu=1, walltime=7200.0, queue="other"),
+        job(7, cpu=2, walltime=60.0),
     ]
     return snapshot(nodes, jobs, queues)
 
@@ -142,7 +144,7 @@ def _limits_and_reservation() -> Snapshot:
     """Per-user limits beside EASY's reservation: the owner's reserved job keeps its room
     under the owner's limits from the owner's one-task jobs backfilled after it."""
     nodes = [node("n0", gpus=2, cpu=8), node("n1", gpus=2, cpu=8)]
-    queues = [QueueInfo("lim", max_user_gpus=3)]
+    queues = [QueueInfo("lim", max_user_gpus=4)]
     jobs = [
         job(1, cpu=6, gpu=2, running_on=[("n0", (0, 1))], walltime=600.0, queue="lim",
             owner="b", started_at=NOW - 100),
