@@ -18,7 +18,15 @@ from operator import attrgetter, not_
 from scheduler.core import sharing
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources, tuple_new
-from scheduler.core.session import Fits, NodeScan, Session, Shape, alike, whole_devices
+from scheduler.core.session import (
+    Fits,
+    NodeScan,
+    Session,
+    Shape,
+    alike,
+    first_taker,
+    whole_devices,
+)
 from scheduler.core.statement import Statement, commit_one
 from scheduler.core.status import Code, Status
 from scheduler.core.types import Failure, NodeView
@@ -317,24 +325,19 @@ def _place_single(
         order = session.ordered_nodes(task) if static else session.candidate_nodes(task)
     else:
         order = session.ordered_nodes(task) if session.max_devices == 0 else session.walk_once(task)
-    nominated = session.nominated
     # A test of the node alone, if the caller's `fits` has one (`one`: as `fits` for a
     # job's first task).
     one = getattr(fits, "one", None)
-    for node in order:
-        if (
-            node.free_cpu >= cpu
-            and node.free_memory >= memory
-            and len(node.free_devices) >= gpu
-            and node.name not in nominated
-            and (
-                fits is None
-                or (one(node.name, cpu, memory, gpu) if one is not None else fits(node, task))
-            )
-        ):
-            commit_one(session, job, task, node, action)
-            return True
-    return False
+    accept: Callable[[NodeView], bool] | None = None
+    if one is not None:
+        accept = lambda node: one(node.name, cpu, memory, gpu)  # noqa: E731
+    elif fits is not None:
+        accept = lambda node: fits(node, task)  # noqa: E731
+    taker = first_taker(order, task.resources, session.nominated, accept)
+    if taker is None:
+        return False
+    commit_one(session, job, task, taker, action)
+    return True
 
 
 def _allocate_tasks(

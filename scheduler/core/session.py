@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from itertools import compress, repeat
 from operator import add, attrgetter, is_, lt
 from typing import Any, cast
@@ -1024,23 +1024,38 @@ class NodeScan:
         only the scan of an alike task without devices), so none is kept."""
         session, job, fits = self.session, self.job, self.fits
         self._scan, self._last_task, self._last_node = None, task, None
-        cpu, memory, gpu = task.resources
-        nominated, predicates = session.nominated, session.placing_predicates
-        for node in order:
-            if (
-                node.free_cpu >= cpu
-                and node.free_memory >= memory
-                and len(node.free_devices) >= gpu
-                and node.name not in nominated
-                and (
-                    not predicates
-                    or all(p.predicate(session, job, task, node) is None for p in predicates)
-                )
-                and (fits is None or fits(node, task))
-            ):
-                self._last_node = node
-                return node
-        return None
+        predicates = session.placing_predicates
+
+        def accept(node: NodeView) -> bool:
+            return all(p.predicate(session, job, task, node) is None for p in predicates) and (
+                fits is None or fits(node, task)
+            )
+
+        test = accept if predicates or fits is not None else None
+        taker = first_taker(order, task.resources, session.nominated, test)
+        self._last_node = taker
+        return taker
+
+
+def first_taker(
+    order: Iterable[NodeView],
+    request: Resources,
+    nominated: Container[str],
+    accept: Callable[[NodeView], bool] | None,
+) -> NodeView | None:
+    """The first node in `order` with room for `request` (its GPUs as whole free devices),
+    not nominated for a preemptor, that `accept` (None: any) takes."""
+    cpu, memory, gpu = request
+    for node in order:
+        if (
+            node.free_cpu >= cpu
+            and node.free_memory >= memory
+            and len(node.free_devices) >= gpu
+            and node.name not in nominated
+            and (accept is None or accept(node))
+        ):
+            return node
+    return None
 
 
 _name = attrgetter("name")

@@ -146,26 +146,11 @@ class Statement:
         """The statement's allocations (one job's) as binds, and what its queue now holds."""
         session, allocations = self.session, self.allocations
         binds: list[Bind] = []
-        # One pass: each bind (`new_bind` with `sharing.instance_of`, spelled out: once per
-        # task a cycle starts) and what the job now holds (`held_resources`).
+        # One pass: each bind (`_bind`) and what the job now holds (`held_resources`).
         add = binds.append
         cpu = memory = gpu = shared = 0
         for job, task, node, devices in allocations:
-            held = node.mig_held.get(task.id) if node.mig_held else None
-            bind = _new_object(Bind)
-            _set_attribute(
-                bind,
-                "__dict__",
-                {
-                    "job_id": job.id,
-                    "task_id": task.id,
-                    "node": node.name,
-                    "devices": devices,
-                    "action": action,
-                    "instance": held[1] if held else "",
-                },  # fmt: skip
-            )
-            add(bind)
+            add(_bind(job, task, node, devices, action))
             request = task.resources
             cpu, memory = cpu + request.cpu, memory + request.memory
             if task.gpu_share:
@@ -190,6 +175,26 @@ class Statement:
         return binds
 
 
+def _bind(job: JobInfo, task: TaskInfo, node: NodeView, devices: tuple[int, ...],
+          action: str) -> Bind:  # fmt: skip
+    """`new_bind` with `sharing.instance_of`, spelled out: once per task a cycle starts."""
+    held = node.mig_held.get(task.id) if node.mig_held else None
+    bind = _new_object(Bind)
+    _set_attribute(
+        bind,
+        "__dict__",
+        {
+            "job_id": job.id,
+            "task_id": task.id,
+            "node": node.name,
+            "devices": devices,
+            "action": action,
+            "instance": held[1] if held else "",
+        },  # fmt: skip
+    )
+    return bind
+
+
 def commit_one(session: Session, job: JobInfo, task: TaskInfo, node: NodeView, action: str) -> Bind:
     """`Statement.allocate` then `commit` for a job's one task asking whole devices or
     none, on a ready node: the same changes, without a statement."""
@@ -207,20 +212,7 @@ def commit_one(session: Session, job: JobInfo, task: TaskInfo, node: NodeView, a
         devices = ()
         session.freed(node, -cpu, -memory, 0)
     session.version += 1
-    held = node.mig_held.get(task.id) if node.mig_held else None
-    bind = _new_object(Bind)
-    _set_attribute(
-        bind,
-        "__dict__",
-        {
-            "job_id": job.id,
-            "task_id": task.id,
-            "node": node.name,
-            "devices": devices,
-            "action": action,
-            "instance": held[1] if held else "",
-        },  # fmt: skip
-    )
+    bind = _bind(job, task, node, devices, action)
     session.binds.append(bind)
     session.bound.append((job, task, node, devices))
     queue = session.queues.get(job.queue)
