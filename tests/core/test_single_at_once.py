@@ -26,9 +26,21 @@ from tests.core.test_properties import CONFIGS, FAST, clusters
 
 
 def decide(snap: Snapshot, config: SchedulingPolicy, single: bool, explain: bool) -> Any:
+    return outcome(*decided(snap, config, single, explain))
+
+
+def decided(
+    snap: Snapshot, config: SchedulingPolicy, single: bool, explain: bool
+) -> tuple[Session, Any]:
+    """The session after one cycle's actions, with or without the one-task path, and what
+    the actions returned."""
     session = Session(snap, config, default_plugins(config), explain=explain)
     session.single_at_once = single
-    result = run_actions(session)
+    return session, run_actions(session)
+
+
+def outcome(session: Session, result: Any) -> tuple[Any, ...]:
+    """Everything a cycle decided or changed in its session, comparable between paths."""
     binds = [(b.job_id, b.task_id, b.node, b.devices, b.action, b.instance) for b in result.binds]
     statuses = sorted(
         (i, s.code, s.message, list(s.node_reasons.items()), s.estimated_start)

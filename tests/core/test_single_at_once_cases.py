@@ -16,7 +16,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.core import actions
-from scheduler.core.cycle import run_actions
 from scheduler.core.model import (
     JobInfo,
     PriorityWeights,
@@ -31,24 +30,12 @@ from scheduler.core.types import NodeView
 from tests.core.builders import GI, NOW, POLICIES, job, node, snapshot
 from tests.core.test_properties import CONFIGS as ANY_CONFIG
 from tests.core.test_properties import FAST, clusters
+from tests.core.test_single_at_once import decided, outcome
 
 
 def decide(snap: Snapshot, config: SchedulingPolicy, single: bool, explain: bool) -> Any:
-    session = Session(snap, config, default_plugins(config), explain=explain)
-    session.single_at_once = single
-    result = run_actions(session)
-    binds = [(b.job_id, b.task_id, b.node, b.devices, b.action, b.instance) for b in result.binds]
-    statuses = sorted(
-        (i, s.code, s.message, list(s.node_reasons.items()), s.estimated_start)
-        for i, s in result.pending.items()
-    )
-    failures = sorted(
-        (i, f.code, f.message, f.blocked_by_resources, list(f.node_reasons.items()))
-        for i, f in session.failures.items()
-    )
-    free = [(n.name, n.free_cpu, n.free_memory, n.free_devices) for n in session.nodes]
-    held = {name: (q.allocated, q.shared_gpu) for name, q in session.queues.items()}
-    evictions = [(e.job_id, e.preemptor_job_id, e.message) for e in result.evictions]
+    """`test_single_at_once.outcome`, and what the fast path touches besides."""
+    session, result = decided(snap, config, single, explain)
     bound = [(j.id, t.id, n.name, d) for j, t, n, d in session.bound]
     totals = (session.ready_free_cpu, session.ready_free_memory, session.ready_free_gpu)
     limits = [
@@ -57,8 +44,8 @@ def decide(snap: Snapshot, config: SchedulingPolicy, single: bool, explain: bool
         if isinstance(p, UserLimitPlugin) and hasattr(p, "use")
     ]
     return (
-        binds, statuses, failures, evictions, free, held, session.version, bound, totals,
-        sorted(session.placed), sorted(session.nominated), limits,
+        *outcome(session, result), bound, totals, sorted(session.placed),
+        sorted(session.nominated), limits,
     )  # fmt: skip
 
 
