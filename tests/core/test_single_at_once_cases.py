@@ -303,9 +303,8 @@ def test_hand_built_clusters_place_single_tasks_as_the_task_loop(
     assert decide(snap, policy, True, explain) == decide(snap, policy, False, explain)
 
 
-def test_the_cases_take_the_shortcut(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each case places at least one job through `_place_single` (under the default policy
-    or EASY), so the comparisons above compare something."""
+def _count_shortcuts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ids of the jobs `_place_single` places from now on (the list fills as it does)."""
     placed: list[int] = []
     place_single = actions._place_single
 
@@ -316,6 +315,13 @@ def test_the_cases_take_the_shortcut(monkeypatch: pytest.MonkeyPatch) -> None:
         return done
 
     monkeypatch.setattr(actions, "_place_single", counting)
+    return placed
+
+
+def test_the_cases_take_the_shortcut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each case places at least one job through `_place_single` (under the default policy
+    or EASY), so the comparisons above compare something."""
+    placed = _count_shortcuts(monkeypatch)
     for name, snap in CASES.items():
         placed.clear()
         for config in (POLICIES["default"], POLICIES["easy"]):
@@ -361,16 +367,7 @@ def test_growing_job_needs_its_last_task_through_the_shortcut(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Job 1 of `_growing` (a running gang missing one task) is placed by the shortcut."""
-    placed: list[int] = []
-    place_single = actions._place_single
-
-    def counting(session: Session, job: JobInfo, *args: Any) -> bool:
-        done = place_single(session, job, *args)
-        if done:
-            placed.append(job.id)
-        return done
-
-    monkeypatch.setattr(actions, "_place_single", counting)
+    placed = _count_shortcuts(monkeypatch)
     decide(_growing(), POLICIES["default"], True, True)
     assert 1 in placed and 2 not in placed
 

@@ -113,6 +113,22 @@ def test_a_job_already_being_cancelled_is_left_to_end_cancelled(
     assert (ended.state, ended.message) == ("Cancelled", "cancelled by user")
 
 
+def referable_when_ending(
+    monkeypatch: Any, module: Any, rows: dict[str, tuple[str, int]]
+) -> dict[str, bool]:
+    """Whether each of `rows` is referable at the moment `module` calls `terminate_job`
+    (its locks then held), filled in as it does."""
+    seen: dict[str, bool] = {}
+    real = module.terminate_job
+
+    def terminate(*args: Any, **kwargs: Any) -> None:
+        seen.update({name: referable(table, pk) for name, (table, pk) in rows.items()})
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "terminate_job", terminate)
+    return seen
+
+
 def referable(table: str, pk: int) -> bool:
     """Whether another transaction may reference row `pk` of `table` now, as a report's
     events and usage records do when it commits (FOR KEY SHARE), without waiting."""
@@ -138,15 +154,8 @@ def test_a_closing_session_leaves_its_owner_and_job_referable(
     agent's report (PostgreSQL: a 500 to the agent, a session left open, its job running)."""
     Queue.objects.get_or_create(name="default")  # a flushed database has none
     job, session = open_shell(api, owner)
-    seen: dict[str, bool] = {}
-    real = terminals.terminate_job
-
-    def terminate(*args: Any, **kwargs: Any) -> None:
-        seen["owner"] = referable(User._meta.db_table, owner.pk)
-        seen["job"] = referable(Job._meta.db_table, job.pk)
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(terminals, "terminate_job", terminate)
+    rows = {"owner": (User._meta.db_table, owner.pk), "job": (Job._meta.db_table, job.pk)}
+    seen = referable_when_ending(monkeypatch, terminals, rows)
     assert terminals.close_session(session.key, "Exited", "", 0)
     assert seen == {"owner": True, "job": True}
     assert Job.objects.get(pk=job.pk).terminal_state == "Succeeded"
@@ -164,14 +173,7 @@ def test_a_cancel_carried_out_leaves_the_job_referable(
 
     Queue.objects.get_or_create(name="default")  # a flushed database has none
     job, _session = open_shell(api, owner)
-    seen: dict[str, bool] = {}
-    real = requests.terminate_job
-
-    def terminate(*args: Any, **kwargs: Any) -> None:
-        seen["job"] = referable(Job._meta.db_table, job.pk)
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(requests, "terminate_job", terminate)
+    seen = referable_when_ending(monkeypatch, requests, {"job": (Job._meta.db_table, job.pk)})
     assert api(owner).post(f"/api/v1/jobs/{job.pk}/cancel/").status_code in (200, 202)
     requests.process_requests()
     assert seen == {"job": True}
