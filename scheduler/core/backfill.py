@@ -340,9 +340,7 @@ def _runs_past(session: Session, job: JobInfo, reservation: Reservation) -> bool
     """Must a backfilled job's tasks fit around the reservation (`_AroundReservation`)?"""
     if not reservation.placed:
         return False  # the reserved job fits nowhere for now: nothing to protect
-    start, ran = reservation.start, job.walltime  # (`predict.runtime`, spelled out)
-    if ran is not None and job.predicted is not None and job.predicted < ran:
-        ran = job.predicted
+    start, ran = reservation.start, predict.runtime(job)
     # (False: it ends before the reservation starts, by walltime or prediction.)
     return not (start is not None and ran is not None and session.now + ran <= start)
 
