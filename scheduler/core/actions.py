@@ -76,6 +76,8 @@ def enqueue(session: Session) -> None:
             session.failures[job.id] = Failure(invalid.code, invalid.message, False)
         except Exception as exc:  # noqa: BLE001 - fault isolation is the point
             record_fault(session, job, exc)
+    if session.alike_refusals:
+        session.prefill_alike_keys(session.candidates)
 
 
 def _valid_queues(session: Session) -> set[str]:
@@ -183,18 +185,21 @@ class Memo:
 
 
 def place(
-    session: Session, job: JobInfo, action: str, memo: Memo, fits: Fits | None = None
-) -> Failure | None:
+    session: Session, job: JobInfo, action: str, memo: Memo, fits: Fits | None = None,
+    need: int | None = None, shape: Shape | None = None,
+) -> Failure | None:  # fmt: skip
     """Place the job's tasks all or nothing: the gang's `needed` tasks at once, the rest best
-    effort within the queue's capability, in one statement."""
-    need = session.need.get(job.id)  # `needed`
+    effort within the queue's capability, in one statement. A caller that has the job's
+    `needed` and `shape` at hand passes them (both, or neither)."""
     if need is None:
-        need = job.min_available
+        need = session.need.get(job.id)  # `needed`
+        if need is None:
+            need = job.min_available
+        shape = session.shape(job)
     queue = session.queues[job.queue]
     over = session.overused(queue, job)
     if over is not None:
         return Failure(over.code, over.message, False)
-    shape = session.shape(job)
     key = None if shape is None else (shape, job.queue)  # `Memo.key`
     known = memo.max_placeable.get(key) if key is not None else None
     if known is not None:

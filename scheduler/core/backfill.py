@@ -116,44 +116,55 @@ class _Backfill:
         around = reservation is not None and _runs_past(session, job, reservation)
         # `_alike` and `_unchanged`, spelled out: every job that waits comes through here.
         alike: tuple[object, ...] | None = None
+        key = None
         if (  # (`job.is_candidate`, spelled out)
             session.alike_refusals
             and job.state in ("Pending", "Suspended")
             and not job.suspend_requested
         ):
-            need = session.need.get(job.id)  # `needed`
-            if (job.min_available if need is None else need) > 0:
-                key = session.alike_key(job)
-                if key is not None:
-                    alike = (key, not around)
-                    kept_alike = self.alike_refused.get(alike)
-                    if kept_alike is not None:
-                        state = kept_alike[0]
-                        memo = self.spare_memo if around else self.free_memo
-                        if (
-                            state[0] is reservation
-                            and state[1] is memo.max_placeable.get((key[0], key[1]))
-                            # (None: binds never matter in its queue, `_version`)
-                            and (state[2] is None or state[2] == session.version)
-                        ):
-                            session.failures[job.id] = kept_alike[1]
-                            session.pending[job.id] = kept_alike[2]
-                            return
+            # (Its gang size, `needed`, is in its key: enqueue made the keys, in snapshot
+            # order, `prefill_alike_keys`; a job without one has none to be refused by.)
+            key = session.alike_key(job)
+            if key is not None and key[2] > 0:
+                alike = (key, not around)
+                kept_alike = self.alike_refused.get(alike)
+                if kept_alike is not None:
+                    state = kept_alike[0]
+                    memo = self.spare_memo if around else self.free_memo
+                    if (
+                        state[0] is reservation
+                        and state[1] is memo.max_placeable.get((key[0], key[1]))
+                        # (None: binds never matter in its queue, `_version`)
+                        and (state[2] is None or state[2] == session.version)
+                    ):
+                        session.failures[job.id] = kept_alike[1]
+                        session.pending[job.id] = kept_alike[2]
+                        return
         # The extra test its tasks must pass so the reservation is not delayed.
         fits = _AroundReservation(reservation.spare) if around and reservation else None
-        self._try(job, reservation, fits)
+        self._try(job, reservation, fits, key)
         if alike is not None and job.id not in session.placed:
             self._keep_refusal(job, alike, reservation)
 
-    def _try(self, job: JobInfo, reservation: Reservation | None, fits: Fits | None) -> None:
-        """Place the job now (around the reservation, if it must), or say why it waits."""
+    def _try(
+        self,
+        job: JobInfo,
+        reservation: Reservation | None,
+        fits: Fits | None,
+        key: tuple[Any, ...] | None = None,
+    ) -> None:
+        """Place the job now (around the reservation, if it must), or say why it waits
+        (`key`: its alike key, if `one` has it: its shape and gang size for `place`)."""
         session = self.session
         if fits is not None and not session.explain_failures and session.gang_decides:
             assert reservation is not None  # (`total_refusal` says None otherwise)
             if self._refused(job, _refusal_by_spare(session, job, reservation)):
                 return
         memo = self.free_memo if fits is None else self.spare_memo
-        failure = place(session, job, "backfill", memo, fits)
+        if key is None:
+            failure = place(session, job, "backfill", memo, fits)
+        else:
+            failure = place(session, job, "backfill", memo, fits, key[2], key[0])
         if failure is None:
             if reservation is not None and fits is not None:
                 _consume_spare(session, job, reservation)

@@ -394,11 +394,18 @@ class BinpackPlugin(Plugin):
     name = "binpack"
     static_node_order = True
 
+    def __init__(self) -> None:
+        # (id of a list of groups, request) -> (the list, its groups' `scan_buckets`)
+        self.scans: dict[
+            tuple[int, Resources],
+            tuple[list[LabelGroup], list[dict[int, dict[str, NodeView]]]],
+        ] = {}
+
     def node_order(
         self, session: Session, task: TaskInfo, groups: list[LabelGroup]
     ) -> Iterator[NodeView]:
         # Nodes with too little cpu or memory free for any pending task are left out.
-        scans = [group.scan_buckets(task.resources) for group in groups]
+        scans = self._scans(task.resources, groups)
         # A scan for a task with devices is never resumed after a placement (`NodeScan`
         # starts over for each such task), and one `Session.walk_once` asks for changes
         # nothing while it walks: nothing moves while it walks a bucket, so it need not
@@ -408,6 +415,22 @@ class BinpackPlugin(Plugin):
         # A fraction may also go on a node without a whole free device (onto a shared one).
         least = 0 if task.gpu_share else task.resources.gpu
         return _binpack_walk(scans, range(least, session.max_devices + 1), lazy)
+
+    def _scans(
+        self, request: Resources, groups: list[LabelGroup]
+    ) -> list[dict[int, dict[str, NodeView]]]:
+        """Each group's `scan_buckets` for `request`, kept per request and list of groups
+        (a group's buckets are the same dicts as long as the group lives: only what they
+        hold changes; a list of groups not seen before, as after the index is rebuilt, is
+        asked again)."""
+        known = self.scans.get((id(groups), request))
+        if known is not None and known[0] is groups:
+            return known[1]
+        if len(self.scans) >= 256:
+            self.scans.clear()
+        scans = [group.scan_buckets(request) for group in groups]
+        self.scans[(id(groups), request)] = (groups, scans)
+        return scans
 
 
 def _binpack_walk(

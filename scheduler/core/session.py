@@ -195,6 +195,10 @@ class Session:
         self._min_requests: dict[int, Resources] = {}
         self._gang_runs: dict[int, list[tuple[TaskInfo, int]]] = {}
         self._alike_keys: dict[int, tuple[Shape, str, int, str] | None] = {}
+        # One object per distinct alike key, which `_alike_keys` holds (`_interned_one`): a
+        # backlog has a few dozen, so hashing and comparing them (and their shapes) finds
+        # them in the cache, where each job's own copy lay wherever the job was made.
+        self._interned: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._job_keys: dict[int, tuple[Any, ...]] = {}
         self._eligible: dict[Shape, list[NodeView]] = {}
         self._eligible_names: dict[Shape, list[str]] = {}
@@ -533,23 +537,49 @@ class Session:
         self._shapes[job.id] = shape
         return shape
 
+    def _interned_one(self, value: tuple[Any, ...]) -> Any:
+        """The one object equal to `value` that alike keys use (`_interned`; forgotten
+        past 4096 of them: equal values stay equal, only the sharing stops)."""
+        interned = self._interned
+        known = interned.get(value)
+        if known is None:
+            if len(interned) >= 4096:
+                interned.clear()
+            known = interned[value] = value
+        return known
+
     def alike_key(self, job: JobInfo) -> tuple[Shape, str, int, str] | None:
         """(shape, queue, gang size, owner) of a job whose pending tasks are alike, else
         None; the owner only in a queue with per-user limits (elsewhere it is "")."""
         key = self._alike_keys.get(job.id, _UNKNOWN)
         if key is _UNKNOWN:
-            shape = self._shapes.get(job.id, _UNKNOWN)
-            if shape is _UNKNOWN:
-                shape = self._new_shape(job)
-            if shape is None:
-                key = None
-            else:
-                owner = job.owner if job.queue in self.user_limited else ""
-                need = self.need.get(job.id)  # `needed`
-                need = job.min_available if need is None else need
-                key = (shape, job.queue, need, owner)
-            self._alike_keys[job.id] = key
+            key = self._new_alike_key(job)
         return key  # type: ignore[no-any-return]
+
+    def _new_alike_key(self, job: JobInfo) -> tuple[Shape, str, int, str] | None:
+        """`alike_key`, worked out and kept."""
+        shape = self._shapes.get(job.id, _UNKNOWN)
+        if shape is _UNKNOWN:
+            shape = self._new_shape(job)
+        key = None
+        if shape is not None:
+            owner = job.owner if job.queue in self.user_limited else ""
+            need = self.need.get(job.id)  # `needed`
+            need = job.min_available if need is None else need
+            key = self._interned_one((shape, job.queue, need, owner))
+        self._alike_keys[job.id] = key
+        return key
+
+    def prefill_alike_keys(self, jobs: list[JobInfo]) -> None:
+        """`alike_key` of each of `jobs`, made now (each is kept until its job's pending
+        tasks change: asked later, it is the same). Made in snapshot order, the jobs, their
+        tasks and the keys are walked in the order they lie in memory; asked first in
+        priority order (backfill's), each job's key cost about four times as much, in
+        cache misses."""
+        known, new = self._alike_keys, self._new_alike_key
+        for job in jobs:
+            if job.id not in known:
+                new(job)
 
     def gang_runs(self, job: JobInfo) -> list[tuple[TaskInfo, int]]:
         """The gang (the first `needed` pending tasks) as runs of consecutive alike tasks:
