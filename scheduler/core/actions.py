@@ -63,13 +63,18 @@ def enqueue(session: Session) -> None:
             session.set_pending(session.jobs[job_id], problem)
             session.failures[job_id] = Failure(problem.code, problem.message, False)
         return
-    valid, pending_tasks, queues = session.job_valid, session.pending_tasks, session.queues
+    valid, queues = session.job_valid, session.queues
     valid_queues = _valid_queues(session)
-    for job in session.in_key_order(session.candidates):
+    jobs = session.candidates
+    # Whether each has a pending task, asked in snapshot order (where the jobs and their
+    # tasks lie in memory one after the other), read by position in key order.
+    waiting = list(map(bool, map(session.pending_tasks, jobs)))
+    for i in session.key_order(jobs):
+        job = jobs[i]
         try:  # `guarded`, without a closure per job
             invalid = None if job.queue in valid_queues else valid(job)
             if invalid is None:
-                if pending_tasks(job):
+                if waiting[i]:
                     queues[job.queue].jobs.append(job)
                 continue
             session.set_pending(job, invalid)

@@ -679,13 +679,17 @@ class Session:
         """`sorted(jobs, key=self.job_key)`: keyed in one pass where the plugin can
         (`key_all`), then sorted by the keys without a call per job (each ends with the
         job's id: no two are equal)."""
+        return list(map(jobs.__getitem__, self.key_order(jobs)))
+
+    def key_order(self, jobs: list[JobInfo]) -> list[int]:
+        """The positions in `jobs` of `in_key_order`'s jobs, in its order."""
         self.key_all(jobs)
         known = cast(Callable[[int], tuple[Any, ...]], self._job_keys.get)  # (None: not made)
         keys = list(map(known, map(_job_id, jobs)))
         if None in keys:
-            return sorted(jobs, key=self.job_key)
+            keys = list(map(self.job_key, jobs))
         at: Callable[[int], tuple[Any, ...]] = keys.__getitem__
-        return list(map(jobs.__getitem__, sorted(range(len(jobs)), key=at)))
+        return sorted(range(len(jobs)), key=at)
 
     def refresh_keys(self) -> None:
         """Work out every job's key again and reorder the queues by them (a standing

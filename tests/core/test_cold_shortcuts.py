@@ -6,11 +6,14 @@ long way does:
 - backfill hands `place` the gang size and shape from the job's alike key, rather than
   `place` looking them up again;
 - the binpack order keeps each list of label groups' `scan_buckets` per request
-  (`BinpackPlugin._scans`).
+  (`BinpackPlugin._scans`);
+- enqueue asks whether each candidate has a pending task in snapshot order and reads the
+  answers by position in key order (`Session.key_order`).
 
-Each cluster runs a cycle with them and with all three undone, and needs the same outcome
-(`test_single_at_once.outcome`: binds, statuses, failures, evictions, free resources per
-node, queue holdings, session version); what makes each right is checked on its own."""
+Each cluster runs a cycle with the first three and with them undone, and needs the same
+outcome (`test_single_at_once.outcome`: binds, statuses, failures, evictions, free resources
+per node, queue holdings, session version), and enqueue admits as the one-by-one loop did;
+what makes each right is checked on its own."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.core import backfill as backfill_module
+from scheduler.core.actions import enqueue
 from scheduler.core.cycle import run_actions
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot
 from scheduler.core.plugins import BinpackPlugin, default_plugins
@@ -170,3 +174,32 @@ def test_binpack_keeps_the_scans_of_each_request_apart() -> None:
             scans = binpack._scans(request, groups)
             assert all(s is g.scan_buckets(request) for s, g in zip(scans, groups, strict=True))
     assert groups[0].scan_buckets(small) is not groups[0].scan_buckets(roomy)
+
+
+def _enqueue_one_by_one(session: Session) -> None:
+    """Enqueue as it was before it read each job's pending tasks by position: job by job
+    in key order."""
+    for job in sorted(session.candidates, key=session.job_key):
+        invalid = session.job_valid(job)
+        if invalid is None:
+            if session.pending_tasks(job):
+                session.queues[job.queue].jobs.append(job)
+            continue
+        session.set_pending(job, invalid)
+
+
+def _admitted(session: Session) -> tuple[Any, ...]:
+    queues = {name: [j.id for j in q.jobs] for name, q in session.queues.items()}
+    return queues, list(session.pending.items())
+
+
+@FAST
+@given(st.one_of(alike_clusters(), clusters()), CONFIGS)
+def test_enqueue_admits_as_job_by_job(snap: Snapshot, config: SchedulingPolicy) -> None:
+    """The same jobs in each queue, in the same order, and the same statuses in the same
+    order as the one-by-one loop."""
+    fast = Session(snap, config, default_plugins(config))
+    enqueue(fast)
+    slow = Session(snap, config, default_plugins(config))
+    _enqueue_one_by_one(slow)
+    assert _admitted(fast) == _admitted(slow)
