@@ -206,6 +206,8 @@ class Session:
         # Each node's kind (numbered as first seen), in position order, and the first node
         # of each kind (`_reasons_by_kind`).
         self._node_kinds: tuple[list[int], list[NodeView]] | None = None
+        # Each node name's positions in `nodes` (`_nominated_marks`), made when first asked.
+        self._node_positions: dict[str, list[int]] | None = None
         self.ever_fits: dict[tuple[Shape, int], bool] = {}
         self.refusals: dict[tuple[Shape | None, int], Failure] = {}
         # The backfill's quick refusals, with the state they were made in (what is free and
@@ -923,7 +925,8 @@ class Session:
         if task.gpu_share:
             seen, seen_first = self._node_reasons(task, eligible, positions)
         else:
-            seen, seen_first = _short_of(task.resources, eligible, positions, self.nominated)
+            nominated = self._nominated_marks(eligible, positions)
+            seen, seen_first = _short_of(task.resources, eligible, positions, nominated)
         for reason, position in seen_first.items():
             known = first.get(reason)
             if known is None or position < known:  # (a static reason may come later)
@@ -936,6 +939,28 @@ class Session:
         )
         detail = f"0/{len(self.nodes)} nodes fit: {parts}" if parts else "no nodes"
         return detail, could_fit, dict(counts)
+
+    def _nominated_marks(self, eligible: list[NodeView], positions: list[int]) -> int:
+        """`_marks` of whether each of `eligible` (the nodes at `positions`, ascending) is
+        nominated for a preempting job: found by position for a few nominated nodes (a
+        preemption nominates the nodes of one gang), not by asking each eligible node."""
+        nominated = self.nominated
+        if not nominated:
+            return 0
+        if len(nominated) > 64:
+            return _marks(map(nominated.__contains__, map(_name, eligible)))
+        at = self._node_positions
+        if at is None:
+            at = self._node_positions = {}
+            for position, node in enumerate(self.nodes):
+                at.setdefault(node.name, []).append(position)
+        marks = 0
+        for name in nominated:
+            for position in at.get(name, ()):
+                i = bisect.bisect_left(positions, position)
+                if i < len(positions) and positions[i] == position:
+                    marks |= 1 << (i << 3)  # (its byte: one per eligible node)
+        return marks
 
     def _node_reasons(
         self, task: TaskInfo, eligible: list[NodeView], positions: list[int]
@@ -1100,16 +1125,17 @@ _free_devices = attrgetter("free_devices")
 
 
 def _short_of(
-    request: Resources, eligible: list[NodeView], positions: list[int], nominated: set[str]
+    request: Resources, eligible: list[NodeView], positions: list[int], nominated: int
 ) -> tuple[dict[str, int], dict[str, int]]:
     """`Session._node_reasons` for a task asking whole devices, in whole-list passes rather
-    than a test per node: a node is nominated for a preempting job, else short of cpu, else
-    of memory, else of devices, else it is held for the reservation.
+    than a test per node: a node is nominated for a preempting job (`nominated`: the
+    `_marks` of which are, `Session._nominated_marks`), else short of cpu, else of memory,
+    else of devices, else it is held for the reservation.
 
     Each test's answers are one byte per node (1: it gives the reason) read as one integer,
     so combining them, counting and finding the first are integer operations."""
     cpu, memory, gpu = request
-    before = _marks(map(nominated.__contains__, map(_name, eligible))) if nominated else 0
+    before = nominated
     everyone = int.from_bytes(b"\x01" * len(eligible), "little")
     seen: dict[str, int] = {}
     seen_first: dict[str, int] = {}

@@ -8,16 +8,19 @@ long way does:
 - the binpack order keeps each list of label groups' `scan_buckets` per request
   (`BinpackPlugin._scans`);
 - enqueue asks whether each candidate has a pending task in snapshot order and reads the
-  answers by position in key order (`Session.key_order`).
+  answers by position in key order (`Session.key_order`);
+- `explain` finds the nodes nominated for a preempting job by position
+  (`Session._nominated_marks`), not by asking each eligible node.
 
 Each cluster runs a cycle with the first three and with them undone, and needs the same
 outcome (`test_single_at_once.outcome`: binds, statuses, failures, evictions, free resources
-per node, queue holdings, session version), and enqueue admits as the one-by-one loop did;
-what makes each right is checked on its own."""
+per node, queue holdings, session version), enqueue admits as the one-by-one loop did, and
+`_short_of` says what the test per node says; what makes each right is checked on its own."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,6 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.core import backfill as backfill_module
+from scheduler.core import session as session_module
 from scheduler.core.actions import enqueue
 from scheduler.core.cycle import run_actions
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot
@@ -203,3 +207,38 @@ def test_enqueue_admits_as_job_by_job(snap: Snapshot, config: SchedulingPolicy) 
     slow = Session(snap, config, default_plugins(config))
     _enqueue_one_by_one(slow)
     assert _admitted(fast) == _admitted(slow)
+
+
+def _short_of_both_ways(session: Session, rng: random.Random) -> int:
+    """For each pending task asking whole devices: `_short_of` with the nominated nodes
+    found by position (`_nominated_marks`) says what the test per node says
+    (`_node_reasons`), for nominated sets of every size (some names of no node); how many
+    were compared."""
+    names = [n.name for n in session.nodes] + ["ghost"]
+    compared = 0
+    for job in session.candidates:
+        for task in session.pending_tasks(job):
+            if task.gpu_share:
+                continue
+            eligible = session.eligible_nodes(job, task)
+            positions = session._static_reasons(job, task)[1]
+            for size in (0, 1, 3, 65, 200):
+                session.nominated = set(rng.choices(names, k=size))
+                marks = session._nominated_marks(eligible, positions)
+                fast = session_module._short_of(task.resources, eligible, positions, marks)
+                assert fast == session._node_reasons(task, eligible, positions)
+                compared += 1
+    return compared
+
+
+def test_nominated_nodes_found_by_position_as_by_asking_each() -> None:
+    compared = 0
+    for seed in range(60):
+        rng = random.Random(seed)
+        snap = random_snapshot(rng)
+        if seed % 3 == 0:  # two nodes of one name: both are nominated by it
+            snap.nodes.append(replace(snap.nodes[0]))
+        config = POLICIES[sorted(POLICIES)[seed % len(POLICIES)]]
+        session, _result = _cycle(snap, config, True)  # (free resources of every kind)
+        compared += _short_of_both_ways(session, rng)
+    assert compared > 500
