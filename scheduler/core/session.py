@@ -1229,7 +1229,15 @@ def _sort_out(
         state = job.state
         if state == "Running":
             running.append(job)
-            if not grows(job):
+            # (`grows`, spelled out: a task left to place, none being released)
+            left = False
+            for task in job.tasks:
+                if task.state == "Pending":
+                    left = True
+                elif task.state == "Releasing":
+                    left = False
+                    break
+            if not left or job.suspend_requested:
                 holders.append(job)
                 continue
         elif job.suspend_requested or (state != "Pending" and state != "Suspended"):
