@@ -649,10 +649,11 @@ Fractions = list[tuple[str, JobInfo, TaskInfo]]
 
 def _fractions(session: Session) -> Fractions:
     """Each fraction of a device (not a MIG instance) running on a node, with its node's
-    name and its job, in node order."""
+    name and its job, in node order. Only on the nodes that held fractions when the session
+    opened, unless it is a standing one (whose nodes' tasks change between cycles)."""
     return [
         (node.name, job, task)
-        for node in session.nodes
+        for node in (session.nodes if session.standing else session.fraction_nodes)
         for job, task in node.tasks
         if task.gpu_share and not task.gpu_mig
     ]

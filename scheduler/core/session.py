@@ -240,8 +240,10 @@ class Session:
         # Per shared device, the task whose end gives it back whole (`sharing.releasers`:
         # only nodes holding fractions have any); none for a device a fraction bound since
         # holds (node, device: `pinned`).
-        shared_nodes = [n for n in self.nodes if n.name in fractions] if fractions else []
-        self.releasers = sharing.releasers(shared_nodes, self.leaves_at)
+        # (What runs on a node changes only in a standing session, between cycles: until
+        # then these are the nodes holding fractions.)
+        self.fraction_nodes = [n for n in self.nodes if n.name in fractions] if fractions else []
+        self.releasers = sharing.releasers(self.fraction_nodes, self.leaves_at)
         self.pinned: set[tuple[str, int]] = set()
         self.add_ends(started)  # one sort for the whole cluster, not one per node
 

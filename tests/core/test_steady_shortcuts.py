@@ -173,6 +173,7 @@ class OldSession(Session):
         self.walltime_ends = []
         self.releasing = 0
         self.releasers = sharing.releasers(self.nodes, self.leaves_at)
+        self.fraction_nodes = self.nodes  # (before: every node was looked through)
         self.pinned = set()
         on_nodes: list[tuple[JobInfo, TaskInfo, str]] = []
         for n in self.nodes:
@@ -303,7 +304,10 @@ POLICY = SchedulingPolicy()
 @pytest.mark.parametrize("seed", range(300))
 def test_a_session_opens_as_it_did(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     snap = random_snapshot(random.Random(seed))
-    now = opened(Session(snap, POLICY, default_plugins(POLICY)))
+    session = Session(snap, POLICY, default_plugins(POLICY))
+    now = opened(session)
+    holding = [n for n in session.nodes if any(t.gpu_share and not t.gpu_mig for _, t in n.tasks)]
+    assert session.fraction_nodes == holding
     with monkeypatch.context() as patched:
         patched.setattr(session_module, "_sort_out", old_sort_out)
         before = opened(OldSession(snap, POLICY, default_plugins(POLICY)))
