@@ -6,6 +6,7 @@ with CI=true such a skip is turned into a failure, so CI can never pass by skipp
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from collections.abc import AsyncGenerator, Callable, Generator
@@ -89,12 +90,35 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
 def _no_task_cgroups_left() -> Generator[None]:
     """Agents run as root (here and as subprocesses: run_agent, up, the e2e clusters) make
     task cgroups under this process's cgroup; one killed on purpose (a node that dies) leaves
-    them. After the run, those made during it are killed and removed."""
+    them. After the run, those made during it are killed and removed.
+
+    Only when no other test run is under way on this machine: the folders are named after
+    nodes, not runs, so a run's new folders may be another run's live agents' (their tasks
+    were SIGKILLed when two runs overlapped). Each run holds a shared lock on
+    `RUNS_LOCK` while it runs; the reap takes it exclusively, or is left to the last run."""
+    lock = open(RUNS_LOCK, "a+")  # noqa: SIM115 - held for the whole run
+    fcntl.flock(lock, fcntl.LOCK_SH)
     before = _agent_cgroups()
-    yield
+    try:
+        yield
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # another run is under way: its agents may own the new folders
+        else:
+            _reap(_agent_cgroups() - before)
+        lock.close()
+
+
+RUNS_LOCK = "/tmp/berth-test-runs.lock"
+
+
+def _reap(names: set[str]) -> None:
     from scheduler.agent.fence import Fence
 
-    for name in sorted(_agent_cgroups() - before):
+    for name in sorted(names):
         fence = Fence("best-effort", base_name=name)
         fence.setup()
         fence.reap(set())

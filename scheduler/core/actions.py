@@ -641,20 +641,42 @@ def _evict_for(session: Session, reason: str, select: Select) -> None:
         if f.blocked_by_resources and i not in session.pipelined and i not in session.placed
     ]
     waiting.sort(key=session.job_key)
+    if not waiting:
+        return
+    # What runs on the nodes changes only between cycles (binds and evictions leave
+    # `NodeView.tasks` as it is): their fractions are looked for once, not per waiting job.
+    fractions = _fractions(session)
     for job in waiting[:MAX_EVICTION_ATTEMPTS]:
 
         def work(job: JobInfo = job) -> None:
-            _evict_one(session, job, reason, select)
+            _evict_one(session, job, reason, select, fractions)
 
         guarded(session, job, work)
 
 
-def _future_room(session: Session) -> tuple[dict[str, Resources], _SharedDevices]:
+Fractions = list[tuple[str, JobInfo, TaskInfo]]
+
+
+def _fractions(session: Session) -> Fractions:
+    """Each fraction of a device (not a MIG instance) running on a node, with its node's
+    name and its job, in node order. Only on the nodes that held fractions when the session
+    opened, unless it is a standing one (whose nodes' tasks change between cycles)."""
+    return [
+        (node.name, job, task)
+        for node in (session.nodes if session.standing else session.fraction_nodes)
+        for job, task in node.tasks
+        if task.gpu_share and not task.gpu_mig
+    ]
+
+
+def _future_room(
+    session: Session, fractions: Fractions | None = None
+) -> tuple[dict[str, Resources], _SharedDevices]:
     """What each ready node will have once the tasks being released are gone (a shared
     device whose every occupant is being released comes back whole), and its shared
-    devices' occupants that still hold them."""
+    devices' occupants that still hold them (`fractions`: `_fractions(session)`)."""
     room = {}
-    shared = _SharedDevices(session)
+    shared = _SharedDevices(session, fractions)
     released, nominated = shared.released, session.nominated
     for node in session.nodes:
         if node.ready and node.name not in nominated:
@@ -675,18 +697,15 @@ class _SharedDevices:
     running, not being released, not evicted. Evicting its last holder gives the device
     back whole, so a whole-GPU job may preempt the fractions on it (within the policy)."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, fractions: Fractions | None = None) -> None:
         self.holding: Counter[tuple[str, int]] = Counter()
         occupied: set[tuple[str, int]] = set()
-        for node in session.nodes:
-            for job, task in node.tasks:
-                if not task.gpu_share or task.gpu_mig:
-                    continue
-                gone = task.state == "Releasing" or job.suspend_requested
-                for device in task.devices:
-                    occupied.add((node.name, device))
-                    if not gone and job.id not in session.evicted:
-                        self.holding[(node.name, device)] += 1
+        for name, job, task in _fractions(session) if fractions is None else fractions:
+            gone = task.state == "Releasing" or job.suspend_requested
+            for device in task.devices:
+                occupied.add((name, device))
+                if not gone and job.id not in session.evicted:
+                    self.holding[(name, device)] += 1
         # Per node, its shared devices whose every occupant is being released.
         self.released: Counter[str] = Counter(n for n, d in occupied if not self.holding[(n, d)])
 
@@ -703,10 +722,12 @@ class _SharedDevices:
         return whole
 
 
-def _evict_one(session: Session, job: JobInfo, reason: str, select: Select) -> None:
+def _evict_one(
+    session: Session, job: JobInfo, reason: str, select: Select, fractions: Fractions
+) -> None:
     if any(task.gpu_mig for task in session.pending_tasks(job)):
         return  # the whole-device sums below cannot see MIG instances: it waits for one
-    room, shared = _future_room(session)
+    room, shared = _future_room(session, fractions)
     placement = simulate(session, job, room)
     if placement is not None:
         _pipeline(session, job, placement, [])
@@ -714,7 +735,7 @@ def _evict_one(session: Session, job: JobInfo, reason: str, select: Select) -> N
     victims = select(job, [j for j in session.running if j.id not in session.evicted])
     if not victims:
         return
-    victims.sort(key=lambda v: (v.priority, _size(v), -(_start(v))))
+    victims.sort(key=_victim_key)
     fits = _GangRoom.of(session, job, room)
     chosen: list[JobInfo] = []
     for victim in victims:
@@ -725,13 +746,36 @@ def _evict_one(session: Session, job: JobInfo, reason: str, select: Select) -> N
             break
     if placement is None:
         return
-    # Keep only the victims the placement really needs, cheapest set first.
-    for victim in list(reversed(chosen[:-1])):
+    chosen, placement = _needed(session, job, room, chosen, placement, fits, shared)
+    statement = Statement(session)
+    for victim in chosen:
+        statement.evict(victim, reason, job)
+    statement.commit(reason)
+    _pipeline(session, job, placement, chosen)
+
+
+def _needed(
+    session: Session,
+    job: JobInfo,
+    room: dict[str, Resources],
+    chosen: list[JobInfo],
+    placement: dict[str, Resources],
+    fits: _GangRoom | None,
+    shared: _SharedDevices,
+) -> tuple[list[JobInfo], dict[str, Resources]]:
+    """Of the `chosen` victims, with whom the job fits (`placement`), only those the
+    placement really needs, cheapest set first, and the placement without the others:
+    each but the last, from the last back, is let go if the job fits without it. (Marked,
+    not removed one by one: a gang of whole nodes may take thousands of victims, and each
+    removal would search the list.)"""
+    needed = [True] * len(chosen)
+    for i in range(len(chosen) - 2, -1, -1):
+        victim = chosen[i]
         _free_into(room, victim, -1, fits, shared)
         if fits is not None:
             # The sums say whether it still fits; the placement is made once, at the end.
             if fits.enough():
-                chosen.remove(victim)
+                needed[i] = False
             else:
                 _free_into(room, victim, +1, fits, shared)
             continue
@@ -739,16 +783,13 @@ def _evict_one(session: Session, job: JobInfo, reason: str, select: Select) -> N
         if trial is None:
             _free_into(room, victim, +1, None, shared)
         else:
-            chosen.remove(victim)
+            needed[i] = False
             placement = trial
     if fits is not None:
-        placement = simulate(session, job, room)  # the room of the last victim let go
-        assert placement is not None  # the sums said it fits
-    statement = Statement(session)
-    for victim in chosen:
-        statement.evict(victim, reason, job)
-    statement.commit(reason)
-    _pipeline(session, job, placement, chosen)
+        found = simulate(session, job, room)  # the room of the last victim let go
+        assert found is not None  # the sums said it fits
+        placement = found
+    return list(compress(chosen, needed)), placement
 
 
 def _pipeline(
@@ -825,16 +866,18 @@ class _GangRoom:
         return self.total >= self.count
 
 
-def _size(job: JobInfo) -> tuple[int, int, int]:
-    """What a victim holds, GPUs first (in thousandths: a fraction as its share)."""
-    held = Resources()
-    gpu = 0
+def _victim_key(job: JobInfo) -> tuple[int, tuple[int, int, int], float]:
+    """Victims are taken lowest priority first, then smallest (what they hold, GPUs first,
+    in thousandths: a fraction as its share; then cpu, memory), then latest started (the
+    latest start of any of their tasks)."""
+    gpu = cpu = memory = 0
+    start: float | None = None
     for task in job.tasks:
         if task.state in ("Assigned", "Running"):
-            held = held + task.resources
+            cpu += task.resources.cpu
+            memory += task.resources.memory
             gpu += sharing.gpu_milli(task)
-    return (gpu, held.cpu, held.memory)
-
-
-def _start(job: JobInfo) -> float:
-    return max((t.started_at or 0.0 for t in job.tasks), default=0.0)
+        started = task.started_at or 0.0
+        if start is None or started > start:
+            start = started
+    return (job.priority, (gpu, cpu, memory), -(start if start is not None else 0.0))

@@ -19,7 +19,7 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator
 from itertools import compress, repeat
-from operator import add, attrgetter, is_, lt
+from operator import add, attrgetter, is_, itemgetter, lt
 from typing import Any, cast
 
 from scheduler.core import gpushare, predict, sharing
@@ -162,8 +162,8 @@ class Session:
         # candidate for the rest, unless it is being stopped.
         self.candidates, self.need, self.running, pending, holders = _sort_out(snapshot.jobs)
         self._open_caches(pending)
-        self._load_running(holders if len(self.jobs) == len(snapshot.jobs) else self.jobs.values())
-        self._open_totals()
+        loaded = holders if len(self.jobs) == len(snapshot.jobs) else self.jobs.values()
+        self._open_totals(*self._load_running(loaded))
         # A standing session keeps its queues' admitted jobs between cycles, and why it
         # refused the others (job -> status).
         self.standing = False
@@ -227,26 +227,30 @@ class Session:
         # job -> the estimated start of the first reservation it held (with a known start)
         self.reservation_starts: dict[int, float] = {}
 
-    def _open_totals(self) -> None:
+    def _open_totals(
+        self, started: list[tuple[JobInfo, TaskInfo, str]], fractions: set[str]
+    ) -> None:
         """What is free on each ready node and in total, kept as tasks are placed and
         released; when each task with a walltime gives its resources back: (end, node, task
         id, job id, resources), sorted (Releasing tasks are not in it: `releasing` counts
-        them)."""
+        them). `started`: every task on a node, with its job and node (`_load_running`);
+        `fractions`: the nodes where some of them hold a fraction of a device."""
         self.ready_free = {n.name: n.free() for n in self.nodes if n.ready}
-        self.ready_free_cpu = sum(f.cpu for f in self.ready_free.values())
-        self.ready_free_memory = sum(f.memory for f in self.ready_free.values())
-        self.ready_free_gpu = sum(f.gpu for f in self.ready_free.values())
+        free = self.ready_free.values()
+        self.ready_free_cpu = sum(map(_cpu_of, free))
+        self.ready_free_memory = sum(map(_memory_of, free))
+        self.ready_free_gpu = sum(map(_gpu_of, free))
         self._stale_free: set[NodeView] = set()
         self.walltime_ends: list[tuple[float, str, int, int, Resources]] = []
-        self.releasing = 0
-        # Per shared device, the task whose end gives it back whole (`sharing.releasers`);
-        # none for a device a fraction bound since holds (node, device: `pinned`).
-        self.releasers = sharing.releasers(self.nodes, self.leaves_at)
+        self.releasing = sum(task.state == "Releasing" for _job, task, _node in started)
+        # Per shared device, the task whose end gives it back whole (`sharing.releasers`:
+        # only nodes holding fractions have any); none for a device a fraction bound since
+        # holds (node, device: `pinned`).
+        # (What runs on a node changes only in a standing session, between cycles: until
+        # then these are the nodes holding fractions.)
+        self.fraction_nodes = [n for n in self.nodes if n.name in fractions] if fractions else []
+        self.releasers = sharing.releasers(self.fraction_nodes, self.leaves_at)
         self.pinned: set[tuple[str, int]] = set()
-        started: list[tuple[JobInfo, TaskInfo, str]] = []
-        for node in self.nodes:
-            self.releasing += sum(task.state == "Releasing" for _job, task in node.tasks)
-            started.extend((job, task, node.name) for job, task in node.tasks)
         self.add_ends(started)  # one sort for the whole cluster, not one per node
 
     def begin_cycle(self, now: float) -> None:
@@ -275,36 +279,65 @@ class Session:
         if self.index_dirty:
             self._build_index()
 
-    def _load_running(self, jobs: Iterable[JobInfo]) -> None:
+    def _load_running(
+        self, jobs: Iterable[JobInfo]
+    ) -> tuple[list[tuple[JobInfo, TaskInfo, str]], set[str]]:
         """What the tasks of `jobs` (in snapshot order: every job that may hold something;
         all of `self.jobs` where two jobs share an id, which keeps the last) hold, taken
-        from their nodes and counted for their queues."""
+        from their nodes and counted for their queues. Returns the tasks now on nodes (job,
+        task, node name: in job order, each node's in its `tasks` order) and the nodes where
+        one of them holds a fraction of a device (not a MIG instance)."""
+        node_of = self.node_by_name.get
+        started: list[tuple[JobInfo, TaskInfo, str]] = []
+        fractions: set[str] = set()
+        # queue -> what its jobs hold: cpu, memory, whole devices, fractions (thousandths)
+        held: dict[str, list[int]] = {}
         for job in jobs:
-            held: Resources | None = None  # (None: nothing held, as most pending jobs)
-            shared = 0
+            counted: list[int] | None = None
             for task in job.tasks:
-                if task.state not in HOLDS_RESOURCES or task.node is None:
+                state = task.state
+                if state not in HOLDS_RESOURCES or task.node is None:
                     continue
-                node = self.node_by_name.get(task.node)
+                node = node_of(task.node)
                 if node is None:
                     continue
-                node.free_cpu -= task.resources.cpu
-                node.free_memory -= task.resources.memory
-                _hold_devices(node, task)
-                if task.state == "Releasing" or job.suspend_requested:
-                    node.rel_cpu += task.resources.cpu
-                    node.rel_memory += task.resources.memory
+                request = task.resources
+                node.free_cpu -= request.cpu
+                node.free_memory -= request.memory
+                if task.devices:
+                    _hold_devices(node, task)
+                if state == "Releasing" or job.suspend_requested:
+                    node.rel_cpu += request.cpu
+                    node.rel_memory += request.memory
                     node.rel_devices += whole_devices(task)
                 node.tasks.append((job, task))
-                held = held_resources(task) if held is None else held + held_resources(task)
-                shared += task.gpu_share
-            if held is None:
-                continue  # no task of it on a known node: its queue holds nothing for it
-            queue = self.queues.get(job.queue)
-            if queue is not None and not held.is_zero():
-                queue.allocated = queue.allocated + held
-            if queue is not None:
-                queue.shared_gpu += shared
+                started.append((job, task, node.name))
+                if counted is None:
+                    counted = held.get(job.queue)
+                    if counted is None:
+                        counted = held[job.queue] = [0, 0, 0, 0]
+                counted[0] += request.cpu  # (`held_resources`, spelled out)
+                counted[1] += request.memory
+                if task.gpu_share:
+                    counted[3] += task.gpu_share
+                    if not task.gpu_mig:
+                        fractions.add(node.name)
+                else:
+                    counted[2] += request.gpu
+        self._count_held(held)
+        return started, fractions
+
+    def _count_held(self, held: dict[str, list[int]]) -> None:
+        """Add what each queue's jobs hold (queue -> cpu, memory, whole devices, fractions
+        in thousandths) to what it holds: each queue's sum at once, the same figures as
+        adding each job's in turn."""
+        for name, (cpu, memory, gpu, shared) in held.items():
+            queue = self.queues.get(name)
+            if queue is None:
+                continue
+            if cpu or memory or gpu:
+                queue.allocated = queue.allocated + Resources(cpu, memory, gpu)
+            queue.shared_gpu += shared
 
     def _build_index(self) -> None:
         """Ready nodes by label set, then by free devices, each bucket in snapshot order."""
@@ -346,6 +379,8 @@ class Session:
     def add_ends(self, started: list[tuple[JobInfo, TaskInfo, str]]) -> None:
         """Tasks started on nodes: when their walltimes give their resources back."""
         correction = self.config.prediction_correction
+        ends = self.walltime_ends
+        append = ends.append
         for job, task, node in started:
             if job.walltime is None or task.started_at is None or task.state == "Releasing":
                 continue
@@ -360,8 +395,8 @@ class Session:
                 else Resources(request.cpu, request.memory, self.device_release(task))
             )
             # (end, node, task id) is unique: sorting never compares further.
-            self.walltime_ends.append((at, node, task.id, job.id, release))
-        self.walltime_ends.sort()
+            append((at, node, task.id, job.id, release))
+        ends.sort()
 
     def end_of(self, job: JobInfo, task: TaskInfo) -> float | None:
         """When the task gives its resources back as `add_ends` plans it (None: unknown)."""
@@ -1253,10 +1288,22 @@ def _sort_out(
     pending: dict[int, list[TaskInfo]] = {}
     holders: list[JobInfo] = []
     for job in jobs:
-        if job.state == "Running":
+        state = job.state
+        if state == "Running":
             running.append(job)
-        if not (job.is_candidate or grows(job)):
-            holders.append(job)
+            # (`grows`, spelled out: a task left to place, none being released)
+            left = False
+            for task in job.tasks:
+                if task.state == "Pending":
+                    left = True
+                elif task.state == "Releasing":
+                    left = False
+                    break
+            if not left or job.suspend_requested:
+                holders.append(job)
+                continue
+        elif job.suspend_requested or (state != "Pending" and state != "Suspended"):
+            holders.append(job)  # (not `is_candidate`, spelled out; nor `grows`: not Running)
             continue
         candidates.append(job)
         held = 0
@@ -1276,6 +1323,9 @@ def _sort_out(
         if holds:
             holders.append(job)
     return candidates, need, running, pending, holders
+
+
+_cpu_of, _memory_of, _gpu_of = itemgetter(0), itemgetter(1), itemgetter(2)  # (of Resources)
 
 
 def need_of(job: JobInfo) -> int:
