@@ -21,6 +21,9 @@ The loop's own writes wake it neither way: its session is quiet while it runs a 
 changes its own thread publishes are ignored; its next cycle comes at the interval, as
 before. If the listening connection fails (a database restart), the loop waits out its
 interval as before and listens again on a fresh connection later; nothing else changes.
+Whenever a listener is opened (the first wait as leader, again after a failure or a spell as
+standby), the wait counts as news: a commit between the cycle's reads and the LISTEN was
+announced to nobody, and the loop must not wait an interval for it.
 """
 
 from __future__ import annotations
@@ -121,6 +124,10 @@ class Wakeup:
             log.debug("not listening for wake-ups: %s", exc)
             self._drop_listener()
             return None
+        # What committed after the last cycle read the database but before this listener
+        # was there sent its notification to nobody: a fresh listener counts as news, so
+        # the next cycle reads it now (after the gap), not at the end of the interval.
+        self._news.set()
         return self._listener
 
     def _listen(self, listener: psycopg.Connection[Any], seconds: float) -> Any:
