@@ -3,6 +3,7 @@ job that can start now without delaying it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from scheduler.core import predict, sharing
@@ -19,7 +20,7 @@ from scheduler.core.actions import (
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources, tuple_new
 from scheduler.core.session import Fits, NodeScan, Session
-from scheduler.core.statement import Statement
+from scheduler.core.statement import Statement, commit_one
 from scheduler.core.status import Code, Status
 from scheduler.core.types import Failure, NodeView, Reservation, Spare
 
@@ -83,6 +84,18 @@ class _Backfill:
         if self.holder is not None:
             self.skipped.add(self.holder.id)
             self._defer(self.holder)
+        # Whether a job that needs its one pending task may be started by `_start_single`
+        # (what `_single_task` asks of the session, and `overused` says None of every job
+        # of a queue without a capability or per-user limits): asked once per pass.
+        self.single = (
+            session.single_in_backfill
+            and session.single_at_once
+            and not session.placing_predicates
+            and session.static_node_order
+            and session.limits_only_overuse
+        )
+        # id(shape) -> (the shape, the first task of it `_start_single` saw).
+        self.stand_ins: dict[int, tuple[Any, TaskInfo]] = {}
 
     def _defer(self, holder: JobInfo) -> None:
         session = self.session
@@ -142,6 +155,8 @@ class _Backfill:
                         return
         # The extra test its tasks must pass so the reservation is not delayed.
         fits = _AroundReservation(reservation.spare) if around and reservation else None
+        if key is not None and key[2] == 1 and self._start_single(job, key, reservation, fits):
+            return  # (placed: no refusal to keep)
         self._try(job, reservation, fits, key)
         if alike is not None and job.id not in session.placed:
             self._keep_refusal(job, alike, reservation)
@@ -179,6 +194,110 @@ class _Backfill:
             self._defer(job)
             return
         _explain_wait(session, job, failure, fits, reservation, self.delays)
+
+    def _start_single(
+        self,
+        job: JobInfo,
+        key: tuple[Any, ...],
+        reservation: Reservation | None,
+        fits: _AroundReservation | None,
+    ) -> bool:
+        """`_try` for a job whose alike key says it needs one task (`key`), spelled out
+        as one call: start it as `place` would through `_place_single` (the same node,
+        devices and changes) and take its spare as `_consume_spare` would; False, having
+        changed nothing, where any step of that way might go otherwise (`_single_of`, or
+        no node takes it): `_try` then decides."""
+        task = self._single_of(job, key, fits)
+        if task is None:
+            return False
+        request = key[0][0]  # (the task's resources: equal values)
+        node = self._taker(key[0], task, fits)
+        if node is None:
+            return False
+        session = self.session
+        commit_one(session, job, task, node, "backfill", request)
+        if fits is not None:
+            assert reservation is not None
+            # `_consume_spare` for the one task just bound.
+            reservation.spare.take(node.name, request)
+            if task.gpu_mig:
+                reservation.spare.take_instance(node.name, task.gpu_mig)
+        elif _ends_before(session, job, reservation):
+            session.plan_harmless.add(job.id)
+            session.carry_plan()
+        return True
+
+    def _single_of(
+        self, job: JobInfo, key: tuple[Any, ...], fits: _AroundReservation | None
+    ) -> TaskInfo | None:
+        """The job's one pending task, if `place` would go straight to `_place_single`
+        with it (`_single_task`) and `_try` refuse it nowhere before: the queue has no
+        capability and no per-user limits (`overused` then says None of every job in it),
+        no fraction or MIG instance, no refusal by totals or the memo."""
+        session = self.session
+        shape, name = key[0], key[1]
+        if not self.single or shape[2] or name in session.user_limited:
+            return None
+        if session.queues[name].info.capability is not None:
+            return None
+        cpu, memory, gpu = shape[0]
+        if not gpu and not session.explain_failures and session.gang_decides:
+            # `total_refusal` might refuse it (`_refusal_by_spare`, `_refusal_by_total`).
+            if cpu > session.ready_free_cpu or memory > session.ready_free_memory:
+                return None
+            if fits is not None:
+                spare = fits.spare.total
+                if cpu > spare.cpu or memory > spare.memory:
+                    return None
+        memo = self.free_memo if fits is None else self.spare_memo
+        known = memo.max_placeable.get((shape, name))
+        if known is not None and known[0] < 1:
+            return None  # (`place` refuses it from the memo)
+        tasks = session.pending_tasks(job)
+        return tasks[0] if len(tasks) == 1 else None
+
+    def _taker(
+        self, shape: tuple[Any, ...], task: TaskInfo, fits: _AroundReservation | None
+    ) -> NodeView | None:
+        """`_place_single`'s node order and `first_taker`, spelled out. The order is asked
+        for the first task of this shape the pass saw: a static order (`_single_task`)
+        depends only on the task's selector, resources and fraction, which the shape holds
+        (equal values), and this job's own task, wherever it lies in memory, is touched
+        once (to bind it), not also its selector and request."""
+        session = self.session
+        seen = self.stand_ins.get(id(shape))
+        if seen is None or seen[0] is not shape:
+            seen = self.stand_ins[id(shape)] = (shape, task)
+        stand_in = seen[1]
+        cpu, memory, gpu = shape[0]
+        if session.max_devices == 0:
+            order: Iterable[NodeView] = session.ordered_nodes(stand_in)
+        elif gpu:
+            order = session.candidate_nodes(stand_in)
+        else:
+            order = session.walk_once(stand_in)
+        nominated = session.nominated
+        if fits is None:
+            for node in order:
+                if (
+                    node.free_cpu >= cpu
+                    and node.free_memory >= memory
+                    and len(node.free_devices) >= gpu
+                    and node.name not in nominated
+                ):
+                    return node
+            return None
+        one = fits.one
+        for node in order:
+            if (
+                node.free_cpu >= cpu
+                and node.free_memory >= memory
+                and len(node.free_devices) >= gpu
+                and node.name not in nominated
+                and one(node.name, cpu, memory, gpu)
+            ):
+                return node
+        return None
 
     # --- alike jobs refused together ------------------------------------------------------
     #

@@ -181,6 +181,9 @@ class Session:
         # A job that needs its one pending task placed without a statement's task loop
         # (`actions._place_single`).
         self.single_at_once = True
+        # Backfill starts such a job in one call (`backfill._Backfill._start_single`) rather
+        # than through `_try`, `place` and `_place_single`.
+        self.single_in_backfill = True
         # Backfill refuses a job as the last alike job was refused when nothing that decides
         # it changed since (`scheduler.core.backfill`).
         self.alike_refusals = all(p.alike_overused for p in self.hooks["overused"])

@@ -195,10 +195,18 @@ def _bind(job: JobInfo, task: TaskInfo, node: NodeView, devices: tuple[int, ...]
     return bind
 
 
-def commit_one(session: Session, job: JobInfo, task: TaskInfo, node: NodeView, action: str) -> Bind:
+def commit_one(
+    session: Session,
+    job: JobInfo,
+    task: TaskInfo,
+    node: NodeView,
+    action: str,
+    resources: Resources | None = None,
+) -> Bind:
     """`Statement.allocate` then `commit` for a job's one task asking whole devices or
-    none, on a ready node: the same changes, without a statement."""
-    cpu, memory, gpu = task.resources
+    none, on a ready node: the same changes, without a statement. (`resources`: equal to
+    the task's, where the caller has them at hand.)"""
+    cpu, memory, gpu = task.resources if resources is None else resources
     node.free_cpu -= cpu
     node.free_memory -= memory
     if gpu > 0:

@@ -50,7 +50,8 @@ def _cycle(snap: Snapshot, config: SchedulingPolicy, explain: bool) -> tuple[Ses
 
 def _long_way(monkeypatch: pytest.MonkeyPatch) -> None:
     """Undo the three shortcuts: no keys made ahead, no key shared, `place` looks the gang
-    size and shape up itself, the binpack order asks every group each time."""
+    size and shape up itself (and backfill starts no job by `_start_single`, which reads
+    them from the key too), the binpack order asks every group each time."""
     monkeypatch.setattr(Session, "prefill_alike_keys", lambda self, jobs: None)
     monkeypatch.setattr(Session, "_interned_one", lambda self, value: value)
     try_ = backfill_module._Backfill._try
@@ -59,6 +60,8 @@ def _long_way(monkeypatch: pytest.MonkeyPatch) -> None:
         try_(self, job, reservation, fits)
 
     monkeypatch.setattr(backfill_module._Backfill, "_try", without_key)
+    # (and no job started by `_start_single`, which reads the key too)
+    monkeypatch.setattr(backfill_module._Backfill, "_start_single", lambda self, *args: False)
 
     def every_time(self: BinpackPlugin, request: Resources, groups: list[LabelGroup]) -> Any:
         return [group.scan_buckets(request) for group in groups]

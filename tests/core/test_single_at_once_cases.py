@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.core import actions
+from scheduler.core import actions, backfill
 from scheduler.core.model import (
     JobInfo,
     PriorityWeights,
@@ -304,9 +304,11 @@ def test_hand_built_clusters_place_single_tasks_as_the_task_loop(
 
 
 def _count_shortcuts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The ids of the jobs `_place_single` places from now on (the list fills as it does)."""
+    """The ids of the jobs `_place_single` places from now on, or backfill's
+    `_start_single` (`_place_single` spelled out) starts (the list fills as they do)."""
     placed: list[int] = []
     place_single = actions._place_single
+    start_single = backfill._Backfill._start_single
 
     def counting(session: Session, job: JobInfo, *args: Any) -> bool:
         done = place_single(session, job, *args)
@@ -314,7 +316,14 @@ def _count_shortcuts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             placed.append(job.id)
         return done
 
+    def counting_backfill(self: Any, job: JobInfo, *args: Any) -> bool:
+        done = start_single(self, job, *args)
+        if done:
+            placed.append(job.id)
+        return done
+
     monkeypatch.setattr(actions, "_place_single", counting)
+    monkeypatch.setattr(backfill._Backfill, "_start_single", counting_backfill)
     return placed
 
 
