@@ -19,7 +19,7 @@ from scheduler.core.actions import (
 )
 from scheduler.core.model import JobInfo, TaskInfo
 from scheduler.core.resources import Resources, tuple_new
-from scheduler.core.session import Fits, NodeScan, Session
+from scheduler.core.session import Fits, NodeScan, Session, first_taker
 from scheduler.core.statement import Statement, commit_one
 from scheduler.core.status import Code, Status
 from scheduler.core.types import Failure, NodeView, Reservation, Spare
@@ -259,7 +259,7 @@ class _Backfill:
     def _taker(
         self, shape: tuple[Any, ...], task: TaskInfo, fits: _AroundReservation | None
     ) -> NodeView | None:
-        """`_place_single`'s node order and `first_taker`, spelled out. The order is asked
+        """`_place_single`'s node order, spelled out, and `first_taker`. The order is asked
         for the first task of this shape the pass saw: a static order (`_single_task`)
         depends only on the task's selector, resources and fraction, which the shape holds
         (equal values), and this job's own task, wherever it lies in memory, is touched
@@ -276,28 +276,12 @@ class _Backfill:
             order = session.candidate_nodes(stand_in)
         else:
             order = session.walk_once(stand_in)
-        nominated = session.nominated
         if fits is None:
-            for node in order:
-                if (
-                    node.free_cpu >= cpu
-                    and node.free_memory >= memory
-                    and len(node.free_devices) >= gpu
-                    and node.name not in nominated
-                ):
-                    return node
-            return None
+            return first_taker(order, shape[0], session.nominated, None)
         one = fits.one
-        for node in order:
-            if (
-                node.free_cpu >= cpu
-                and node.free_memory >= memory
-                and len(node.free_devices) >= gpu
-                and node.name not in nominated
-                and one(node.name, cpu, memory, gpu)
-            ):
-                return node
-        return None
+        return first_taker(
+            order, shape[0], session.nominated, lambda node: one(node.name, cpu, memory, gpu)
+        )
 
     # --- alike jobs refused together ------------------------------------------------------
     #
