@@ -19,14 +19,14 @@ from hypothesis import strategies as st
 from scheduler.core import backfill as backfill_module
 from scheduler.core.cycle import run_actions
 from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot
-from scheduler.core.plugins import UserLimitPlugin, default_plugins
+from scheduler.core.plugins import default_plugins
 from scheduler.core.session import Session
 from tests.core.builders import POLICIES, job, node, snapshot
 from tests.core.test_alike_at_once import random_snapshot
 from tests.core.test_alike_refusals import alike_clusters
 from tests.core.test_properties import CONFIGS, FAST, clusters
 from tests.core.test_single_at_once import outcome
-from tests.core.test_single_at_once_cases import CASES
+from tests.core.test_single_at_once_cases import CASES, touched
 from tests.core.test_single_at_once_cases import CONFIGS as CASE_CONFIGS
 
 
@@ -34,17 +34,7 @@ def decide(snap: Snapshot, config: SchedulingPolicy, fused: bool, explain: bool)
     session = Session(snap, config, default_plugins(config), explain=explain)
     session.single_in_backfill = fused
     result = run_actions(session)
-    bound = [(j.id, t.id, n.name, d) for j, t, n, d in session.bound]
-    totals = (session.ready_free_cpu, session.ready_free_memory, session.ready_free_gpu)
-    limits = [
-        (sorted(p.use.items()), sorted(p.counted.items()))
-        for p in session.plugins
-        if isinstance(p, UserLimitPlugin) and hasattr(p, "use")
-    ]
-    return (
-        *outcome(session, result), bound, totals, sorted(session.placed),
-        sorted(session.nominated), sorted(session.plan_harmless), limits,
-    )  # fmt: skip
+    return (*outcome(session, result), *touched(session), sorted(session.plan_harmless))
 
 
 def _both_ways(snap: Snapshot, config: SchedulingPolicy, explain: bool) -> tuple[Any, Any]:

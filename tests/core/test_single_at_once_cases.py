@@ -36,6 +36,12 @@ from tests.core.test_single_at_once import decided, outcome
 def decide(snap: Snapshot, config: SchedulingPolicy, single: bool, explain: bool) -> Any:
     """`test_single_at_once.outcome`, and what the fast path touches besides."""
     session, result = decided(snap, config, single, explain)
+    return (*outcome(session, result), *touched(session))
+
+
+def touched(session: Any) -> tuple[Any, ...]:
+    """What a fast path touches besides the outcome: the binds in order, the free totals,
+    the placed and nominated jobs, and the per-user limits' counts."""
     bound = [(j.id, t.id, n.name, d) for j, t, n, d in session.bound]
     totals = (session.ready_free_cpu, session.ready_free_memory, session.ready_free_gpu)
     limits = [
@@ -43,10 +49,7 @@ def decide(snap: Snapshot, config: SchedulingPolicy, single: bool, explain: bool
         for p in session.plugins
         if isinstance(p, UserLimitPlugin) and hasattr(p, "use")
     ]
-    return (
-        *outcome(session, result), bound, totals, sorted(session.placed),
-        sorted(session.nominated), limits,
-    )  # fmt: skip
+    return bound, totals, sorted(session.placed), sorted(session.nominated), limits
 
 
 def _labels() -> Snapshot:
