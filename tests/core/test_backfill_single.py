@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from scheduler.core import backfill as backfill_module
 from scheduler.core.cycle import run_actions
-from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot
+from scheduler.core.model import SchedulingPolicy, Snapshot
 from scheduler.core.plugins import default_plugins
 from scheduler.core.session import Session
 from tests.core.builders import POLICIES, job, node, snapshot
@@ -26,7 +26,7 @@ from tests.core.test_alike_at_once import random_snapshot
 from tests.core.test_alike_refusals import alike_clusters
 from tests.core.test_properties import CONFIGS, FAST, clusters
 from tests.core.test_single_at_once import outcome
-from tests.core.test_single_at_once_cases import CASES, touched
+from tests.core.test_single_at_once_cases import CASES, count_successes, touched
 from tests.core.test_single_at_once_cases import CONFIGS as CASE_CONFIGS
 
 
@@ -43,17 +43,7 @@ def _both_ways(snap: Snapshot, config: SchedulingPolicy, explain: bool) -> tuple
 
 def _count_fused(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The ids of the jobs `_start_single` starts from now on (the list fills as it does)."""
-    started: list[int] = []
-    start_single = backfill_module._Backfill._start_single
-
-    def counting(self: Any, job: JobInfo, *args: Any) -> bool:
-        done = start_single(self, job, *args)
-        if done:
-            started.append(job.id)
-        return done
-
-    monkeypatch.setattr(backfill_module._Backfill, "_start_single", counting)
-    return started
+    return count_successes(monkeypatch, backfill_module._Backfill, "_start_single")
 
 
 @pytest.mark.parametrize("explain", [False, True])
