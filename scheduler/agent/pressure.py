@@ -4,8 +4,11 @@ The agent checks the free space of its work dir and its state dir (they may be d
 volumes) once a second; below `min_free` bytes on either it reports `usage.pressure` with the
 reason, the server then places no new task on the node (the node stays Ready for what it
 runs: its tasks, output and lease go on) and the node page, `berth nodes` and the API show
-why. The pressure clears by itself once space is free again, as the kubelet's DiskPressure
-condition does. Django-free: the node agent uses it.
+why. A start order is checked against the disk as it is then, not as it was up to a second
+ago: a task placed before the server heard of the pressure is refused at once (reported
+Failed, naming it), and the report that says so carries the pressure, so the job's retry goes
+to another node rather than fail here again. The pressure clears by itself once space is
+free again, as the kubelet's DiskPressure condition does. Django-free: the node agent uses it.
 """
 
 from __future__ import annotations
@@ -50,10 +53,11 @@ class PressureWatch:
         self.now = ""
         self._checked = float("-inf")
 
-    def check(self) -> bool:
-        """Look again if due; True when the answer changed."""
+    def check(self, force: bool = False) -> bool:
+        """Look again if due (`force`: now, whenever it last looked); True when the answer
+        changed."""
         clock = time.monotonic()
-        if clock - self._checked < CHECK_SECONDS:
+        if not force and clock - self._checked < CHECK_SECONDS:
             return False
         self._checked = clock
         was, self.now = self.now, disk_pressure(self.paths, self.min_free)

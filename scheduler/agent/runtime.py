@@ -682,6 +682,8 @@ class Agent(Session):
             accounts = self.prepare()
             if self.fence.refuses:
                 raise ValueError(self.fence.problem)
+            if self._disk_full():
+                raise ValueError(self.pressure.now)
             gpus = self.sharing.task(order, devices, self.fence.gpu_nodes)
             limits = replace(limits, devices=limits.devices + gpus.device_nodes)
             start_env = {**(order.get("env") or {}), **gpus.env}  # the agent's word is last
@@ -715,6 +717,14 @@ class Agent(Session):
         )  # fmt: skip
         log.info("started task %s (attempt %s) as pid %s, user %s",
                  task_id, attempt, proc.pid, account.name)  # fmt: skip
+
+    def _disk_full(self) -> bool:
+        """Is the disk too full for a new task now? Looked at afresh: the once-a-second check
+        of the main loop may not have seen it fill yet. A change is reported at once."""
+        if self.pressure.check(force=True):
+            log.warning("disk pressure: %s", self.pressure.now or "cleared")
+            self.dirty = True
+        return bool(self.pressure.now)
 
     def _spawn(self, directory: Path, workdir: Path, env: dict[str, str], args: list[str],
                account: Any, group: str, memory: int) -> subprocess.Popen[bytes]:  # fmt: skip

@@ -161,6 +161,25 @@ def test_it_reports_a_task_it_cannot_start_as_failed(tmp_path):
     assert "could not start" in report["message"]
 
 
+def test_it_refuses_a_start_once_its_disk_filled_and_says_why_in_the_same_report(tmp_path):
+    # The main loop looks at the disk once a second; a task placed in between, before the
+    # server heard of the pressure, used to start (and fail on the full disk, costing its
+    # job a retry, and the next retry could land here again).
+    agent = RecordingAgent(tmp_path, min_free_disk=1)
+    agent.prepare()  # its directories, as `run` makes them first
+    agent.step()  # it looked: room enough
+    assert "pressure" not in agent.sent[-1][1]["usage"]
+    agent.pressure.min_free = 1 << 62  # the disk fills: less free than the minimum now
+    agent.order({"start": [start_order(7, "touch ran")]})  # a lease's answer
+    agent.step()  # carries it out: refused, reported at once
+    path, body = agent.sent[-1]
+    (report,) = [r for r in body["tasks"] if r["id"] == 7]
+    assert (path, report["state"], report["exit_code"]) == ("report/", "Failed", 127)
+    assert "disk full" in report["message"]
+    assert "disk full" in body["usage"]["pressure"]  # the server places nothing more here
+    assert not list(tmp_path.rglob("ran"))  # the command never ran
+
+
 def test_it_keeps_heartbeating_when_the_server_refuses_a_tasks_output(tmp_path):
     agent = RecordingAgent(tmp_path)
     agent.refuse["tasks/7/"] = ServerError(404, "task 7 is not on node test-node")
