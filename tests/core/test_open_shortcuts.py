@@ -23,7 +23,7 @@ from scheduler.core.model import DeviceInfo, MigInfo, NodeInfo, SchedulingPolicy
 from scheduler.core.plugins import default_plugins
 from scheduler.core.priority import PriorityWeights
 from scheduler.core.resources import Resources
-from scheduler.core.session import End, Session, sort_ends
+from scheduler.core.session import End, Session, many_equal, sort_ends
 from scheduler.core.types import NodeView
 from tests.core.test_steady_shortcuts import (
     OldNodeView,
@@ -106,8 +106,8 @@ def test_random_clusters_decide_as_they_did(seed: int, monkeypatch: pytest.Monke
 def test_the_clusters_have_what_the_shortcuts_must_keep() -> None:
     """The clusters above have ends equal on several nodes out of name order, task ids
     shared, fractions and Releasing tasks, so each step of `sort_ends` and its fallback is
-    exercised."""
-    seen = {"tie": 0, "shared id": 0, "fraction": 0, "releasing": 0, "unordered": 0}
+    exercised (`fast`: its three sorts)."""
+    seen = {"tie": 0, "shared id": 0, "fraction": 0, "releasing": 0, "unordered": 0, "fast": 0}
     for seed in range(400):
         snap = shuffled_snapshot(seed)
         session = Session(snap, POLICIES[0], default_plugins(POLICIES[0]))
@@ -120,6 +120,7 @@ def test_the_clusters_have_what_the_shortcuts_must_keep() -> None:
         seen["unordered"] += names != sorted(names)
         seen["fraction"] += any(t.gpu_share for n in session.nodes for _, t in n.tasks)
         seen["releasing"] += session.releasing > 0
+        seen["fast"] += many_equal(ends) and len(set(ids)) == len(ids)
     assert all(count >= 5 for count in seen.values()), seen
 
 
