@@ -15,18 +15,11 @@ from typing import Any
 
 import pytest
 
-from scheduler.core import actions, plugins, predict, sharing
+from scheduler.core import actions, model, plugins, predict, sharing
 from scheduler.core import session as session_module
 from scheduler.core.actions import _free_into, _GangRoom, _pipeline, _victim_key, simulate
 from scheduler.core.cycle import run_cycle
-from scheduler.core.model import (
-    JobInfo,
-    NodeInfo,
-    QueueInfo,
-    SchedulingPolicy,
-    Snapshot,
-    TaskInfo,
-)
+from scheduler.core.model import JobInfo, QueueInfo, SchedulingPolicy, Snapshot, TaskInfo
 from scheduler.core.plugins import DRFPlugin, default_plugins, fair_share
 from scheduler.core.resources import Resources
 from scheduler.core.session import (
@@ -221,7 +214,7 @@ class OldSession(Session):
 class OldNodeView(NodeView):
     """A node's view made the way it was before the one pass over its devices."""
 
-    def __init__(self, info: NodeInfo) -> None:
+    def __init__(self, info: model.NodeInfo) -> None:
         self.name = info.name
         self.labels = info.labels
         self.state = info.state
