@@ -385,12 +385,12 @@ class Session:
                 if request.gpu == len(task.devices) and not task.gpu_share
                 else Resources(request.cpu, request.memory, self.device_release(task))
             )
-            # (end, node, task id) is unique: sorting never compares further.
+            # ((end, node, task id) is unique unless two tasks share an id: `sort_ends`)
             append((at, node, task.id, job.id, release))
         return ends
 
     def end_of(self, job: JobInfo, task: TaskInfo) -> float | None:
-        """When the task gives its resources back as `add_ends` plans it (None: unknown)."""
+        """When the task gives its resources back as `end_entries` plans it (None: unknown)."""
         if job.walltime is None or task.started_at is None or task.state == "Releasing":
             return None
         if job.predicted is None:
