@@ -16,6 +16,7 @@ cycle decided.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator
 from itertools import compress, repeat
@@ -23,7 +24,7 @@ from operator import add, attrgetter, is_, itemgetter, lt
 from typing import Any, cast
 
 from scheduler.core import gpushare, predict, sharing
-from scheduler.core.model import JobInfo, SchedulingPolicy, Snapshot, TaskInfo
+from scheduler.core.model import JobInfo, NodeInfo, SchedulingPolicy, Snapshot, TaskInfo
 from scheduler.core.priority import Factors
 from scheduler.core.resources import Resources
 from scheduler.core.status import Status
@@ -42,6 +43,8 @@ _UNKNOWN: Any = object()
 Fits = Callable[[NodeView, TaskInfo], bool]
 # (resources, node selector, the fraction: () or (share, gpu memory, modes))
 Shape = tuple[Resources, tuple[tuple[str, str], ...], tuple[object, ...]]
+# When a running task gives its resources back: (end, node, task id, job id, resources).
+End = tuple[float, str, int, int, Resources]
 
 
 class Plugin:
@@ -145,13 +148,7 @@ class Session:
         # Every `job_valid` says None for a job of an open queue without a capability.
         self.open_queues_valid = all(p.valid_in_open_queue for p in self.hooks["job_valid"])
         self._open_shortcuts()
-        self.nodes = [NodeView(n) for n in snapshot.nodes]
-        self.node_by_name = {n.name: n for n in self.nodes}
-        self.all_ready = all(n.ready for n in self.nodes)
-        self.max_devices = max((n.healthy_devices for n in self.nodes), default=0)
-        self.total = Resources()
-        for node in self.nodes:
-            self.total = self.total + node.capacity()
+        self._open_nodes(snapshot.nodes)
         self.queues = {q.name: QueueState(q) for q in snapshot.queues}
         # Queues with per-user limits: there a job's refusal depends on its owner too.
         self.user_limited = {q.name for q in snapshot.queues if q.user_limited}
@@ -187,6 +184,19 @@ class Session:
         # Backfill refuses a job as the last alike job was refused when nothing that decides
         # it changed since (`scheduler.core.backfill`).
         self.alike_refusals = all(p.alike_overused for p in self.hooks["overused"])
+
+    def _open_nodes(self, infos: list[NodeInfo]) -> None:
+        """The nodes' views, by name, and what the cluster has in all."""
+        self.nodes = nodes = [NodeView(n) for n in infos]
+        self.node_by_name = {n.name: n for n in nodes}
+        self.all_ready = all(n.ready for n in nodes)
+        devices = list(map(_healthy_devices_of, nodes))
+        self.max_devices = max(devices, default=0)
+        allocatable = list(map(_allocatable_of, nodes))
+        # (the sum of the nodes' `capacity`, each dimension summed on its own)
+        self.total = Resources(
+            sum(map(_cpu_of, allocatable)), sum(map(_memory_of, allocatable)), sum(devices)
+        )
 
     def _open_caches(self, pending: dict[int, list[TaskInfo]]) -> None:
         """What is worked out once per job or task shape and kept (`pending`: each
@@ -231,21 +241,26 @@ class Session:
         self.reservation_starts: dict[int, float] = {}
 
     def _open_totals(
-        self, started: list[tuple[JobInfo, TaskInfo, str]], fractions: set[str]
+        self,
+        ends: list[End],
+        fraction_ends: list[tuple[JobInfo, TaskInfo, str]],
+        fractions: set[str],
+        releasing: int,
     ) -> None:
         """What is free on each ready node and in total, kept as tasks are placed and
         released; when each task with a walltime gives its resources back: (end, node, task
         id, job id, resources), sorted (Releasing tasks are not in it: `releasing` counts
-        them). `started`: every task on a node, with its job and node (`_load_running`);
-        `fractions`: the nodes where some of them hold a fraction of a device."""
+        them). From `_load_running`: `ends`, those of the tasks on nodes but fractions of a
+        device, and `fraction_ends`, the fractions with a planned end (with their jobs and
+        nodes: what a fraction gives back waits for `releasers`); `fractions`: the nodes
+        where some tasks hold a fraction of a device; `releasing`: the Releasing tasks."""
         self.ready_free = {n.name: n.free() for n in self.nodes if n.ready}
         free = self.ready_free.values()
         self.ready_free_cpu = sum(map(_cpu_of, free))
         self.ready_free_memory = sum(map(_memory_of, free))
         self.ready_free_gpu = sum(map(_gpu_of, free))
         self._stale_free: set[NodeView] = set()
-        self.walltime_ends: list[tuple[float, str, int, int, Resources]] = []
-        self.releasing = sum(task.state == "Releasing" for _job, task, _node in started)
+        self.releasing = releasing
         # Per shared device, the task whose end gives it back whole (`sharing.releasers`:
         # only nodes holding fractions have any); none for a device a fraction bound since
         # holds (node, device: `pinned`).
@@ -254,7 +269,9 @@ class Session:
         self.fraction_nodes = [n for n in self.nodes if n.name in fractions] if fractions else []
         self.releasers = sharing.releasers(self.fraction_nodes, self.leaves_at)
         self.pinned: set[tuple[str, int]] = set()
-        self.add_ends(started)  # one sort for the whole cluster, not one per node
+        ends += self.end_entries(fraction_ends)
+        sort_ends(ends)  # one sort for the whole cluster, not one per node
+        self.walltime_ends: list[End] = ends
 
     def begin_cycle(self, now: float) -> None:
         """Forget what the last cycle decided; keep the cluster as it stands."""
@@ -284,51 +301,20 @@ class Session:
 
     def _load_running(
         self, jobs: Iterable[JobInfo]
-    ) -> tuple[list[tuple[JobInfo, TaskInfo, str]], set[str]]:
-        """What the tasks of `jobs` (in snapshot order: every job that may hold something;
-        all of `self.jobs` where two jobs share an id, which keeps the last) hold, taken
-        from their nodes and counted for their queues. Returns the tasks now on nodes (job,
-        task, node name: in job order, each node's in its `tasks` order) and the nodes where
-        one of them holds a fraction of a device (not a MIG instance)."""
-        node_of = self.node_by_name.get
-        started: list[tuple[JobInfo, TaskInfo, str]] = []
-        fractions: set[str] = set()
-        # queue -> what its jobs hold: cpu, memory, whole devices, fractions (thousandths)
-        held: dict[str, list[int]] = {}
-        for job in jobs:
-            counted: list[int] | None = None
-            for task in job.tasks:
-                state = task.state
-                if state not in HOLDS_RESOURCES or task.node is None:
-                    continue
-                node = node_of(task.node)
-                if node is None:
-                    continue
-                request = task.resources
-                node.free_cpu -= request.cpu
-                node.free_memory -= request.memory
-                if task.devices:
-                    _hold_devices(node, task)
-                if state == "Releasing" or job.suspend_requested:
-                    node.rel_cpu += request.cpu
-                    node.rel_memory += request.memory
-                    node.rel_devices += whole_devices(task)
-                node.tasks.append((job, task))
-                started.append((job, task, node.name))
-                if counted is None:
-                    counted = held.get(job.queue)
-                    if counted is None:
-                        counted = held[job.queue] = [0, 0, 0, 0]
-                counted[0] += request.cpu  # (`held_resources`, spelled out)
-                counted[1] += request.memory
-                if task.gpu_share:
-                    counted[3] += task.gpu_share
-                    if not task.gpu_mig:
-                        fractions.add(node.name)
-                else:
-                    counted[2] += request.gpu
+    ) -> tuple[list[End], list[tuple[JobInfo, TaskInfo, str]], set[str], int]:
+        """What the tasks of `jobs` (every job that may hold something, in snapshot order;
+        all of `self.jobs` where two jobs share an id) hold, taken from their nodes (each
+        node's `tasks` in job order) and counted for their queues; and, in the same pass, for
+        `_open_totals`: their planned ends (`end_entries`, unsorted) but those of fractions
+        of a device, left to it with their jobs and nodes (what a fraction gives back waits
+        for `releasers`), the nodes where a fraction (not a MIG instance) is held, and how
+        many tasks are Releasing."""
+        correction = self.config.prediction_correction
+        ends, fraction_ends, fractions, releasing, held = _load_tasks(
+            jobs, self.node_by_name.get, self.now, correction
+        )
         self._count_held(held)
-        return started, fractions
+        return ends, fraction_ends, fractions, releasing
 
     def _count_held(self, held: dict[str, list[int]]) -> None:
         """Add what each queue's jobs hold (queue -> cpu, memory, whole devices, fractions
@@ -379,10 +365,12 @@ class Session:
         )
         self.reservations = {(key[0], self.version, *key[2:]): (first_end, plan, since)}
 
-    def add_ends(self, started: list[tuple[JobInfo, TaskInfo, str]]) -> None:
-        """Tasks started on nodes: when their walltimes give their resources back."""
+    def end_entries(self, started: list[tuple[JobInfo, TaskInfo, str]]) -> list[End]:
+        """Tasks started on nodes (with their jobs and nodes): when their walltimes give
+        their resources back, as `walltime_ends` holds them (unsorted; a task without a
+        planned end has none)."""
         correction = self.config.prediction_correction
-        ends = self.walltime_ends
+        ends: list[End] = []
         append = ends.append
         for job, task, node in started:
             if job.walltime is None or task.started_at is None or task.state == "Releasing":
@@ -397,12 +385,12 @@ class Session:
                 if request.gpu == len(task.devices) and not task.gpu_share
                 else Resources(request.cpu, request.memory, self.device_release(task))
             )
-            # (end, node, task id) is unique: sorting never compares further.
+            # ((end, node, task id) is unique unless two tasks share an id: `sort_ends`)
             append((at, node, task.id, job.id, release))
-        ends.sort()
+        return ends
 
     def end_of(self, job: JobInfo, task: TaskInfo) -> float | None:
-        """When the task gives its resources back as `add_ends` plans it (None: unknown)."""
+        """When the task gives its resources back as `end_entries` plans it (None: unknown)."""
         if job.walltime is None or task.started_at is None or task.state == "Releasing":
             return None
         if job.predicted is None:
@@ -1237,16 +1225,69 @@ def held_resources(task: TaskInfo) -> Resources:
     return task.resources
 
 
+def _load_tasks(
+    jobs: Iterable[JobInfo], node_of: Callable[[str], NodeView | None], now: float, correction: str
+) -> tuple[list[End], list[tuple[JobInfo, TaskInfo, str]], set[str], int, dict[str, list[int]]]:
+    """`Session._load_running`'s pass over the tasks, which also returns what each queue's
+    jobs hold (queue -> cpu, memory, whole devices, fractions in thousandths)."""
+    ends: list[End] = []
+    fraction_ends: list[tuple[JobInfo, TaskInfo, str]] = []
+    fractions: set[str] = set()
+    releasing = 0
+    held: dict[str, list[int]] = {}
+    for job in jobs:
+        counted = held.get(job.queue) or held.setdefault(job.queue, [0, 0, 0, 0])
+        stopping, walltime, predicted = job.suspend_requested, job.walltime, job.predicted
+        for task in job.tasks:
+            state = task.state
+            if state not in HOLDS_RESOURCES or task.node is None:
+                continue
+            node = node_of(task.node)
+            if node is None:
+                continue
+            cpu, memory, gpu = request = task.resources
+            node.free_cpu -= cpu
+            node.free_memory -= memory
+            devices, share = task.devices, task.gpu_share
+            if devices:
+                _hold_devices(node, task)
+            if state == "Releasing" or stopping:
+                node.rel_cpu += cpu
+                node.rel_memory += memory
+                node.rel_devices += 0 if share else len(devices)  # (`whole_devices`)
+            node.tasks.append((job, task))
+            counted[0] += cpu  # (`held_resources`, spelled out; a fraction in thousandths)
+            counted[1] += memory
+            counted[3 if share else 2] += share or gpu
+            if share and not task.gpu_mig:
+                fractions.add(node.name)
+            if state == "Releasing":
+                releasing += 1
+            elif walltime is None or task.started_at is None:
+                pass  # (no end planned)
+            elif share:
+                fraction_ends.append((job, task, node.name))
+            else:  # (`end_entries`, spelled out for a task holding whole devices or none)
+                at = (task.started_at + walltime if predicted is None
+                      else predict.end(job, task.started_at, now, correction) or 0.0)  # fmt: skip
+                release = request if gpu == len(devices) else Resources(cpu, memory, len(devices))
+                ends.append((at, node.name, task.id, job.id, release))
+    return ends, fraction_ends, fractions, releasing, held
+
+
 def _hold_devices(node: NodeView, task: TaskInfo) -> None:
     """A placed task's devices leave the node's free ones; a fraction takes its share."""
+    free = node.free_devices
+    if not task.gpu_mig and not task.gpu_share:  # (whole devices: the most, looked at once)
+        for d in task.devices:
+            if d in free:
+                free.remove(d)
+        return
     for d in task.devices:
         if task.gpu_mig:
             sharing.take(node, task, d, task.gpu_instance)
-        elif task.gpu_share:
-            if d in node.shared or d in node.free_devices:
-                sharing.take(node, task, d)
-        elif d in node.free_devices:
-            node.free_devices.remove(d)
+        elif d in node.shared or d in free:
+            sharing.take(node, task, d)
 
 
 def selector_key(selector: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -1329,6 +1370,38 @@ def _sort_out(
 
 
 _cpu_of, _memory_of, _gpu_of = itemgetter(0), itemgetter(1), itemgetter(2)  # (of Resources)
+_end_of, _node_of, _task_of = itemgetter(0), itemgetter(1), itemgetter(2)  # (of an `End`)
+_healthy_devices_of, _allocatable_of = attrgetter("healthy_devices"), attrgetter("allocatable")
+
+
+def sort_ends(ends: list[End]) -> None:
+    """Sort planned ends in place into the order `ends.sort()` gives them, faster where
+    many are equal (tasks started together with one walltime: most of a busy cluster's), whose
+    comparisons go on to the node names and task ids through the tuples' slow path. There
+    they are sorted by task id, then by node, then by end, each a stable sort on one field
+    whose keys compare as ints, strings or floats alone.
+
+    The same order as long as no two entries share a task id (where they would go on to their
+    job ids and resources) and no end is NaN (which compares with nothing): otherwise, and
+    where few ends are equal (in an even sample of them), it is the plain sort."""
+    if (
+        not many_equal(ends)
+        or len(set(map(_task_of, ends))) != len(ends)
+        or math.isnan(sum(map(_end_of, ends)))
+    ):
+        ends.sort()
+        return
+    ends.sort(key=_task_of)
+    ends.sort(key=_node_of)
+    ends.sort(key=_end_of)
+
+
+def many_equal(ends: list[End]) -> bool:
+    """Are many of the ends equal: in an even sample of about 256 of them, at least a
+    quarter equal to another of the sample? (Where few are, sorting the tuples rarely goes
+    past the ends, and `sort_ends`'s three sorts would cost more than the one.)"""
+    sample = list(map(_end_of, ends[:: len(ends) // 256 + 1]))
+    return (len(sample) - len(set(sample))) * 4 >= len(sample) > 0
 
 
 def need_of(job: JobInfo) -> int:

@@ -191,7 +191,7 @@ class StandingSession:
             node.tasks.append((job, task))
             started[job.id] = job
             ran = planned[job.id]
-            if ran is not None:  # (as `Session.add_ends` does, in the same loop)
+            if ran is not None:  # (as `Session.end_entries` does, in the same loop)
                 request = task.resources
                 release = (
                     request

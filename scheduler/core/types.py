@@ -32,16 +32,13 @@ class NodeView:
         self.labels: dict[str, str] = info.labels
         self.state: str = info.state
         self.allocatable: Resources = info.allocatable
-        # A GPU in MIG mode is neither whole nor shareable: only its instances are offered.
-        healthy = sorted(d.index for d in info.devices if d.healthy and not d.mig)
-        self.healthy_devices = len(healthy)
         self.free_cpu = info.allocatable.cpu
         self.free_memory = info.allocatable.memory
-        self.free_devices: list[int] = healthy
         self.rel_cpu = 0
         self.rel_memory = 0
         self.rel_devices = 0
-        self.label_key = tuple(sorted(self.labels.items()))
+        labels = self.labels
+        self.label_key = tuple(sorted(labels.items())) if labels else ()
         self.tasks: list[tuple[JobInfo, TaskInfo]] = []
         # GPU sharing: the modes offered; each device holding fractions -> its free share
         # (thousandths) and free memory. A device is either in `free_devices` (whole and
@@ -49,17 +46,34 @@ class NodeView:
         self.sharing: tuple[str, ...] = info.sharing
         self.shared: dict[int, int] = {}
         self.shared_memory: dict[int, int] = {}
-        self.device_memory = {d.index: d.memory for d in info.devices if not d.mig}
-        self.model = next((d.model for d in info.devices if d.model), "")
         # MIG: the free instances per profile, (GPU index, UUID) in order; every profile the
         # node has (free or not); placed task id -> the (GPU index, UUID) it holds.
         self.mig_free: dict[str, list[tuple[int, str]]] = {}
-        for device in info.devices:
-            for instance in device.mig if device.healthy else ():
-                self.mig_free.setdefault(instance.profile, []).append((device.index, instance.uuid))
+        self.mig_held: dict[int, tuple[int, str]] = {}
+        # A GPU in MIG mode is neither whole nor shareable: only its instances are offered.
+        healthy: list[int] = []
+        memory: dict[int, int] = {}
+        model = ""  # the first device's that names one
+        for device in info.devices:  # (one pass over the devices for all of the above)
+            if not model and device.model:
+                model = device.model
+            if device.mig:
+                if device.healthy:
+                    for instance in device.mig:
+                        self.mig_free.setdefault(instance.profile, []).append(
+                            (device.index, instance.uuid)
+                        )
+            else:
+                memory[device.index] = device.memory
+                if device.healthy:
+                    healthy.append(device.index)
+        healthy.sort()
+        self.free_devices: list[int] = healthy
+        self.healthy_devices = len(healthy)
+        self.device_memory = memory
+        self.model = model
         self.mig_profiles = frozenset(self.mig_free)
         self.mig_total = {p: len(free) for p, free in self.mig_free.items()}
-        self.mig_held: dict[int, tuple[int, str]] = {}
 
     @property
     def ready(self) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.core import actions, plugins, sharing
+from scheduler.core import actions, model, plugins, predict, sharing
 from scheduler.core import session as session_module
 from scheduler.core.actions import _free_into, _GangRoom, _pipeline, _victim_key, simulate
 from scheduler.core.cycle import run_cycle
@@ -24,13 +24,12 @@ from scheduler.core.plugins import DRFPlugin, default_plugins, fair_share
 from scheduler.core.resources import Resources
 from scheduler.core.session import (
     Session,
-    _hold_devices,
     grows,
     held_resources,
     whole_devices,
 )
 from scheduler.core.statement import Statement
-from scheduler.core.types import HOLDS_RESOURCES
+from scheduler.core.types import HOLDS_RESOURCES, NodeView
 from tests.core.builders import GI, NOW, job, node, snapshot
 
 QUEUES = ["a", "b", "c"]
@@ -132,6 +131,17 @@ def old_sort_out(jobs: list[JobInfo]) -> Any:
     return candidates, need, running, pending, holders
 
 
+def old_hold_devices(node: NodeView, task: TaskInfo) -> None:
+    for d in task.devices:
+        if task.gpu_mig:
+            sharing.take(node, task, d, task.gpu_instance)
+        elif task.gpu_share:
+            if d in node.shared or d in node.free_devices:
+                sharing.take(node, task, d)
+        elif d in node.free_devices:
+            node.free_devices.remove(d)
+
+
 class OldSession(Session):
     """A session opened the way it was before the shortcuts."""
 
@@ -147,7 +157,7 @@ class OldSession(Session):
                     continue
                 node_view.free_cpu -= task.resources.cpu
                 node_view.free_memory -= task.resources.memory
-                _hold_devices(node_view, task)
+                old_hold_devices(node_view, task)
                 if task.state == "Releasing" or j.suspend_requested:
                     node_view.rel_cpu += task.resources.cpu
                     node_view.rel_memory += task.resources.memory
@@ -162,9 +172,9 @@ class OldSession(Session):
                 queue.allocated = queue.allocated + held
             if queue is not None:
                 queue.shared_gpu += shared
-        return [], set()
+        return [], [], set(), 0
 
-    def _open_totals(self, started: Any, fractions: Any) -> None:
+    def _open_totals(self, *_: Any) -> None:
         self.ready_free = {n.name: n.free() for n in self.nodes if n.ready}
         self.ready_free_cpu = sum(f.cpu for f in self.ready_free.values())
         self.ready_free_memory = sum(f.memory for f in self.ready_free.values())
@@ -180,6 +190,57 @@ class OldSession(Session):
             self.releasing += sum(task.state == "Releasing" for _job, task in n.tasks)
             on_nodes.extend((j, task, n.name) for j, task in n.tasks)
         self.add_ends(on_nodes)
+
+    def add_ends(self, started: list[tuple[JobInfo, TaskInfo, str]]) -> None:
+        """Each task's planned end, appended and sorted in one `list.sort`."""
+        correction = self.config.prediction_correction
+        for j, task, name in started:
+            if j.walltime is None or task.started_at is None or task.state == "Releasing":
+                continue
+            if j.predicted is None:
+                at = task.started_at + j.walltime
+            else:
+                at = predict.end(j, task.started_at, self.now, correction) or 0.0
+            request = task.resources
+            release = (
+                request
+                if request.gpu == len(task.devices) and not task.gpu_share
+                else Resources(request.cpu, request.memory, self.device_release(task))
+            )
+            self.walltime_ends.append((at, name, task.id, j.id, release))
+        self.walltime_ends.sort()
+
+
+class OldNodeView(NodeView):
+    """A node's view made the way it was before the one pass over its devices."""
+
+    def __init__(self, info: model.NodeInfo) -> None:
+        self.name = info.name
+        self.labels = info.labels
+        self.state = info.state
+        self.allocatable = info.allocatable
+        healthy = sorted(d.index for d in info.devices if d.healthy and not d.mig)
+        self.healthy_devices = len(healthy)
+        self.free_cpu = info.allocatable.cpu
+        self.free_memory = info.allocatable.memory
+        self.free_devices = healthy
+        self.rel_cpu = 0
+        self.rel_memory = 0
+        self.rel_devices = 0
+        self.label_key = tuple(sorted(self.labels.items()))
+        self.tasks = []
+        self.sharing = info.sharing
+        self.shared = {}
+        self.shared_memory = {}
+        self.device_memory = {d.index: d.memory for d in info.devices if not d.mig}
+        self.model = next((d.model for d in info.devices if d.model), "")
+        self.mig_free = {}
+        for device in info.devices:
+            for instance in device.mig if device.healthy else ():
+                self.mig_free.setdefault(instance.profile, []).append((device.index, instance.uuid))
+        self.mig_profiles = frozenset(self.mig_free)
+        self.mig_total = {p: len(free) for p, free in self.mig_free.items()}
+        self.mig_held = {}
 
 
 def old_victim_key(v: JobInfo) -> tuple[Any, ...]:
@@ -294,7 +355,12 @@ def opened(s: Session) -> Any:
         ],
         {name: (q.allocated, q.shared_gpu) for name, q in s.queues.items()},
         s.ready_free, s.ready_free_cpu, s.ready_free_memory, s.ready_free_gpu,
-        s.walltime_ends, s.releasing, s.releasers,
+        s.walltime_ends, s.releasing, s.releasers, s.total, s.max_devices, s.all_ready,
+        [
+            (n.healthy_devices, n.label_key, n.device_memory, n.model, n.mig_profiles,
+             n.mig_total, n.mig_held, n.shared_memory, n.sharing)
+            for n in s.nodes
+        ],
     )  # fmt: skip
 
 
@@ -310,6 +376,7 @@ def test_a_session_opens_as_it_did(seed: int, monkeypatch: pytest.MonkeyPatch) -
     assert session.fraction_nodes == holding
     with monkeypatch.context() as patched:
         patched.setattr(session_module, "_sort_out", old_sort_out)
+        patched.setattr(session_module, "NodeView", OldNodeView)
         before = opened(OldSession(snap, POLICY, default_plugins(POLICY)))
     assert now == before
 
@@ -363,6 +430,7 @@ def test_random_clusters_preempt_and_reclaim_as_they_did(
             patched.setattr(plugins.DRFPlugin, "reclaimable", old_reclaimable)
             patched.setattr(actions, "_evict_one", old_evict_one)
             patched.setattr("scheduler.core.cycle.Session", OldSession)
+            patched.setattr(session_module, "NodeView", OldNodeView)
             before = decided(snap, config)
         assert now == before, f"seed {seed}"
         evicted += len(now[1])
