@@ -18,8 +18,8 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator
-from itertools import compress, repeat
-from operator import add, attrgetter, is_, itemgetter, lt
+from itertools import compress, islice, repeat
+from operator import attrgetter, eq, is_, itemgetter, lt, ne
 from typing import Any, cast
 
 from scheduler.core import gpushare, predict, sharing
@@ -65,14 +65,19 @@ class Plugin:
     # True if `job_valid` says None for every job of an open queue without a capability:
     # enqueue then asks it only of the jobs of other queues.
     valid_in_open_queue = False
+    # True if the keys of `keys_with_ids` hold ints and floats only, and a key holding NaN
+    # holds it first: `Session.key_order` may then sort them by their first items and
+    # settle ties after (`sorted_by_first`).
+    numbers_first_nan = False
 
     def open(self, session: Session) -> None:
         """Called once when the session opens."""
 
     def job_key(self, session: Session, job: JobInfo) -> tuple[Any, ...]:
         """The job's place in its queue (keys are compared, least first). A plugin may also
-        offer `job_keys(session, jobs)`, the keys of many jobs at once, each equal to its
-        `job_key`: `Session.key_all` asks it when it is the only plugin keying jobs."""
+        offer `keys_with_ids(session, jobs)`, the keys of many jobs at once, each equal to
+        its `job_key` with the job's id after it (`job_key(job) + (job.id,)`, the session's
+        key): `Session.key_all` asks it when it is the only plugin keying jobs."""
         return ()
 
     def queue_key(self, session: Session, queue: QueueState) -> tuple[Any, ...]:
@@ -547,6 +552,15 @@ class Session:
             tasks = self._pending_tasks[job.id] = [t for t in job.tasks if t.state == "Pending"]
         return tasks
 
+    def have_pending(self, jobs: list[JobInfo]) -> list[bool]:
+        """Whether each of `jobs` has a pending task (`pending_tasks`), in one pass without
+        a call per job where all of them are known (as the candidates are, once sorted
+        out)."""
+        tasks = list(map(self._pending_tasks.get, map(_job_id, jobs)))
+        if None in tasks:
+            tasks = list(map(self.pending_tasks, jobs))
+        return list(map(bool, tasks))
+
     def shape(self, job: JobInfo) -> Shape | None:
         """(resources, node selector) of the job's pending tasks if they are all alike."""
         known = self._shapes.get(job.id, _UNKNOWN)
@@ -696,24 +710,26 @@ class Session:
             key = self._job_keys[job.id] = key + (job.id,)
         return key
 
-    def key_all(self, jobs: list[JobInfo]) -> None:
+    def key_all(self, jobs: list[JobInfo]) -> list[tuple[Any, ...]] | None:
         """Work out the keys of those of `jobs` not keyed yet in one pass, where the one
-        plugin keying jobs can (a `job_keys` method, as the priority plugin's): `job_key`
-        then finds them made. The same keys as one by one, in the same order."""
+        plugin keying jobs can (a `keys_with_ids` method, as the priority plugin's):
+        `job_key` then finds them made. The same keys as one by one, in the same order.
+        Returns the keys of `jobs`, in their order, where it made them all now (none was
+        keyed before, no two share an id), else None."""
         hooks = self.hooks["job_key"]
-        batch = getattr(hooks[0], "job_keys", None) if len(hooks) == 1 else None
+        batch = getattr(hooks[0], "keys_with_ids", None) if len(hooks) == 1 else None
         if batch is None:
-            return
+            return None
         known = self._job_keys
-        todo = [job for job in jobs if job.id not in known]
-        ids = list(map(_job_id, todo))
+        fresh = not known
+        todo = jobs if fresh else [job for job in jobs if job.id not in known]
         keys = batch(self, todo)
-        if len(keys) != len(ids):
+        if len(keys) != len(todo):
             raise ValueError(
-                f"{type(hooks[0]).__name__}.job_keys: {len(keys)} keys for {len(ids)} jobs"
+                f"{type(hooks[0]).__name__}.keys_with_ids: {len(keys)} keys for {len(todo)} jobs"
             )
-        # Each key with the job's id after it (`zip(ids)`: the 1-tuples `(id,)`).
-        known.update(zip(ids, map(add, keys, zip(ids)), strict=True))
+        known.update(zip(map(_job_id, todo), keys, strict=True))
+        return keys if fresh and len(known) == len(jobs) else None
 
     def in_key_order(self, jobs: list[JobInfo]) -> list[JobInfo]:
         """`sorted(jobs, key=self.job_key)`: keyed in one pass where the plugin can
@@ -723,11 +739,14 @@ class Session:
 
     def key_order(self, jobs: list[JobInfo]) -> list[int]:
         """The positions in `jobs` of `in_key_order`'s jobs, in its order."""
-        self.key_all(jobs)
-        known = cast(Callable[[int], tuple[Any, ...]], self._job_keys.get)  # (None: not made)
-        keys = list(map(known, map(_job_id, jobs)))
-        if None in keys:
-            keys = list(map(self.job_key, jobs))
+        keys = self.key_all(jobs)
+        if keys is not None and self.hooks["job_key"][0].numbers_first_nan:
+            return sorted_by_first(keys)
+        if keys is None:
+            known = cast(Callable[[int], tuple[Any, ...]], self._job_keys.get)  # (None: not made)
+            keys = list(map(known, map(_job_id, jobs)))
+            if None in keys:
+                keys = list(map(self.job_key, jobs))
         at: Callable[[int], tuple[Any, ...]] = keys.__getitem__
         return sorted(range(len(jobs)), key=at)
 
@@ -1194,6 +1213,35 @@ def _short_of(
         before |= shorts
     count("held for the reservation", everyone & ~before)
     return seen, seen_first
+
+
+def sorted_by_first(keys: list[tuple[Any, ...]]) -> list[int]:
+    """`sorted(range(len(keys)), key=keys.__getitem__)` for keys of ints and floats whose
+    NaNs come first in them (`Plugin.numbers_first_nan`): sorted by their first items
+    alone (one number against another, not a tuple against another), then each run of
+    equal first items sorted by the whole keys. Where no first item is NaN, the keys are
+    ordered wholly (no two both less than each other), so both sorts, stable, give the one
+    order there is; with a NaN, by the whole keys."""
+    at = keys.__getitem__
+    firsts = list(map(_first, keys))
+    if any(map(ne, firsts, firsts)):  # (NaN is the one number unequal to itself)
+        return sorted(range(len(keys)), key=at)
+    order = sorted(range(len(keys)), key=firsts.__getitem__)
+    ordered = list(map(firsts.__getitem__, order))
+    # Where the first items of two neighbours are equal: each run of such, sorted whole.
+    ties = list(compress(range(len(ordered)), map(eq, ordered, islice(ordered, 1, None))))
+    i, end = 0, len(ties)
+    while i < end:
+        start = last = ties[i]
+        i += 1
+        while i < end and ties[i] == last + 1:
+            last = ties[i]
+            i += 1
+        order[start : last + 2] = sorted(order[start : last + 2], key=at)
+    return order
+
+
+_first = itemgetter(0)
 
 
 def _marks(answers: Iterable[bool]) -> int:
