@@ -566,29 +566,14 @@ class Session:
         known = self._shapes.get(job.id, _UNKNOWN)
         if known is not _UNKNOWN:
             return known
+        key = self._alike_keys.get(job.id, _UNKNOWN)
+        if key is not _UNKNOWN:  # (its alike key holds it: an equal shape, or None)
+            return None if key is None else key[0]  # type: ignore[no-any-return]
         return self._new_shape(job)
 
     def _new_shape(self, job: JobInfo) -> Shape | None:
         """`shape`, worked out and kept."""
-        tasks = self._pending_tasks.get(job.id)
-        if tasks is None:
-            tasks = self.pending_tasks(job)
-        shape: Shape | None = None
-        if len(tasks) == 1:  # (`task_shape`, spelled out: once per job)
-            first = tasks[0]
-            selector = first.node_selector
-            shape = (
-                first.resources,
-                tuple(sorted(selector.items())) if selector else (),
-                (first.gpu_share, first.gpu_memory, first.gpu_modes, first.gpu_mig)
-                if first.gpu_share
-                else (),
-            )
-        elif tasks:
-            first = tasks[0]
-            if all(alike(t, first) for t in tasks):
-                shape = task_shape(first)
-        self._shapes[job.id] = shape
+        shape = self._shapes[job.id] = pending_shape(self.pending_tasks(job))
         return shape
 
     def _interned_one(self, value: tuple[Any, ...]) -> Any:
@@ -607,22 +592,9 @@ class Session:
         None; the owner only in a queue with per-user limits (elsewhere it is "")."""
         key = self._alike_keys.get(job.id, _UNKNOWN)
         if key is _UNKNOWN:
-            key = self._new_alike_key(job)
+            self._new_alike_keys([job])
+            key = self._alike_keys[job.id]
         return key  # type: ignore[no-any-return]
-
-    def _new_alike_key(self, job: JobInfo) -> tuple[Shape, str, int, str] | None:
-        """`alike_key`, worked out and kept."""
-        shape = self._shapes.get(job.id, _UNKNOWN)
-        if shape is _UNKNOWN:
-            shape = self._new_shape(job)
-        key = None
-        if shape is not None:
-            owner = job.owner if job.queue in self.user_limited else ""
-            need = self.need.get(job.id)  # `needed`
-            need = job.min_available if need is None else need
-            key = self._interned_one((shape, job.queue, need, owner))
-        self._alike_keys[job.id] = key
-        return key
 
     def prefill_alike_keys(self, jobs: list[JobInfo]) -> None:
         """`alike_key` of each of `jobs`, made now (each is kept until its job's pending
@@ -630,10 +602,35 @@ class Session:
         tasks and the keys are walked in the order they lie in memory; asked first in
         priority order (backfill's), each job's key cost about four times as much, in
         cache misses."""
-        known, new = self._alike_keys, self._new_alike_key
+        self._new_alike_keys(jobs)
+
+    def _new_alike_keys(self, jobs: list[JobInfo]) -> None:
+        """`alike_key` of each of `jobs` not known yet, worked out and kept: each from the
+        job's pending tasks (`pending_shape`), whatever `shape` knows (the same shape).
+        `shape` is not kept here, but read off the key when asked (a few dozen jobs of a
+        backlog are)."""
+        known, pending, need_of = self._alike_keys, self._pending_tasks, self.need
+        limited, interned = self.user_limited, self._interned
         for job in jobs:
-            if job.id not in known:
-                new(job)
+            job_id = job.id
+            if job_id in known:
+                continue
+            tasks = pending.get(job_id)
+            shape = pending_shape(self.pending_tasks(job) if tasks is None else tasks)
+            key = None
+            if shape is not None:
+                queue = job.queue
+                need = need_of.get(job_id)  # `needed`
+                value = (
+                    shape,
+                    queue,
+                    job.min_available if need is None else need,
+                    job.owner if queue in limited else "",
+                )
+                key = interned.get(value)
+                if key is None:
+                    key = self._interned_one(value)
+            known[job_id] = key
 
     def gang_runs(self, job: JobInfo) -> list[tuple[TaskInfo, int]]:
         """The gang (the first `needed` pending tasks) as runs of consecutive alike tasks:
@@ -1258,6 +1255,32 @@ def task_shape(task: TaskInfo) -> Shape:
         task.resources,
         tuple(sorted(selector.items())) if selector else (),  # `selector_key`
         fraction,
+    )
+
+
+def pending_shape(tasks: list[TaskInfo]) -> Shape | None:
+    """The `task_shape` of a job's pending `tasks` if there are some and all are alike
+    (`alike`, spelled out: once per task of the backlog), else None."""
+    if not tasks:
+        return None
+    first = tasks[0]
+    resources, selector, share = first.resources, first.node_selector, first.gpu_share
+    if len(tasks) > 1:
+        memory, modes, mig = first.gpu_memory, first.gpu_modes, first.gpu_mig
+        for task in tasks:
+            if (
+                task.resources != resources
+                or task.node_selector != selector
+                or task.gpu_share != share
+                or task.gpu_memory != memory
+                or task.gpu_modes != modes
+                or task.gpu_mig != mig
+            ):
+                return None
+    return (  # (`task_shape`, spelled out)
+        resources,
+        tuple(sorted(selector.items())) if selector else (),
+        (share, first.gpu_memory, first.gpu_modes, first.gpu_mig) if share else (),
     )
 
 

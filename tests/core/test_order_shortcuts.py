@@ -8,7 +8,9 @@
   job need be asked `job_valid`, puts the jobs into their queues without a test per job
   (`actions._admit`);
 - a fresh session's keys are sorted by their first items, each run of equal ones then by
-  the whole keys (`sorted_by_first`: one float against another rather than a tuple).
+  the whole keys (`sorted_by_first`: one float against another rather than a tuple);
+- the alike keys are made in one loop from each job's pending tasks (`pending_shape`), and
+  `shape` reads a job's shape off its alike key rather than keeping its own.
 
 A backlog's keys, factors (values and order), queues and statuses are checked against
 their definitions (`combine`, `fair_share_factors`, `sorted` by the keys, `job_valid` job
@@ -36,7 +38,7 @@ from scheduler.core.priority import (
     fair_share_factors,
 )
 from scheduler.core.resources import Resources
-from scheduler.core.session import Session, sorted_by_first, task_shape
+from scheduler.core.session import Session, pending_shape, sorted_by_first, task_shape
 from scheduler.core.status import Code
 from tests.core.builders import GI, NOW, job, node
 from tests.core.test_alike_at_once import random_snapshot
@@ -61,7 +63,7 @@ def backlogs(draw: st.DrawFn) -> Snapshot:
     """A backlog over several queues and owners, with ties: jobs of one owner, queue,
     size, priority and age (their keys then differ in the id alone), jobs from the future
     and from long ago (an age factor of 0 and of 1), now and then a job already running
-    part of its gang, usage and shares."""
+    part of its gang, now and then one whose pending tasks differ, usage and shares."""
     queues = draw(
         st.sampled_from(
             [ALL_QUEUES, ALL_QUEUES[:1], ALL_QUEUES[:3], [ALL_QUEUES[1], ALL_QUEUES[3]]]
@@ -90,6 +92,12 @@ def backlogs(draw: st.DrawFn) -> Snapshot:
                 state="Running" if running else None,
             )
         )
+        last = jobs[-1].tasks[-1]
+        if replicas > 1 and draw(st.integers(0, 3)) == 0:  # pending tasks not all alike
+            if draw(st.booleans()):
+                last.resources = Resources(3000, GI, last.resources.gpu)
+            else:
+                last.node_selector = {"zone": "b"}
     usage = {o: draw(st.sampled_from([0.0, 10.0, 1e6])) for o in OWNERS[:3]}
     shares = draw(st.sampled_from([{}, {"a": 3.0}, {"b": 0.0}]))
     return Snapshot(NOW, nodes, queues, jobs, usage, shares)
@@ -196,7 +204,7 @@ def test_enqueue_of_any_cluster_is_as_the_definitions_say(
 def _long_way(monkeypatch: pytest.MonkeyPatch) -> None:
     """Undo the shortcuts: keys made job by job (`job_key`) and sorted by `sorted`, each
     job's pending tasks asked by `pending_tasks`, every admitted job put into its queue by
-    name."""
+    name, alike keys made only when asked, and shapes kept by `shape` itself."""
     monkeypatch.setattr(Session, "key_all", lambda self, jobs: None)
     monkeypatch.setattr(
         Session, "have_pending", lambda self, jobs: [bool(self.pending_tasks(j)) for j in jobs]
@@ -207,6 +215,13 @@ def _long_way(monkeypatch: pytest.MonkeyPatch) -> None:
             session.queues[jobs[i].queue].jobs.append(jobs[i])
 
     monkeypatch.setattr(actions, "_admit", admit)
+    monkeypatch.setattr(Session, "prefill_alike_keys", lambda self, jobs: None)
+
+    def shape(self: Session, job: JobInfo) -> Any:
+        known = self._shapes.get(job.id, self)
+        return self._new_shape(job) if known is self else known
+
+    monkeypatch.setattr(Session, "shape", shape)
 
 
 def _decided(snap: Snapshot, config: SchedulingPolicy) -> tuple[Any, ...]:
@@ -293,6 +308,17 @@ def test_a_newcomer_moves_every_owner_s_fair_share_from_then_on() -> None:
     fair = fair_share_factors(snap.usage, {}, {"a", "c"})
     assert session.factors[3].fair_share == fair["c"]
     assert session.factors[2].fair_share == fair["a"] != before.fair_share
+
+
+def test_pending_shape_is_the_shape_of_alike_tasks_or_none() -> None:
+    one = job(1, cpu=2, selector={"zone": "a"}).tasks
+    same = job(2, cpu=2, replicas=3).tasks
+    mixed = job(3, replicas=2).tasks
+    mixed[1].resources = Resources(5, 5, 0)
+    assert pending_shape(one) == task_shape(one[0])
+    assert pending_shape(same) == task_shape(same[0])
+    assert pending_shape(mixed) is None
+    assert pending_shape([]) is None
 
 
 def test_a_job_whose_queue_must_be_asked_still_is() -> None:
