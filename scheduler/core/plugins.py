@@ -42,9 +42,9 @@ class PriorityPlugin(Plugin):
 
     @property
     def numbers_first_nan(self) -> bool:  # type: ignore[override]
-        """With weights, a key is (-priority, -own priority, created_at, id): NaN only
-        where created_at is NaN, which makes the priority NaN. (Without, created_at comes
-        second.)"""
+        """With weights, a key is (-priority, -own priority, created_at, id): its one float
+        besides the priority is created_at, and a NaN created_at makes the priority NaN
+        (as a NaN factor would). Without, created_at comes second, NaN or not."""
         return not self.weights.off
 
     def job_key(self, session: Session, job: JobInfo) -> tuple[Any, ...]:

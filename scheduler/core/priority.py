@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from scheduler.core.resources import tuple_new
+
 DAY = 86400.0
 # Usage older than this many half-lives is no longer read: it counts under 1/1000 of itself.
 HORIZON_HALF_LIVES = 10
@@ -60,7 +62,8 @@ class Factors(NamedTuple):
     """A pending job's factors and the priority they add up to (as `sprio` shows them).
     Immutable; a named tuple because a cycle makes one per pending job (a tuple is several
     times cheaper to make than a frozen dataclass, as `Resources`), with the same fields,
-    equality and repr as the frozen dataclass it was."""
+    repr and hash as the frozen dataclass it was, and equal to a `Factors` of the same
+    fields (also, unlike the dataclass, to a plain tuple of them)."""
 
     priority: float
     age: float
@@ -145,6 +148,3 @@ def new_factors(
     """`Factors(priority, age, fair, size, queue, job_priority)` without the named tuple's
     generated `__new__`: the same tuple, for the one a cycle makes per pending job."""
     return tuple_new(Factors, (priority, age, fair, size, queue, job_priority))
-
-
-tuple_new = tuple.__new__
