@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import Counter
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from itertools import compress, filterfalse, repeat
 from operator import attrgetter, not_
 
@@ -66,23 +66,43 @@ def enqueue(session: Session) -> None:
     valid, queues = session.job_valid, session.queues
     valid_queues = _valid_queues(session)
     jobs = session.candidates
+    order = session.key_order(jobs)
     # Whether each has a pending task, asked in snapshot order (where the jobs and their
     # tasks lie in memory one after the other), read by position in key order.
-    waiting = list(map(bool, map(session.pending_tasks, jobs)))
-    for i in session.key_order(jobs):
-        job = jobs[i]
-        try:  # `guarded`, without a closure per job
-            invalid = None if job.queue in valid_queues else valid(job)
-            if invalid is None:
-                if waiting[i]:
-                    queues[job.queue].jobs.append(job)
-                continue
-            session.set_pending(job, invalid)
-            session.failures[job.id] = Failure(invalid.code, invalid.message, False)
-        except Exception as exc:  # noqa: BLE001 - fault isolation is the point
-            record_fault(session, job, exc)
+    waiting = session.have_pending(jobs)
+    queue_of = list(map(_queue, jobs))  # (likewise)
+    names = set(queue_of)
+    if names <= valid_queues:  # every job admitted, none asked: each into its queue
+        _admit(session, jobs, queue_of, compress(order, map(waiting.__getitem__, order)), names)
+    else:
+        for i in order:
+            job = jobs[i]
+            try:  # `guarded`, without a closure per job
+                invalid = None if queue_of[i] in valid_queues else valid(job)
+                if invalid is None:
+                    if waiting[i]:
+                        queues[job.queue].jobs.append(job)
+                    continue
+                session.set_pending(job, invalid)
+                session.failures[job.id] = Failure(invalid.code, invalid.message, False)
+            except Exception as exc:  # noqa: BLE001 - fault isolation is the point
+                record_fault(session, job, exc)
     if session.alike_refusals:
         session.prefill_alike_keys(session.candidates)
+
+
+def _admit(
+    session: Session, jobs: list[JobInfo], queue_of: list[str], at: Iterable[int], names: set[str]
+) -> None:
+    """The `jobs` at positions `at` (in key order) into their queues (`queue_of` names
+    each job's; `names` all of them), in that order: enqueue's loop where no job is asked
+    `job_valid`, without a test per job (nothing in it can fail) nor a look at the job."""
+    if len(names) == 1:
+        session.queues[next(iter(names))].jobs.extend(map(jobs.__getitem__, at))
+        return
+    into = {name: session.queues[name].jobs.append for name in names}
+    for i in at:
+        into[queue_of[i]](jobs[i])
 
 
 def _valid_queues(session: Session) -> set[str]:
@@ -124,6 +144,7 @@ def in_order(
 
 
 _job_id = attrgetter("id")
+_queue = attrgetter("queue")
 
 
 def in_order_unchanged(session: Session, skip_ids: Container[int]) -> Iterator[JobInfo]:

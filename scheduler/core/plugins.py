@@ -13,7 +13,7 @@ from typing import Any
 from scheduler.core import sharing
 from scheduler.core.model import JobInfo, SchedulingPolicy, TaskInfo
 from scheduler.core.priority import Factors, fair_share_factors
-from scheduler.core.resources import DIMENSIONS, Resources
+from scheduler.core.resources import DIMENSIONS, Resources, tuple_new
 from scheduler.core.session import Plugin, Session
 from scheduler.core.status import Code, Status
 from scheduler.core.types import HOLDS_RESOURCES, LabelGroup, NodeView, QueueState
@@ -33,48 +33,49 @@ class PriorityPlugin(Plugin):
 
     def open(self, session: Session) -> None:
         self.weights = session.config.priority_weights
-        self.fair: dict[str, float] = {}
+        self.fair: dict[str, float] = {}  # owner -> fair-share factor
         self.top_queue = max((q.info.priority for q in session.queues.values()), default=0)
-        # (owner, queue) -> (fair-share factor, queue factor): the same for all their jobs.
-        self._constant: dict[tuple[str, str], tuple[float, float]] = {}
+        self._queue_factors: dict[str, float] = {}  # queue -> queue factor, as first asked
         if self.weights.fair_share:
             owners = {job.owner for job in session.candidates}
             self.fair = fair_share_factors(session.usage, session.shares, owners)
 
+    @property
+    def numbers_first_nan(self) -> bool:  # type: ignore[override]
+        """With weights, a key is (-priority, -own priority, created_at, id): its one float
+        besides the priority is created_at, and a NaN created_at makes the priority NaN
+        (as a NaN factor would). Without, created_at comes second, NaN or not."""
+        return not self.weights.off
+
     def job_key(self, session: Session, job: JobInfo) -> tuple[Any, ...]:
-        if self.weights.off:
-            return (-job.priority, job.created_at)
-        factors = session.factors[job.id] = self.factors(session, job)
-        return (-factors.priority, -job.priority, job.created_at)
+        return self.keys_with_ids(session, [job])[0][:-1]
 
-    def job_keys(self, session: Session, jobs: list[JobInfo]) -> list[tuple[Any, ...]]:
-        """`job_key` of each of `jobs`, worked out in one pass (a whole backlog's)."""
-        if self.weights.off:
-            return [(-job.priority, job.created_at) for job in jobs]
-        made = self.all_factors(session, jobs)
-        session.factors.update(zip([job.id for job in jobs], made, strict=True))
-        return [
-            (-factors.priority, -job.priority, job.created_at)
-            for job, factors in zip(jobs, made, strict=True)
-        ]
-
-    def factors(self, session: Session, job: JobInfo) -> Factors:
-        return self.all_factors(session, [job])[0]
-
-    def all_factors(self, session: Session, jobs: list[JobInfo]) -> list[Factors]:
-        """`combine` of each job's factors, the owner's and queue's worked out once, the
-        weights read once: the same arithmetic in the same order, so the same floats."""
+    def keys_with_ids(self, session: Session, jobs: list[JobInfo]) -> list[tuple[Any, ...]]:
+        """Each job's `job_key` with its id after it (the session's key), worked out in one
+        pass over `jobs` (a whole backlog's), each job's factors recorded in
+        `session.factors` as it goes. The weights are read once, each owner's and queue's
+        factor looked up by itself (no (owner, queue) pair made per job); the arithmetic
+        is `combine`'s, in the same order, so the floats are the same."""
         weights = self.weights
+        if weights.off:
+            return [(-job.priority, job.created_at, job.id) for job in jobs]
         w_age, w_fair, w_size = weights.age, weights.fair_share, weights.job_size
         w_queue, w_priority, max_age = weights.queue, weights.priority, weights.max_age
         now, favor_small = session.now, weights.favor_small
-        made: list[Factors] = []
-        add, new_object, set_attribute = made.append, object.__new__, object.__setattr__
+        fair_of, queue_of, recorded = self.fair, self._queue_factors, session.factors
+        keys: list[tuple[Any, ...]] = []
+        add = keys.append
         for job in jobs:
-            constant = self._constant.get((job.owner, job.queue))
-            if constant is None:
-                constant = self._constants(session, job)
-            fair, queue = constant
+            fair = 0.0
+            if w_fair:
+                known = fair_of.get(job.owner)
+                if known is None:  # a standing session's newcomer
+                    fair_of = self._newcomer(session, job.owner)
+                    known = fair_of[job.owner]
+                fair = known
+            queue = queue_of.get(job.queue)
+            if queue is None:
+                queue = queue_of[job.queue] = self._queue_factor(session, job.queue)
             waited = now - job.created_at  # `age_factor`, spelled out
             age = (0.0 if 0.0 > waited else waited) / max_age
             if 1.0 < age:
@@ -82,41 +83,24 @@ class PriorityPlugin(Plugin):
             size = min(1.0, session.share(session.min_request(job))) if w_size else 0.0
             if favor_small:
                 size = 1.0 - size
-            total = (
-                w_age * age + w_fair * fair + w_size * size + w_queue * queue
-                + w_priority * job.priority
-            )  # fmt: skip
+            own = job.priority
+            total = w_age * age + w_fair * fair + w_size * size + w_queue * queue + w_priority * own
             # `new_factors`, spelled out: once per pending job.
-            factors = new_object(Factors)
-            set_attribute(
-                factors,
-                "__dict__",
-                {
-                    "priority": total,
-                    "age": age,
-                    "fair_share": fair,
-                    "job_size": size,
-                    "queue": queue,
-                    "job_priority": job.priority,
-                },
-            )
-            add(factors)
-        return made
+            factors = tuple_new(Factors, (total, age, fair, size, queue, own))
+            recorded[job.id] = factors
+            add((-total, -own, job.created_at, job.id))
+        return keys
 
-    def _constants(self, session: Session, job: JobInfo) -> tuple[float, float]:
-        weights = self.weights
-        fair = 0.0
-        if weights.fair_share:
-            if job.owner not in self.fair:  # a standing session's newcomer
-                owners = set(self.fair) | {job.owner}
-                self.fair = fair_share_factors(session.usage, session.shares, owners)
-                self._constant = {}  # every owner's factor moved
-            fair = self.fair[job.owner]
-        queue = session.queues.get(job.queue)
+    def _newcomer(self, session: Session, owner: str) -> dict[str, float]:
+        """The fair-share factors again with `owner` among the owners (a standing session's
+        newcomer: every owner's factor moves)."""
+        self.fair = fair_share_factors(session.usage, session.shares, set(self.fair) | {owner})
+        return self.fair
+
+    def _queue_factor(self, session: Session, name: str) -> float:
+        queue = session.queues.get(name)
         queue_priority = queue.info.priority if queue is not None else 0
-        queue_factor = max(0, queue_priority) / self.top_queue if self.top_queue > 0 else 0.0
-        constant = self._constant[(job.owner, job.queue)] = (fair, queue_factor)
-        return constant
+        return max(0, queue_priority) / self.top_queue if self.top_queue > 0 else 0.0
 
     def preemptable(
         self, session: Session, preemptor: JobInfo, victims: list[JobInfo]

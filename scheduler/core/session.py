@@ -19,8 +19,8 @@ import bisect
 import math
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator
-from itertools import compress, repeat
-from operator import add, attrgetter, is_, itemgetter, lt
+from itertools import compress, islice, repeat
+from operator import attrgetter, eq, is_, itemgetter, lt, ne
 from typing import Any, cast
 
 from scheduler.core import gpushare, predict, sharing
@@ -68,14 +68,19 @@ class Plugin:
     # True if `job_valid` says None for every job of an open queue without a capability:
     # enqueue then asks it only of the jobs of other queues.
     valid_in_open_queue = False
+    # True if the keys of `keys_with_ids` hold ints and floats only, and a key holding NaN
+    # holds it first: `Session.key_order` may then sort them by their first items and
+    # settle ties after (`sorted_by_first`).
+    numbers_first_nan = False
 
     def open(self, session: Session) -> None:
         """Called once when the session opens."""
 
     def job_key(self, session: Session, job: JobInfo) -> tuple[Any, ...]:
         """The job's place in its queue (keys are compared, least first). A plugin may also
-        offer `job_keys(session, jobs)`, the keys of many jobs at once, each equal to its
-        `job_key`: `Session.key_all` asks it when it is the only plugin keying jobs."""
+        offer `keys_with_ids(session, jobs)`, the keys of many jobs at once, each equal to
+        its `job_key` with the job's id after it (`job_key(job) + (job.id,)`, the session's
+        key): `Session.key_all` asks it when it is the only plugin keying jobs."""
         return ()
 
     def queue_key(self, session: Session, queue: QueueState) -> tuple[Any, ...]:
@@ -535,34 +540,28 @@ class Session:
             tasks = self._pending_tasks[job.id] = [t for t in job.tasks if t.state == "Pending"]
         return tasks
 
+    def have_pending(self, jobs: list[JobInfo]) -> list[bool]:
+        """Whether each of `jobs` has a pending task (`pending_tasks`), in one pass without
+        a call per job where all of them are known (as the candidates are, once sorted
+        out)."""
+        tasks = list(map(self._pending_tasks.get, map(_job_id, jobs)))
+        if None in tasks:
+            tasks = list(map(self.pending_tasks, jobs))
+        return list(map(bool, tasks))
+
     def shape(self, job: JobInfo) -> Shape | None:
         """(resources, node selector) of the job's pending tasks if they are all alike."""
         known = self._shapes.get(job.id, _UNKNOWN)
         if known is not _UNKNOWN:
             return known
+        key = self._alike_keys.get(job.id, _UNKNOWN)
+        if key is not _UNKNOWN:  # (its alike key holds it: an equal shape, or None)
+            return None if key is None else key[0]  # type: ignore[no-any-return]
         return self._new_shape(job)
 
     def _new_shape(self, job: JobInfo) -> Shape | None:
         """`shape`, worked out and kept."""
-        tasks = self._pending_tasks.get(job.id)
-        if tasks is None:
-            tasks = self.pending_tasks(job)
-        shape: Shape | None = None
-        if len(tasks) == 1:  # (`task_shape`, spelled out: once per job)
-            first = tasks[0]
-            selector = first.node_selector
-            shape = (
-                first.resources,
-                tuple(sorted(selector.items())) if selector else (),
-                (first.gpu_share, first.gpu_memory, first.gpu_modes, first.gpu_mig)
-                if first.gpu_share
-                else (),
-            )
-        elif tasks:
-            first = tasks[0]
-            if all(alike(t, first) for t in tasks):
-                shape = task_shape(first)
-        self._shapes[job.id] = shape
+        shape = self._shapes[job.id] = pending_shape(self.pending_tasks(job))
         return shape
 
     def _interned_one(self, value: tuple[Any, ...]) -> Any:
@@ -581,22 +580,9 @@ class Session:
         None; the owner only in a queue with per-user limits (elsewhere it is "")."""
         key = self._alike_keys.get(job.id, _UNKNOWN)
         if key is _UNKNOWN:
-            key = self._new_alike_key(job)
+            self._new_alike_keys([job])
+            key = self._alike_keys[job.id]
         return key  # type: ignore[no-any-return]
-
-    def _new_alike_key(self, job: JobInfo) -> tuple[Shape, str, int, str] | None:
-        """`alike_key`, worked out and kept."""
-        shape = self._shapes.get(job.id, _UNKNOWN)
-        if shape is _UNKNOWN:
-            shape = self._new_shape(job)
-        key = None
-        if shape is not None:
-            owner = job.owner if job.queue in self.user_limited else ""
-            need = self.need.get(job.id)  # `needed`
-            need = job.min_available if need is None else need
-            key = self._interned_one((shape, job.queue, need, owner))
-        self._alike_keys[job.id] = key
-        return key
 
     def prefill_alike_keys(self, jobs: list[JobInfo]) -> None:
         """`alike_key` of each of `jobs`, made now (each is kept until its job's pending
@@ -604,10 +590,35 @@ class Session:
         tasks and the keys are walked in the order they lie in memory; asked first in
         priority order (backfill's), each job's key cost about four times as much, in
         cache misses."""
-        known, new = self._alike_keys, self._new_alike_key
+        self._new_alike_keys(jobs)
+
+    def _new_alike_keys(self, jobs: list[JobInfo]) -> None:
+        """`alike_key` of each of `jobs` not known yet, worked out and kept: each from the
+        job's pending tasks (`pending_shape`), whatever `shape` knows (the same shape).
+        `shape` is not kept here, but read off the key when asked (a few dozen jobs of a
+        backlog are)."""
+        known, pending, need_of = self._alike_keys, self._pending_tasks, self.need
+        limited, interned = self.user_limited, self._interned
         for job in jobs:
-            if job.id not in known:
-                new(job)
+            job_id = job.id
+            if job_id in known:
+                continue
+            tasks = pending.get(job_id)
+            shape = pending_shape(self.pending_tasks(job) if tasks is None else tasks)
+            key = None
+            if shape is not None:
+                queue = job.queue
+                need = need_of.get(job_id)  # `needed`
+                value = (
+                    shape,
+                    queue,
+                    job.min_available if need is None else need,
+                    job.owner if queue in limited else "",
+                )
+                key = interned.get(value)
+                if key is None:
+                    key = self._interned_one(value)
+            known[job_id] = key
 
     def gang_runs(self, job: JobInfo) -> list[tuple[TaskInfo, int]]:
         """The gang (the first `needed` pending tasks) as runs of consecutive alike tasks:
@@ -684,24 +695,26 @@ class Session:
             key = self._job_keys[job.id] = key + (job.id,)
         return key
 
-    def key_all(self, jobs: list[JobInfo]) -> None:
+    def key_all(self, jobs: list[JobInfo]) -> list[tuple[Any, ...]] | None:
         """Work out the keys of those of `jobs` not keyed yet in one pass, where the one
-        plugin keying jobs can (a `job_keys` method, as the priority plugin's): `job_key`
-        then finds them made. The same keys as one by one, in the same order."""
+        plugin keying jobs can (a `keys_with_ids` method, as the priority plugin's):
+        `job_key` then finds them made. The same keys as one by one, in the same order.
+        Returns the keys of `jobs`, in their order, where it made them all now (none was
+        keyed before, no two share an id), else None."""
         hooks = self.hooks["job_key"]
-        batch = getattr(hooks[0], "job_keys", None) if len(hooks) == 1 else None
+        batch = getattr(hooks[0], "keys_with_ids", None) if len(hooks) == 1 else None
         if batch is None:
-            return
+            return None
         known = self._job_keys
-        todo = [job for job in jobs if job.id not in known]
-        ids = list(map(_job_id, todo))
+        fresh = not known
+        todo = jobs if fresh else [job for job in jobs if job.id not in known]
         keys = batch(self, todo)
-        if len(keys) != len(ids):
+        if len(keys) != len(todo):
             raise ValueError(
-                f"{type(hooks[0]).__name__}.job_keys: {len(keys)} keys for {len(ids)} jobs"
+                f"{type(hooks[0]).__name__}.keys_with_ids: {len(keys)} keys for {len(todo)} jobs"
             )
-        # Each key with the job's id after it (`zip(ids)`: the 1-tuples `(id,)`).
-        known.update(zip(ids, map(add, keys, zip(ids)), strict=True))
+        known.update(zip(map(_job_id, todo), keys, strict=True))
+        return keys if fresh and len(known) == len(jobs) else None
 
     def in_key_order(self, jobs: list[JobInfo]) -> list[JobInfo]:
         """`sorted(jobs, key=self.job_key)`: keyed in one pass where the plugin can
@@ -711,11 +724,14 @@ class Session:
 
     def key_order(self, jobs: list[JobInfo]) -> list[int]:
         """The positions in `jobs` of `in_key_order`'s jobs, in its order."""
-        self.key_all(jobs)
-        known = cast(Callable[[int], tuple[Any, ...]], self._job_keys.get)  # (None: not made)
-        keys = list(map(known, map(_job_id, jobs)))
-        if None in keys:
-            keys = list(map(self.job_key, jobs))
+        keys = self.key_all(jobs)
+        if keys is not None and self.hooks["job_key"][0].numbers_first_nan:
+            return sorted_by_first(keys)
+        if keys is None:
+            known = cast(Callable[[int], tuple[Any, ...]], self._job_keys.get)  # (None: not made)
+            keys = list(map(known, map(_job_id, jobs)))
+            if None in keys:
+                keys = list(map(self.job_key, jobs))
         at: Callable[[int], tuple[Any, ...]] = keys.__getitem__
         return sorted(range(len(jobs)), key=at)
 
@@ -1184,6 +1200,35 @@ def _short_of(
     return seen, seen_first
 
 
+def sorted_by_first(keys: list[tuple[Any, ...]]) -> list[int]:
+    """`sorted(range(len(keys)), key=keys.__getitem__)` for keys of ints and floats whose
+    NaNs come first in them (`Plugin.numbers_first_nan`): sorted by their first items
+    alone (one number against another, not a tuple against another), then each run of
+    equal first items sorted by the whole keys. Where no first item is NaN, the keys are
+    ordered wholly (no two both less than each other), so both sorts, stable, give the one
+    order there is; with a NaN, by the whole keys."""
+    at = keys.__getitem__
+    firsts = list(map(_first, keys))
+    if any(map(ne, firsts, firsts)):  # (NaN is the one number unequal to itself)
+        return sorted(range(len(keys)), key=at)
+    order = sorted(range(len(keys)), key=firsts.__getitem__)
+    ordered = list(map(firsts.__getitem__, order))
+    # Where the first items of two neighbours are equal: each run of such, sorted whole.
+    ties = list(compress(range(len(ordered)), map(eq, ordered, islice(ordered, 1, None))))
+    i, end = 0, len(ties)
+    while i < end:
+        start = last = ties[i]
+        i += 1
+        while i < end and ties[i] == last + 1:
+            last = ties[i]
+            i += 1
+        order[start : last + 2] = sorted(order[start : last + 2], key=at)
+    return order
+
+
+_first = itemgetter(0)
+
+
 def _marks(answers: Iterable[bool]) -> int:
     """The answers as an integer, one byte each, the first lowest: 1 for True, 0 for False."""
     return int.from_bytes(bytes(answers), "little")
@@ -1198,6 +1243,32 @@ def task_shape(task: TaskInfo) -> Shape:
         task.resources,
         tuple(sorted(selector.items())) if selector else (),  # `selector_key`
         fraction,
+    )
+
+
+def pending_shape(tasks: list[TaskInfo]) -> Shape | None:
+    """The `task_shape` of a job's pending `tasks` if there are some and all are alike
+    (`alike`, spelled out: once per task of the backlog), else None."""
+    if not tasks:
+        return None
+    first = tasks[0]
+    resources, selector, share = first.resources, first.node_selector, first.gpu_share
+    if len(tasks) > 1:
+        memory, modes, mig = first.gpu_memory, first.gpu_modes, first.gpu_mig
+        for task in tasks:
+            if (
+                task.resources != resources
+                or task.node_selector != selector
+                or task.gpu_share != share
+                or task.gpu_memory != memory
+                or task.gpu_modes != modes
+                or task.gpu_mig != mig
+            ):
+                return None
+    return (  # (`task_shape`, spelled out)
+        resources,
+        tuple(sorted(selector.items())) if selector else (),
+        (share, first.gpu_memory, first.gpu_modes, first.gpu_mig) if share else (),
     )
 
 
