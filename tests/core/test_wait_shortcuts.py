@@ -1,0 +1,92 @@
+"""The shortcuts for waiting jobs decide as the code they replaced: the victim search that
+does not start when freeing every victim leaves the gang short (`_GangRoom.enough_with`).
+Each is compared with the long way on random clusters: the same binds, evictions, statuses
+(code, message, node reasons in order, estimated start) and factors."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from scheduler.core.actions import _free_into, _future_room, _GangRoom, enqueue
+from scheduler.core.cycle import run_cycle
+from scheduler.core.model import SchedulingPolicy, Snapshot
+from scheduler.core.plugins import default_plugins
+from scheduler.core.session import Session
+from tests.core.test_alike_refusals import _outcome
+from tests.core.test_steady_shortcuts import random_snapshot
+
+POLICY = SchedulingPolicy()
+
+
+def decided(snap: Snapshot, config: SchedulingPolicy) -> Any:
+    """Everything a cycle decided: binds, evictions, statuses (with their messages, node
+    reasons in order and estimates) and factors."""
+    result = run_cycle(snap, config)
+    return _outcome(result), result.factors
+
+
+# --- the victim search -------------------------------------------------------------------
+
+
+def test_enough_with_every_victim_is_freeing_them_one_by_one() -> None:
+    """`enough_with` says what freeing each victim into the room in turn (`_free_into`)
+    then asking `enough` says, and changes neither the room nor the shared devices."""
+    answers: list[bool] = []
+    for seed in range(600):
+        _compare_enough_with(seed, answers)
+    assert answers.count(True) > 100 and answers.count(False) > 100
+
+
+def _compare_enough_with(seed: int, answers: list[bool]) -> None:
+    rng = random.Random(seed)
+    snap = random_snapshot(rng)
+    session = Session(snap, POLICY, default_plugins(POLICY))
+    enqueue(session)
+    running = list(session.running)
+    for job in session.candidates:
+        room, shared = _future_room(session)
+        fits = _GangRoom.of(session, job, room)
+        if fits is None:
+            continue
+        for _ in range(3):
+            victims = rng.sample(running, rng.randint(0, len(running)))
+            before = (dict(room), dict(shared.holding), dict(fits.each), fits.total)
+            said = fits.enough_with(room, victims, shared)
+            assert (dict(room), dict(shared.holding), dict(fits.each), fits.total) == before
+            freed, holding = dict(room), shared.holding.copy()
+            for victim in victims:
+                _free_into(freed, victim, +1, fits, shared)
+            assert said == fits.enough(), f"seed {seed}, job {job.id}"
+            answers.append(said)
+            shared.holding = holding  # (as it was: the next sample starts from it)
+            fits = _GangRoom.of(session, job, room)
+            assert fits is not None
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_preempt_and_reclaim_decide_as_with_the_search_always_run(
+    strict: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = SchedulingPolicy(strict_order=strict)
+    evicted = 0
+    said: list[bool] = []
+    asked = _GangRoom.enough_with
+
+    def counted(self: _GangRoom, *args: Any) -> bool:
+        said.append(asked(self, *args))
+        return said[-1]
+
+    for seed in range(400):
+        snap = random_snapshot(random.Random(seed))
+        with monkeypatch.context() as patched:
+            patched.setattr(_GangRoom, "enough_with", counted)
+            now = decided(snap, config)
+        with monkeypatch.context() as patched:
+            patched.setattr(_GangRoom, "enough_with", lambda *_: True)  # (the search runs)
+            before = decided(snap, config)
+        assert now == before, f"seed {seed}"
+        evicted += len(now[0][1])
+    assert said.count(False) > 50 and evicted > 50  # the search is skipped; victims are taken
