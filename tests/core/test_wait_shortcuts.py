@@ -1,7 +1,9 @@
 """The shortcuts for waiting jobs decide as the code they replaced: the victim search that
-does not start when freeing every victim leaves the gang short (`_GangRoom.enough_with`).
-Each is compared with the long way on random clusters: the same binds, evictions, statuses
-(code, message, node reasons in order, estimated start) and factors."""
+does not start when freeing every victim leaves the gang short (`_GangRoom.enough_with`);
+`explain`'s per-node answers kept and brought up to date from the nodes that changed
+(`Session._shortfalls`). Each is compared with the long way on random clusters: the same
+binds, evictions, statuses (code, message, node reasons in order, estimated start) and
+factors."""
 
 from __future__ import annotations
 
@@ -9,13 +11,16 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scheduler.core.actions import _free_into, _future_room, _GangRoom, enqueue
 from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulingPolicy, Snapshot
 from scheduler.core.plugins import default_plugins
-from scheduler.core.session import Session
-from tests.core.test_alike_refusals import _outcome
+from scheduler.core.session import _FREE_OF, Session
+from tests.core.test_alike_refusals import _outcome, alike_clusters
+from tests.core.test_properties import CONFIGS, FAST, clusters
 from tests.core.test_steady_shortcuts import random_snapshot
 
 POLICY = SchedulingPolicy()
@@ -90,3 +95,51 @@ def test_preempt_and_reclaim_decide_as_with_the_search_always_run(
         assert now == before, f"seed {seed}"
         evicted += len(now[0][1])
     assert said.count(False) > 50 and evicted > 50  # the search is skipped; victims are taken
+
+
+# --- explain's per-node answers ------------------------------------------------------------
+
+
+def _shortfalls_afresh(
+    self: Session, eligible: list[Any], request: Any
+) -> tuple[int, ...]:  # (the code `_shortfalls` replaced: every node asked every time)
+    return tuple(
+        int.from_bytes(bytes(free(node) < need for node in eligible), "little")
+        for free, need in zip(_FREE_OF, request, strict=True)
+    )
+
+
+@FAST
+@given(st.one_of(alike_clusters(), clusters()), CONFIGS)
+def test_node_reasons_kept_up_to_date_as_asked_afresh(
+    snap: Snapshot, config: SchedulingPolicy
+) -> None:
+    _node_reasons_both_ways(snap, config)
+
+
+def test_node_reasons_on_random_clusters() -> None:
+    for seed in range(300):
+        snap = random_snapshot(random.Random(seed))
+        for config in (POLICY, SchedulingPolicy(strict_order=False)):
+            _node_reasons_both_ways(snap, config)
+
+
+def _node_reasons_both_ways(snap: Snapshot, config: SchedulingPolicy) -> None:
+    """The cycle decides as with every node asked afresh each time, and each of
+    `_shortfalls`' answers is what asking afresh says as it is given."""
+    kept = Session._shortfalls
+    wrong: list[Any] = []  # (an assertion in the cycle would be caught as the job's fault)
+
+    def checked(self: Session, eligible: list[Any], request: Any) -> tuple[int, ...]:
+        answer = kept(self, eligible, request)
+        if answer != _shortfalls_afresh(self, eligible, request):
+            wrong.append((request, [n.name for n in eligible]))
+        return answer
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(Session, "_shortfalls", checked)
+        now = decided(snap, config)
+    assert not wrong
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(Session, "_shortfalls", _shortfalls_afresh)
+        assert now == decided(snap, config)
