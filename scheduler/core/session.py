@@ -187,6 +187,9 @@ class Session:
         # Backfill refuses a job as the last alike job was refused when nothing that decides
         # it changed since (`scheduler.core.backfill`).
         self.alike_refusals = all(p.alike_overused for p in self.hooks["overused"])
+        # It takes such a refusal as it stands, without comparing what decides it, when no
+        # job was tried since it was last known to stand (`backfill._Backfill.tried`).
+        self.refusals_by_tries = True
 
     def _open_caches(self, pending: dict[int, list[TaskInfo]]) -> None:
         """What is worked out once per job or task shape and kept (`pending`: each

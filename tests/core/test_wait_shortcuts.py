@@ -1,9 +1,10 @@
 """The shortcuts for waiting jobs decide as the code they replaced: the victim search that
 does not start when freeing every victim leaves the gang short (`_GangRoom.enough_with`);
-`explain`'s per-node answers kept and brought up to date from the nodes that changed
-(`Session._shortfalls`). Each is compared with the long way on random clusters: the same
-binds, evictions, statuses (code, message, node reasons in order, estimated start) and
-factors."""
+backfill taking a kept alike refusal as it stands when no job was tried since
+(`Session.refusals_by_tries`); `explain`'s per-node answers kept and brought up to date from
+the nodes that changed (`Session._shortfalls`). Each is compared with the long way on
+random clusters: the same binds, evictions, statuses (code, message, node reasons in order,
+estimated start), failures and factors."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from scheduler.core.cycle import run_cycle
 from scheduler.core.model import SchedulingPolicy, Snapshot
 from scheduler.core.plugins import default_plugins
 from scheduler.core.session import _FREE_OF, Session
+from tests.core.test_alike_refusals import _decide as _decide_alike
 from tests.core.test_alike_refusals import _outcome, alike_clusters
 from tests.core.test_properties import CONFIGS, FAST, clusters
 from tests.core.test_steady_shortcuts import random_snapshot
@@ -95,6 +97,38 @@ def test_preempt_and_reclaim_decide_as_with_the_search_always_run(
         assert now == before, f"seed {seed}"
         evicted += len(now[0][1])
     assert said.count(False) > 50 and evicted > 50  # the search is skipped; victims are taken
+
+
+# --- backfill's kept refusals --------------------------------------------------------------
+
+
+def _decide(snap: Snapshot, config: SchedulingPolicy, explain: bool, shortcut: bool) -> Any:
+    """`test_alike_refusals._decide` (refusing alike jobs together), with kept refusals
+    taken by tries or always compared (`shortcut`)."""
+    opened = Session._open_shortcuts
+
+    def open_shortcuts(self: Session) -> None:
+        opened(self)
+        self.refusals_by_tries = shortcut
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(Session, "_open_shortcuts", open_shortcuts)
+        return _decide_alike(snap, config, True, explain)
+
+
+@FAST
+@given(st.one_of(alike_clusters(), clusters()), CONFIGS, st.booleans())
+def test_kept_refusals_taken_by_tries_decide_as_compared(
+    snap: Snapshot, config: SchedulingPolicy, explain: bool
+) -> None:
+    assert _decide(snap, config, explain, True) == _decide(snap, config, explain, False)
+
+
+def test_kept_refusals_on_random_clusters() -> None:
+    for seed in range(300):
+        snap = random_snapshot(random.Random(seed))
+        for explain in (True, False):
+            assert _decide(snap, POLICY, explain, True) == _decide(snap, POLICY, explain, False)
 
 
 # --- explain's per-node answers ------------------------------------------------------------
