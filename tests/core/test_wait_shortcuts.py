@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 
 from scheduler.core.actions import _free_into, _future_room, _GangRoom, enqueue
 from scheduler.core.cycle import run_cycle
-from scheduler.core.model import SchedulingPolicy, Snapshot
+from scheduler.core.model import QueueInfo, SchedulingPolicy, Snapshot
 from scheduler.core.plugins import default_plugins
+from scheduler.core.resources import Resources
 from scheduler.core.session import _FREE_OF, Session
+from tests.core.builders import NOW, job, node
 from tests.core.test_alike_refusals import _decide as _decide_alike
 from tests.core.test_alike_refusals import _outcome, alike_clusters
 from tests.core.test_properties import CONFIGS, FAST, clusters
@@ -53,9 +55,9 @@ def _compare_enough_with(seed: int, answers: list[bool]) -> None:
     session = Session(snap, POLICY, default_plugins(POLICY))
     enqueue(session)
     running = list(session.running)
-    for job in session.candidates:
+    for candidate in session.candidates:
         room, shared = _future_room(session)
-        fits = _GangRoom.of(session, job, room)
+        fits = _GangRoom.of(session, candidate, room)
         if fits is None:
             continue
         for _ in range(3):
@@ -66,10 +68,10 @@ def _compare_enough_with(seed: int, answers: list[bool]) -> None:
             freed, holding = dict(room), shared.holding.copy()
             for victim in victims:
                 _free_into(freed, victim, +1, fits, shared)
-            assert said == fits.enough(), f"seed {seed}, job {job.id}"
+            assert said == fits.enough(), f"seed {seed}, job {candidate.id}"
             answers.append(said)
             shared.holding = holding  # (as it was: the next sample starts from it)
-            fits = _GangRoom.of(session, job, room)
+            fits = _GangRoom.of(session, candidate, room)
             assert fits is not None
 
 
@@ -122,6 +124,23 @@ def test_kept_refusals_taken_by_tries_decide_as_compared(
     snap: Snapshot, config: SchedulingPolicy, explain: bool
 ) -> None:
     assert _decide(snap, config, explain, True) == _decide(snap, config, explain, False)
+
+
+def test_a_kept_refusal_is_compared_once_a_job_was_tried() -> None:
+    """Alike jobs refused around the reservation, then a job that takes their queue to its
+    capability: the next alike job is refused by the capability, with the count on as off
+    (a count not bumped by the job tried in between would keep the stale refusal)."""
+    queues = [QueueInfo("default", weight=1, capability=Resources(3000, 64 << 30, 9))]
+    running = job(2, gpu=2, running_on=[("n0", (0, 1))], walltime=100.0)
+    jobs = [running, job(1, gpu=4, created_at=1.0)]
+    jobs += [job(i, gpu=2, walltime=5000.0, created_at=float(i)) for i in (3, 4)]
+    jobs.append(job(5, cpu=2, created_at=5.0, walltime=5000.0))
+    jobs.append(job(6, gpu=2, walltime=5000.0, created_at=6.0))
+    snap = Snapshot(NOW, [node("n0", gpus=4, cpu=4, memory_gi=64)], queues, jobs)
+    config = SchedulingPolicy.easy()
+    with_count = _decide(snap, config, True, True)
+    assert with_count == _decide(snap, config, True, False)
+    assert {s[0]: s[1] for s in with_count[0][2]}[6] == "QueueQuota"
 
 
 def test_kept_refusals_on_random_clusters() -> None:
