@@ -756,8 +756,10 @@ def _evict_one(
     victims = select(job, [j for j in session.running if j.id not in session.evicted])
     if not victims:
         return
-    victims.sort(key=_victim_key)
     fits = _GangRoom.of(session, job, room)
+    if fits is not None and not fits.enough_with(room, victims, shared):
+        return  # (nor with any of the first of them, which is all the search below tries)
+    victims.sort(key=_victim_key)
     chosen: list[JobInfo] = []
     for victim in victims:
         chosen.append(victim)
@@ -842,6 +844,9 @@ def _free_into(
                 fits.changed(task.node, room[task.node])
 
 
+_HELD = ("Assigned", "Running")  # the states of the tasks an eviction frees (`_free_into`)
+
+
 class _GangRoom:
     """How many tasks of a gang that is one run of alike tasks fit in a room, node by node
     and in all, kept as the room changes on a few nodes. First fit (`simulate`) fills each
@@ -885,6 +890,53 @@ class _GangRoom:
 
     def enough(self) -> bool:
         return self.total >= self.count
+
+    def enough_with(
+        self, room: dict[str, Resources], victims: list[JobInfo], shared: _SharedDevices
+    ) -> bool:
+        """Would the gang fit (`enough`) once every one of `victims` is freed into `room`
+        (as `_free_into` frees each, from the room this was counted in)? Changing nothing:
+        their tasks on the eligible nodes are gathered per node, and each such node's
+        count worked out once, only where a task could fit there at all. Freeing only ever
+        adds room, so a gang that does not fit with all of them fits with none of the first
+        few of them either: the victim search need not start."""
+        eligible = self.eligible
+        on: dict[str, list[TaskInfo]] = {}
+        for victim in victims:
+            for task in victim.tasks:
+                name = task.node
+                # (Only counts on eligible nodes change, `changed`; `_free_into` frees
+                # nothing elsewhere either.)
+                if name in eligible and name in room and task.state in _HELD:
+                    assert name is not None
+                    tasks = on.get(name)
+                    if tasks is None:
+                        on[name] = [task]
+                    else:
+                        tasks.append(task)
+        total, each = self.total, self.each
+        holding = shared.holding  # (read only: `left` counts down from it)
+        left: dict[tuple[str, int], int] = {}
+        cpu_asked, memory_asked, gpu_asked = self.request
+        for name, tasks in on.items():
+            cpu, memory, gpu = room[name]
+            for task in tasks:
+                if not task.gpu_share:
+                    gpu += len(task.devices)  # (`whole_devices`)
+                elif not task.gpu_mig:  # (`_SharedDevices.freed`: whole with its last holder)
+                    for device in task.devices:
+                        key = (name, device)
+                        now = left.get(key)
+                        now = left[key] = (holding[key] if now is None else now) - 1
+                        gpu += now == 0
+            if gpu < gpu_asked:
+                continue  # (it takes none, `_taken`: nor did it before, with less room)
+            for task in tasks:
+                cpu, memory = cpu + task.resources.cpu, memory + task.resources.memory
+            if cpu < cpu_asked or memory < memory_asked:
+                continue
+            total += self._taken(Resources(cpu, memory, gpu)) - each.get(name, 0)
+        return total >= self.count
 
 
 def _victim_key(job: JobInfo) -> tuple[int, tuple[int, int, int], float]:

@@ -68,9 +68,9 @@ class _Backfill:
         # The status of each refusal, made once: jobs refused alike share it (statuses are
         # never changed once set). By id: a refusal stays in `session.failures` all cycle.
         self.statuses: dict[int, Status] = {}
-        # (alike key, whether it need not fit around the reservation) -> (the state it was
-        # refused in, its failure, its status): `_alike`.
-        self.alike_refused: dict[object, tuple[tuple[Any, ...], Failure, Status]] = {}
+        # `_keep_refusal`'s; `tried`: how many jobs `one` went the long way for (`_Refused`).
+        self.alike_refused: dict[tuple[int, bool], _Refused] = {}
+        self.tried, self.by_tries = 0, session.refusals_by_tries
         # Queue -> whether what was bound since may decide a refusal in it (`_version`).
         self.binds_matter: dict[str, bool] = {}
         # The jobs the pass skips: placed, pipelined, the holder, or refused for good before
@@ -108,6 +108,7 @@ class _Backfill:
 
     def planned(self) -> Reservation | None:
         if self.deferred is not None:
+            self.tried += 1  # (a new reservation)
             _reserve(self.session, self.deferred)
             self.deferred = None
         return self.session.reservation
@@ -126,10 +127,15 @@ class _Backfill:
             reservation = self.planned()
         else:
             reservation = session.reservation  # `planned`, with nothing deferred
-        around = reservation is not None and _runs_past(session, job, reservation)
-        # `_alike` and `_unchanged`, spelled out: every job that waits comes through here.
-        alike: tuple[object, ...] | None = None
-        key = None
+        # Must it fit around the reservation? Not if that places nothing, nor if it ends
+        # before its start (`predict.runtime`, spelled out: once per job that waits).
+        around = False
+        if reservation is not None and reservation.placed:
+            start, ran, predicted = reservation.start, job.walltime, job.predicted
+            if predicted is not None and ran is not None:
+                ran = min(predicted, ran)
+            around = not (start is not None and ran is not None and session.now + ran <= start)
+        key = None  # (the refusal of the last alike job, `_keep_refusal`, spelled out)
         if (  # (`job.is_candidate`, spelled out)
             session.alike_refusals
             and job.state in ("Pending", "Suspended")
@@ -139,27 +145,43 @@ class _Backfill:
             # order, `prefill_alike_keys`; a job without one has none to be refused by.)
             key = session.alike_key(job)
             if key is not None and key[2] > 0:
-                alike = (key, not around)
-                kept_alike = self.alike_refused.get(alike)
-                if kept_alike is not None:
-                    state = kept_alike[0]
-                    memo = self.spare_memo if around else self.free_memo
-                    if (
-                        state[0] is reservation
-                        and state[1] is memo.max_placeable.get((key[0], key[1]))
-                        # (None: binds never matter in its queue, `_version`)
-                        and (state[2] is None or state[2] == session.version)
-                    ):
-                        session.failures[job.id] = kept_alike[1]
-                        session.pending[job.id] = kept_alike[2]
+                refused = self.alike_refused.get((id(key), not around))
+                if refused is not None and refused.key is key:
+                    # It stands if no job went the long way since it was last known to.
+                    if refused.known_at != self.tried:
+                        if (
+                            refused.reservation is not reservation
+                            or refused.entry is not refused.memo.get(refused.memo_key)
+                            # (None: binds never matter in its queue, `_version`)
+                            or (refused.version is not None and refused.version != session.version)
+                        ):
+                            refused = None
+                        elif self.by_tries:
+                            refused.known_at = self.tried
+                    if refused is not None:
+                        session.failures[job.id] = refused.failure
+                        session.pending[job.id] = refused.status
                         return
+        self._long_way(job, reservation, around, key)
+
+    def _long_way(
+        self,
+        job: JobInfo,
+        reservation: Reservation | None,
+        around: bool,
+        key: tuple[Any, ...] | None,
+    ) -> None:
+        """`one` for a job not refused as one before it: start it, or say why it waits (and
+        keep that for the next alike job). `around`: whether it must fit around the
+        reservation; `key`: its alike key, if refusing alike jobs together may use it."""
+        self.tried += 1
         # The extra test its tasks must pass so the reservation is not delayed.
         fits = _AroundReservation(reservation.spare) if around and reservation else None
         if key is not None and key[2] == 1 and self._start_single(job, key, reservation, fits):
             return  # (placed: no refusal to keep)
         self._try(job, reservation, fits, key)
-        if alike is not None and job.id not in session.placed:
-            self._keep_refusal(job, alike, reservation)
+        if key is not None and key[2] > 0 and job.id not in self.session.placed:
+            self._keep_refusal(job, key, (id(key), not around), reservation)
 
     def _try(
         self,
@@ -295,14 +317,6 @@ class _Backfill:
     # `total_refusal`), nothing bound. Its status is the same too (`_explain_wait` decides
     # once per shape). Only jobs waiting to start (not a running job's extra tasks).
 
-    def _state(self, alike: tuple[Any, ...], reservation: Reservation | None) -> tuple[Any, ...]:
-        """What decides the refusal of a job that is `alike`, as it stands now (`one` asks
-        the same of a kept refusal, spelled out)."""
-        shape, queue, _need, _owner = alike[0]
-        memo = self.free_memo if alike[1] else self.spare_memo
-        entry = memo.max_placeable.get((shape, queue))
-        return (reservation, entry, self._version(queue))
-
     def _version(self, queue: str) -> int | None:
         """The session's version where binds may decide a refusal in `queue`, else None
         (whether they may is the same all pass: asked once per queue)."""
@@ -317,16 +331,26 @@ class _Backfill:
         return session.version if binds_matter else None
 
     def _keep_refusal(
-        self, job: JobInfo, alike: tuple[Any, ...], reservation: Reservation | None
+        self,
+        job: JobInfo,
+        key: tuple[Any, ...],
+        alike: tuple[int, bool],
+        reservation: Reservation | None,
     ) -> None:
-        """Keep how the job was refused for the next alike job, if it left the
-        reservation as it was (it did not become its holder)."""
+        """Keep how the job (of alike key `key`, kept under `alike`) was refused for the
+        next alike job, if it left the reservation as it was (it did not become its
+        holder)."""
         session = self.session
         if self.deferred is not None or session.reservation is not reservation:
             return
         failure, status = session.failures.get(job.id), session.pending.get(job.id)
         if failure is not None and status is not None:
-            self.alike_refused[alike] = (self._state(alike, reservation), failure, status)
+            shape, queue, _need, _owner = key
+            memo = self.free_memo if alike[1] else self.spare_memo
+            refused = _Refused(key, failure, status, reservation)
+            refused.depends_on(memo.max_placeable, (shape, queue), self._version(queue))
+            refused.known_at = self.tried if self.by_tries else -1
+            self.alike_refused[alike] = refused
 
     def _refused_quickly(self, job: JobInfo) -> bool:
         """Refuse the job without trying nodes, if that is how it fails; keep why."""
@@ -450,13 +474,43 @@ def _ends_before(session: Session, job: JobInfo, reservation: Reservation | None
     )
 
 
-def _runs_past(session: Session, job: JobInfo, reservation: Reservation) -> bool:
-    """Must a backfilled job's tasks fit around the reservation (`_AroundReservation`)?"""
-    if not reservation.placed:
-        return False  # the reserved job fits nowhere for now: nothing to protect
-    start, ran = reservation.start, predict.runtime(job)
-    # (False: it ends before the reservation starts, by walltime or prediction.)
-    return not (start is not None and ran is not None and session.now + ran <= start)
+class _Refused:
+    """How a job waiting to start was refused (`failure`, `status`), kept for the next
+    alike job (of alike `key`), with what decided it: the `reservation`, the entry of its
+    shape (`memo_key`) in the memo it was tried with (`memo`: its `max_placeable`), the
+    session's version where binds may decide it (`_Backfill._version`), and the
+    `_Backfill.tried` it was last known to hold at (-1: never, with the shortcut off).
+
+    `_Backfill.alike_refused` keeps it by (the id of its key, whether it need not fit
+    around the reservation): one object per distinct key (`Session._interned_one`), whose
+    hash, that of nested tuples, is then not worked out per job; it holds the key, so an
+    id is only ever its own. `tried` counts the jobs `one` went the long way for (tried to
+    place, or planned for): until the next, the reservation, the memos and the session's
+    version stay as they are, and so does every kept refusal known to hold."""
+
+    __slots__ = (
+        "key", "failure", "status", "reservation", "memo", "memo_key", "entry", "version",
+        "known_at",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        key: tuple[Any, ...],
+        failure: Failure,
+        status: Status,
+        reservation: Reservation | None,
+    ) -> None:
+        self.key, self.failure, self.status = key, failure, status
+        self.reservation = reservation
+        self.known_at = -1
+
+    def depends_on(
+        self, memo: dict[tuple[object, ...], tuple[int, Failure]], key: tuple[object, ...],
+        version: int | None,
+    ) -> None:  # fmt: skip
+        """Its shape's entry (`key`) in `memo` as it is now, and `version`, decide it."""
+        self.memo, self.memo_key, self.version = memo, key, version
+        self.entry = memo.get(key)
 
 
 class _AroundReservation:

@@ -126,13 +126,17 @@ class PreemptablePlugin(Plugin):
 
 
 def _evictable(session: Session, job: JobInfo) -> bool:
-    return (
-        job.preemptible
-        and job.id not in session.evicted
-        and job.id not in session.placed  # tasks bound this cycle: evicting them would race
-        and not job.suspend_requested
-        and any(t.state in ("Assigned", "Running") for t in job.tasks)
-    )
+    if (
+        not job.preemptible
+        or job.id in session.evicted
+        or job.id in session.placed  # tasks bound this cycle: evicting them would race
+        or job.suspend_requested
+    ):
+        return False
+    for task in job.tasks:  # (`any` over a generator, spelled out: once per victim)
+        if task.state == "Running" or task.state == "Assigned":
+            return True
+    return False
 
 
 def fair_share(weights: Mapping[str, float], counted: Collection[str], queue: str) -> float:

@@ -228,7 +228,8 @@ def _short_of_both_ways(session: Session, rng: random.Random) -> int:
             for size in (0, 1, 3, 65, 200):
                 session.nominated = set(rng.choices(names, k=size))
                 marks = session._nominated_marks(eligible, positions)
-                fast = session_module._short_of(task.resources, eligible, positions, marks)
+                shorts = session._shortfalls(eligible, task.resources)
+                fast = session_module._short_of(shorts, eligible, positions, marks)
                 assert fast == session._node_reasons(task, eligible, positions)
                 compared += 1
     return compared
