@@ -422,9 +422,7 @@ class Agent(Session):
         self._poll()
         self._stop_if_cut_off()
         self.sharing.check()  # an MPS daemon that died is started again
-        if self.pressure.check():
-            log.warning("disk pressure: %s", self.pressure.now or "cleared")
-            self.dirty = True  # the server must know at once: it places tasks on us
+        self._check_disk()
         now = time.monotonic()
         if now >= self.sweep_at:
             self.sweep_at = now + min(SWEEP_SECONDS, self.keep_work_dirs / 10)
@@ -718,12 +716,17 @@ class Agent(Session):
         log.info("started task %s (attempt %s) as pid %s, user %s",
                  task_id, attempt, proc.pid, account.name)  # fmt: skip
 
-    def _disk_full(self) -> bool:
-        """Is the disk too full for a new task now? Looked at afresh: the once-a-second check
-        of the main loop may not have seen it fill yet. A change is reported at once."""
-        if self.pressure.check(force=True):
+    def _check_disk(self, force: bool = False) -> None:
+        """Look at the disk's free space if due (`force`: now); a change is reported at
+        once: the server places tasks on us by it."""
+        if self.pressure.check(force):
             log.warning("disk pressure: %s", self.pressure.now or "cleared")
             self.dirty = True
+
+    def _disk_full(self) -> bool:
+        """Is the disk too full for a new task now? Looked at afresh: the once-a-second check
+        of the main loop may not have seen it fill yet."""
+        self._check_disk(force=True)
         return bool(self.pressure.now)
 
     def _spawn(self, directory: Path, workdir: Path, env: dict[str, str], args: list[str],
