@@ -15,7 +15,23 @@
    the driver compiles) took: beside the baseline's, that shows the share of the GPU it got
    (a measurement, not a pass/fail). The daemon's server list is read
    while they run; then the daemon is sent `quit` and must be gone.
-3. nvcc's version when it is installed (nothing here needs it).
+3. The sampler: the agent's `GpuSampler` (scheduler/agent/gpus.py) reads the GPU before a
+   client starts and while it holds its memory; NVML's own list of compute processes is
+   printed beside it.
+4. The device fence, on cgroup v2 as root: a cgroup is made under /sys/fs/cgroup for each
+   case and given the agent's eBPF device program (scheduler/agent/devicebpf.py) with the
+   rules the agent would write (`BASE_DEVICES`, `device_rules`, `gpu_device_nodes`): the
+   GPU's own node and the control nodes ("own_gpu"), the control nodes without the GPU's node
+   (a task that holds another GPU of the machine: "control_only"), and nothing ("no_gpu").
+   A client runs in each, with no CUDA_VISIBLE_DEVICES: it must see the GPU only in the first.
+   The cgroups are removed again. It also compares /dev/nvidiaN with NVML's minor numbers
+   (the agent takes N as the NVML index).
+5. The agent's own `Fence` (scheduler/agent/fence.py), last since it moves this process
+   into a leaf cgroup as the agent does: it finds the cgroups, says what it enforces
+   (`describe()`), and makes two task cgroups with the limits the agent gives a task holding
+   GPU 0 and a neighbour holding no GPU; a client runs in each (no CUDA_VISIBLE_DEVICES):
+   only the first may see the GPU. Both cgroups are ended and removed.
+6. nvcc's version when it is installed (nothing here needs it).
 
 It never changes MIG mode or instances, the compute mode or clocks, and never resets a GPU;
 the only thing it starts is the one MPS control daemon, which it stops. Without NVML or a GPU
@@ -25,6 +41,7 @@ it prints `{"gpu": false, "reason": "no GPU: ..."}` and exits 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -32,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +62,7 @@ from scheduler.agent.mps import MpsDaemons, find_control  # noqa: E402
 MIB = 2**20
 HOLD_SECONDS = 3.0  # how long each client keeps its context, so that they overlap
 CLIENT_TIMEOUT = 120.0
-SPIN_ITERATIONS = 100_000  # per thread: about a second on a whole H100 (one chain of FMAs)
+SPIN_ITERATIONS = 100_000  # per thread: 1.6 ms on a whole H100 (measured 2026-11-28)
 SPIN_BLOCKS = 1024  # of 256 threads
 # A kernel every thread of which runs a chain of `iters` dependent FMAs, then stores its
 # result: its time shows how much of the GPU a client gets. Plain PTX, compiled by the driver
@@ -91,7 +109,16 @@ try:
 except OSError as exc:
     print(json.dumps({"error": f"libcuda: {exc}"}))
     sys.exit(0)
-out = {"init": cuda.cuInit(0)}
+import os
+out = {"opens": {}}
+for name in sorted(os.listdir("/dev")):
+    if name.startswith("nvidia") and name[6:].isdigit():
+        try:
+            os.close(os.open("/dev/" + name, os.O_RDWR))
+            out["opens"][name] = 0
+        except OSError as exc:
+            out["opens"][name] = exc.errno
+out["init"] = cuda.cuInit(0)
 n, dev, sms, ctx = c.c_int(), c.c_int(), c.c_int(), c.c_void_p()
 out["device_count_result"] = cuda.cuDeviceGetCount(c.byref(n))
 out["devices"] = n.value
@@ -169,12 +196,23 @@ def client_env(extra: dict[str, str]) -> dict[str, str]:
     return {**env, **extra}
 
 
-def start_client(env: dict[str, str], limit: int) -> subprocess.Popen[str]:
+def start_client(env: dict[str, str], limit: int,
+                 enter: Callable[[int], None] | None = None) -> subprocess.Popen[str]:  # fmt: skip
+    """A client process; `enter(pid)` runs in it before exec (to move it into a cgroup, so
+    that the cgroup's device program applies from its first open)."""
     argv = [limit // 2, limit * 2, HOLD_SECONDS, SPIN_ITERATIONS, SPIN_BLOCKS]
     return subprocess.Popen(
         [sys.executable, "-c", CLIENT, *map(str, argv)],
         env=client_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=(lambda: enter(os.getpid())) if enter is not None else None,
     )  # fmt: skip
+
+
+def into(cgroup: Path) -> Callable[[int], None]:
+    def enter(pid: int) -> None:
+        (cgroup / "cgroup.procs").write_text(str(pid))
+
+    return enter
 
 
 def finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -245,6 +283,114 @@ def mps_check(control: str | None, devices: list[dict[str, Any]], percentages: l
     return report
 
 
+def sampler_check(devices: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """The agent's sampler before a client and while it holds `limit // 2` bytes."""
+    from scheduler.agent.gpus import GpuSampler
+
+    gpu = devices[0]
+    sampler = GpuSampler([{"index": gpu["index"], "memory": gpu["memory"]}], fake=False)
+    report: dict[str, Any] = {"before": sampler.sample([gpu["index"]])}
+    proc = start_client({"CUDA_VISIBLE_DEVICES": gpu["uuid"]}, limit)
+    time.sleep(HOLD_SECONDS / 2 + 1.0)
+    report["while_held"] = sampler.sample([gpu["index"]])
+    try:
+        nvml = sampler._nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(gpu["index"])
+        report["nvml_processes"] = [
+            {"pid": int(p.pid), "used": int(p.usedGpuMemory or 0)}
+            for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        ]
+    except Exception as exc:
+        report["nvml_processes"] = f"unavailable: {exc}"
+    report["client"] = finish(proc)
+    report["client_pid"] = proc.pid
+    sampler.close()
+    return report
+
+
+def fence_check(devices: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """The agent's eBPF device program on a cgroup per case; a client in each."""
+    from scheduler.agent import devicebpf
+    from scheduler.agent.cgroups import (
+        BASE_DEVICES,
+        GPU_CONTROL_NODES,
+        device_rules,
+        gpu_device_nodes,
+    )
+    from scheduler.agent.fence import nvidia_nodes
+
+    nodes = nvidia_nodes()
+    report: dict[str, Any] = {"nodes": nodes}
+    root = Path("/sys/fs/cgroup")
+    if os.geteuid() != 0 or not (root / "cgroup.controllers").exists():
+        report["reason"] = "needs root and cgroup v2 at /sys/fs/cgroup"
+        return report
+    gpu = devices[0]["index"]
+    cases = {
+        "own_gpu": device_rules(gpu_device_nodes([gpu], nodes)),
+        "control_only": device_rules(p for p in GPU_CONTROL_NODES if os.path.exists(p)),
+        "no_gpu": [],
+    }
+    top = root / "berth-gpu-check"
+    try:
+        top.mkdir(exist_ok=True)
+        for case, rules in cases.items():
+            group = top / case
+            group.mkdir(exist_ok=True)
+            try:
+                devicebpf.attach(group, (*BASE_DEVICES, *rules))
+                report[case] = {"rules": rules, "programs": devicebpf.attached(group),
+                                **finish(start_client({}, limit, into(group)))}  # fmt: skip
+            except OSError as exc:
+                report[case] = {"rules": rules, "error": str(exc)}
+            finally:
+                group.rmdir()
+    except OSError as exc:
+        report["error"] = str(exc)
+    finally:
+        try:
+            top.rmdir()
+        except OSError:
+            pass
+    return report
+
+
+def agent_fence_check(devices: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """The agent's Fence as `run_agent` sets it up: a GPU task and a neighbour without one."""
+    from scheduler.agent.fence import Fence, usage_report
+
+    fence = Fence(mode="required", base_name="berth-gpu-check")
+    fence.setup()
+    report: dict[str, Any] = {"describe": fence.describe()}
+    if fence.hierarchy is None:
+        return report
+    order = {"resources": {"memory": 4 * 2**30, "cpu": 2000}}
+    for name, gpus in (("gpu-task", [devices[0]["index"]]), ("neighbour", [])):
+        limits = fence.limits(order, gpus)
+        try:
+            fence.create(name, limits)
+            result = finish(start_client({}, limit, functools.partial(fence.add, name)))
+        except OSError as exc:
+            result = {"error": str(exc)}
+        ended = fence.end(name)
+        report[name] = {"devices": list(limits.devices), **result,
+                        "ended": usage_report(ended.usage) if ended else None}  # fmt: skip
+    fence.close()
+    report["left"] = fence.hierarchy.names()
+    return report
+
+
+def minors(nvml: Any, devices: list[dict[str, Any]]) -> dict[int, Any]:
+    found: dict[int, Any] = {}
+    for item in devices:
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(item["index"])
+            found[item["index"]] = int(nvml.nvmlDeviceGetMinorNumber(handle))
+        except Exception as exc:
+            found[item["index"]] = f"unknown: {exc}"
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mps-control", default=None, help="nvidia-cuda-mps-control's path")
@@ -264,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report["driver"] = _text(pynvml.nvmlSystemGetDriverVersion())
         report["devices"] = nvml_devices(pynvml)
+        report["minor_numbers"] = minors(pynvml, report["devices"])
     finally:
         pynvml.nvmlShutdown()
     if not report["devices"]:
@@ -272,8 +419,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report["gpu"] = True
     report["nvcc"] = nvcc_version()
+    for part, check in (("sampler", sampler_check), ("fence", fence_check)):
+        try:
+            report[part] = check(report["devices"], args.limit_mib * MIB)
+        except Exception as exc:  # one part failing must not hide the others
+            report[part] = {"error": f"{exc.__class__.__name__}: {exc}"}
     report["mps"] = mps_check(find_control(args.mps_control), report["devices"], percentages,
                               args.limit_mib * MIB)  # fmt: skip
+    try:
+        report["agent_fence"] = agent_fence_check(report["devices"], args.limit_mib * MIB)
+    except Exception as exc:
+        report["agent_fence"] = {"error": f"{exc.__class__.__name__}: {exc}"}
     print(json.dumps(report, indent=2))
     return 0
 

@@ -491,6 +491,7 @@ ONE_GPU = """
 NVML_DEVICE_MIG_ENABLE = 1
 class _Memory:
     total = 80 * 2**30
+    used = 2**30
 def nvmlInit(): pass
 def nvmlShutdown(): pass
 def nvmlSystemGetDriverVersion(): return "580.00"
@@ -501,6 +502,11 @@ def nvmlDeviceGetName(handle): return b"NVIDIA H100 80GB HBM3"
 def nvmlDeviceGetMemoryInfo(handle): return _Memory()
 def nvmlDeviceGetMigMode(handle): return [0, 0]
 def nvmlDeviceGetComputeMode(handle): return 0
+def nvmlDeviceGetMinorNumber(handle): return 0
+class _Rates:
+    gpu = 7
+def nvmlDeviceGetUtilizationRates(handle): return _Rates()
+def nvmlDeviceGetComputeRunningProcesses(handle): return []
 """
 
 
@@ -529,6 +535,10 @@ def test_the_device_check_runs_the_agents_mps_daemon_and_two_clients(tmp_path, c
     percentages = [c["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for c in mps["clients"]]
     assert percentages == ["50", "25"]
     assert json.loads(mps["control_log"][-1])["command"] == "quit"
+    assert report["minor_numbers"] == {"0": 0}
+    held = report["sampler"]["while_held"]
+    assert held == [{"index": 0, "utilization": 7, "memory_used": GI, "memory_total": 80 * GI}]
+    assert "nodes" in report["fence"] and "describe" in report["agent_fence"]
 
 
 # --- fake MIG instances (--fake-mig) ----------------------------------------------------
