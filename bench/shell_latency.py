@@ -308,7 +308,13 @@ def shell_to_prompt(url: str, token: str, tmp: Path) -> dict[str, Any]:
     child.expect_exact(PROMPT)
     prompt = time.perf_counter() - tick
     child.sendline("exit")
-    child.expect(pexpect.EOF)
+    try:
+        child.expect(pexpect.EOF)
+    except pexpect.TIMEOUT:  # say where it stopped: what the CLI showed, the server's log
+        log = (tmp / "up.log").read_bytes().decode(errors="replace")
+        raise RuntimeError(f"berth shell did not end 60 s after `exit`; it showed"
+                           f" {child.before[-300:]!r}; the server's log ends:\n{log[-2500:]}"
+                           ) from None  # fmt: skip
     child.close()
     return {"submitted_s": round(submitted, 3), "prompt_s": round(prompt, 3),
             "server_s": milestones(url, token, job_id)}  # fmt: skip

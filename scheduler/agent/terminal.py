@@ -262,42 +262,46 @@ class TerminalSession:
             log.info("terminal session %s opened in task %s", self.order.session[:8],
                      self.order.task)  # fmt: skip
             threading.Thread(target=self._from_server, daemon=True).start()
-            self._to_server()
+            why = self._to_server()
             status = self.pty.close()
-            self._send_json({"type": "exit", "status": status})
-            log.info("terminal session %s ended: %s", self.order.session[:8], status)
+            sent = self._send_json({"type": "exit", "status": status})
+            told = "told the server" if sent else "the server's socket is gone"
+            log.info("terminal session %s ended (%s): exit status %s, %s",
+                     self.order.session[:8], why, status, told)  # fmt: skip
 
-    def _send_json(self, message: dict[str, Any]) -> None:
+    def _send_json(self, message: dict[str, Any]) -> bool:
         try:
             self.ws.send(json.dumps(message))
         except Exception:  # noqa: BLE001 - the server went away: nothing more to tell it
-            pass
+            return False
+        return True
 
-    def _to_server(self) -> None:
+    def _to_server(self) -> str:
         """The terminal's output to the server, at most TERMINAL_WINDOW frames unacknowledged,
-        until the program's side closes or the session is hung up."""
+        until the program's side closes or the session is hung up; why it stopped."""
         assert self.pty is not None
         master = self.pty.master
         while not self.hung_up.is_set():
             ready, _, _ = select.select([master], [], [], 0.2)
             if not ready:
                 if self.pty.proc.poll() is not None:
-                    return  # ended, and nothing more to read (children keep it open)
+                    return "the program ended"  # nothing more to read (children keep it open)
                 continue
             try:
                 data = os.read(master, TERMINAL_FRAME_BYTES)
             except OSError:  # EIO: every process of the session closed the terminal
-                return
+                return "the terminal closed"
             if not data:
-                return
+                return "the terminal closed"
             while not self.credit.acquire(timeout=0.5):
                 if self.hung_up.is_set():
-                    return
+                    return "hung up while waiting for the reader"
             try:
                 self.ws.send(data)
             except Exception:  # noqa: BLE001 - the socket is gone: hang up
                 self.hung_up.set()
-                return
+                return "the server's socket is gone"
+        return "hung up"
 
     def _from_server(self) -> None:
         assert self.pty is not None

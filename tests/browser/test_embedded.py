@@ -29,7 +29,8 @@ def test_up_runs_a_job_and_the_page_follows_it_live(tmp_path: Path) -> None:
            if k not in ("DATABASE_URL", "REDIS_URL", "BERTH_SECRET_KEY", "BERTH_TEST_DB_NAME",
                         "DJANGO_SETTINGS_MODULE")}  # fmt: skip
     env.update({"BERTH_DATA_DIR": str(tmp_path), "BERTH_SCHEDULER_INTERVAL": "0.3",
-                "BERTH_HEARTBEAT_INTERVAL": "0.3"})  # fmt: skip
+                "BERTH_HEARTBEAT_INTERVAL": "0.3", "BERTH_HEARTBEAT_TIMEOUT": "30"})  # fmt: skip
+    # (30 s, not 4.25 x 0.3: a stall of the loaded CI machine must not lose the node's task)
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "up", "--port", str(port), "--fake-gpus", "1"],

@@ -35,10 +35,28 @@ def test_the_owner_types_in_the_job_pages_terminal_and_reads_the_echo(
                           "300"], env=env, capture_output=True, text=True, check=True)  # fmt: skip
     job_id = int(out.stdout.split()[-1])
     wait_for(lambda: Job.objects.get(pk=job_id).state == JobState.RUNNING, what="job to run")
-    asyncio.run(_scenario(shell_cluster.url, job_id))
+    try:
+        asyncio.run(_scenario(shell_cluster.url, job_id))
+    except AssertionError as exc:  # where the session stopped: its rows and the processes' logs
+        raise AssertionError(f"{exc}\n{_story(shell_cluster, job_id)}") from None
     wait_for(lambda: Event.objects.filter(job_id=job_id, kind="ShellClosed").exists(),
              what="the session's close on the record")  # fmt: skip
     assert Event.objects.filter(job_id=job_id, kind="ShellOpened").count() == 1
+
+
+def _story(cluster: Cluster, job_id: int) -> str:
+    """The job, its sessions and the ends of the cluster's logs, for a failure's message."""
+    from scheduler.models import ShellSession
+
+    fields = ("key", "state", "reason", "exit_status", "opened_at", "closed_at", "last_input_at")
+    sessions = list(ShellSession.objects.filter(job_id=job_id).values(*fields))
+    events = list(Event.objects.filter(job_id=job_id).values_list("kind", "message"))
+    logs = []
+    for path in sorted(cluster.tmp.glob("*.log")):
+        text = path.read_bytes().decode(errors="replace")
+        logs.append(f"--- {path.name} (end) ---\n{text[-3000:]}")
+    return "\n".join([f"job: {Job.objects.get(pk=job_id).state}", f"sessions: {sessions}",
+                      f"events: {events}", *logs])  # fmt: skip
 
 
 def _tell_terminals(job_id: int, message: str) -> None:
