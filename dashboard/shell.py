@@ -9,7 +9,9 @@ allows it; anyone else is refused as if the job did not exist. The first frame i
 the node's agent joined, then binary output, `{"type": "notice", "message"}` for a line from
 Berth (an idle GPU session's warning), and ends with `{"type": "exit", "status"}` or
 `{"type": "error", "message"}`. The relay to the agent's socket is in
-scheduler/agentapi/terminal.py.
+scheduler/agentapi/terminal.py. The end also reaches the user when its message through the
+channel layer does not: every WATCH_SECONDS the socket reads its session's row, and a session
+the other end closed there ends this socket too, with the row's exit status or reason.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from scheduler.ops.tokens import KeyRefused, user_for_key
 OPEN_SECONDS = 10.0  # the client's `open` must come this soon after connecting
 READY_SECONDS = terminals.UNANSWERED_SECONDS + 5  # the agent must join this soon after
 MAX_PENDING_BYTES = 64 * 1024  # typed before the agent joined, held until it does
+WATCH_SECONDS = 5.0  # how often an open socket reads its session's row (a lost end message)
 REFUSED = 4409
 
 
@@ -54,6 +57,7 @@ class ShellConsumer(AsyncWebsocketConsumer):
     peer = ""  # the agent's socket's channel, once it joined
     ended = False
     timer: asyncio.Task[None] | None = None
+    watch: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         notify.remember_server_loop()
@@ -129,6 +133,25 @@ class ShellConsumer(AsyncWebsocketConsumer):
         self.timer = asyncio.create_task(
             self._deadline(READY_SECONDS, "the node's agent did not open the session")
         )
+        self.watch = asyncio.create_task(self._watch_row())
+
+    async def _watch_row(self) -> None:
+        """End this socket once the session's row says the session ended: the other end's
+        message saying so goes through the channel layer, and a lost one must not leave the
+        user's terminal open on nothing."""
+        while not self.ended:
+            await asyncio.sleep(WATCH_SECONDS)
+            end = await database_sync_to_async(terminals.session_end)(self.key)
+            if end is None or self.ended:
+                continue
+            await asyncio.sleep(1.0)  # the message itself, on its way, says it better
+            if self.ended:
+                return
+            reason, status = end
+            if reason == "Exited":
+                await self.shell_exit({"status": status})
+            else:
+                await self.shell_error({"message": f"the session ended ({reason})"})
 
     async def _input(self, data: bytes) -> None:
         if not self.peer:
@@ -170,18 +193,23 @@ class ShellConsumer(AsyncWebsocketConsumer):
             await self.send(text_data=json.dumps({"type": "notice", "message": event["message"]}))
 
     async def shell_exit(self, event: dict[str, Any]) -> None:
+        if self.ended:  # (told already, by the session's row or an earlier message)
+            return
         self.ended = True
         await self.send(text_data=json.dumps({"type": "exit", "status": event.get("status")}))
         await self.close()
 
     async def shell_error(self, event: dict[str, Any]) -> None:
+        if self.ended:
+            return
         self.ended = True
         await self.send(text_data=json.dumps({"type": "error", "message": event["message"]}))
         await self.close()
 
     async def disconnect(self, code: int) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
+        for task in (self.timer, self.watch):
+            if task is not None:
+                task.cancel()
         if not self.key:
             return
         await self.channel_layer.group_discard(group_name(self.key), self.channel_name)

@@ -196,6 +196,13 @@ def idle_minutes(session: ShellSession) -> float:
     return float(session.job.queue.interactive_idle_minutes)
 
 
+def session_end(key: str) -> tuple[str, int | None] | None:
+    """How session `key` ended (its reason and exit status), or None while it is not closed."""
+    row = (ShellSession.objects.filter(key=key, state=ShellSession.State.CLOSED)
+           .values_list("reason", "exit_status").first())  # fmt: skip
+    return None if row is None else (row[0], row[1])
+
+
 def mark_input(key: str) -> None:
     """Session `key` got input now (scheduler/lifecycle/idle_sessions.py reads it)."""
     ShellSession.objects.filter(key=key).update(last_input_at=timezone.now())

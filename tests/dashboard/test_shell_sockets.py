@@ -186,6 +186,45 @@ async def test_an_oversized_frame_ends_the_session_and_nothing_else():
     await _close(user, agent)
 
 
+@pytest.mark.parametrize(
+    ("reason", "status", "told"),
+    [("Exited", 3, {"type": "exit", "status": 3}),
+     ("AgentGone", None, {"type": "error", "message": "the session ended (AgentGone)"})],
+)  # fmt: skip
+async def test_the_user_learns_of_an_end_whose_message_was_lost_from_the_sessions_row(
+    monkeypatch: pytest.MonkeyPatch, reason: str, status: int | None, told: dict[str, Any]
+) -> None:
+    """The agent's end closed the row, but its message through the channel layer never came
+    (as once in CI, cause untraced): the user's socket reads the row and ends all the same."""
+    from dashboard import shell
+
+    monkeypatch.setattr(shell, "WATCH_SECONDS", 0.2)
+    rows = await database_sync_to_async(_setup)()
+    user, agent = await _session_ready(rows)
+    key = (await _wait_session(rows["job"])).key
+    await database_sync_to_async(terminals.close_session)(key, reason, exit_status=status)
+    assert json.loads(await user.receive_from(timeout=5)) == told
+    assert (await user.receive_output(timeout=5))["type"] == "websocket.close"
+    await _close(user, agent)
+
+
+async def test_an_end_told_by_the_row_and_then_by_its_late_message_is_told_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dashboard import shell
+
+    monkeypatch.setattr(shell, "WATCH_SECONDS", 0.2)
+    rows = await database_sync_to_async(_setup)()
+    user, agent = await _session_ready(rows)
+    key = (await _wait_session(rows["job"])).key
+    await database_sync_to_async(terminals.close_session)(key, "Exited", exit_status=0)
+    assert json.loads(await user.receive_from(timeout=5)) == {"type": "exit", "status": 0}
+    await agent.send_json_to({"type": "exit", "status": 0})  # the message, late
+    assert (await user.receive_output(timeout=5))["type"] == "websocket.close"
+    assert await user.receive_nothing(timeout=1.0)
+    await _close(user, agent)
+
+
 async def test_keystrokes_typed_fast_all_arrive_in_order():
     rows = await database_sync_to_async(_setup)()
     user, agent = await _session_ready(rows)
