@@ -31,7 +31,12 @@
    (`describe()`), and makes two task cgroups with the limits the agent gives a task holding
    GPU 0 and a neighbour holding no GPU; a client runs in each (no CUDA_VISIBLE_DEVICES):
    only the first may see the GPU. Both cgroups are ended and removed.
-6. nvcc's version when it is installed (nothing here needs it).
+6. The agent itself (scheduler/agent/runtime.py `Agent`, its server a list of scripted
+   answers as in tests/agent): it finds the GPUs through NVML, registers them, and starts
+   three tasks of two owners at once: one holding GPU 0 whole, one holding none, and (where
+   MPS is offered) one holding a quarter of GPU 0 with a GPU memory limit. Each runs the
+   client as its own account; its output and its end are what the agent reported.
+7. nvcc's version when it is installed (nothing here needs it).
 
 It never changes MIG mode or instances, the compute mode or clocks, and never resets a GPU;
 the only thing it starts is the one MPS control daemon, which it stops. Without NVML or a GPU
@@ -101,16 +106,11 @@ LOOP:
 # bytes over it, seconds to hold the context, the spin kernel's iterations and blocks (of
 # 256 threads). Each driver call's result code is reported (0: success, 2: out of memory).
 CLIENT = r"""
-import ctypes as c, json, sys, time
+import ctypes as c, json, os, sys, time
 under, over, hold, iters, blocks = (int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]),
                                     int(sys.argv[4]), int(sys.argv[5]))
-try:
-    cuda = c.CDLL("libcuda.so.1")
-except OSError as exc:
-    print(json.dumps({"error": f"libcuda: {exc}"}))
-    sys.exit(0)
-import os
-out = {"opens": {}}
+out = {"uid": os.getuid(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+       "mps_limit": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "opens": {}}
 for name in sorted(os.listdir("/dev")):
     if name.startswith("nvidia") and name[6:].isdigit():
         try:
@@ -118,6 +118,12 @@ for name in sorted(os.listdir("/dev")):
             out["opens"][name] = 0
         except OSError as exc:
             out["opens"][name] = exc.errno
+try:
+    cuda = c.CDLL("libcuda.so.1")
+except OSError as exc:
+    out["error"] = f"libcuda: {exc}"
+    print(json.dumps(out))
+    sys.exit(0)
 out["init"] = cuda.cuInit(0)
 n, dev, sms, ctx = c.c_int(), c.c_int(), c.c_int(), c.c_void_p()
 out["device_count_result"] = cuda.cuDeviceGetCount(c.byref(n))
@@ -380,6 +386,90 @@ def agent_fence_check(devices: list[dict[str, Any]], limit: int) -> dict[str, An
     return report
 
 
+def agent_tasks_check(control: str | None, limit: int) -> dict[str, Any]:
+    """Three tasks started by a real `Agent` (scripted server) on this machine's GPUs."""
+    from scheduler.agent.runtime import Agent
+
+    class ScriptedAgent(Agent):
+        def __init__(self, work: Path, **kw: Any) -> None:
+            super().__init__("http://server.invalid", "join", name="gpu-check", work_dir=work,
+                             **kw)  # fmt: skip
+            self.token = "t"
+            self.sent: list[tuple[str, dict[str, Any]]] = []
+            self.answers: list[dict[str, Any]] = []
+
+        def _post(self, path: str, body: dict[str, Any], auth: str) -> dict[str, Any]:
+            self.sent.append((path, body))
+            if path == "report/":
+                return self.answers.pop(0) if self.answers else {}
+            if path == "register/":
+                return {"token": "t2", "lease_seconds": 0.05, "kill_grace_seconds": 0.5}
+            return {}
+
+        def _lease_post(self, body: dict[str, Any], auth: str) -> dict[str, Any]:
+            time.sleep(0.05)
+            return {}
+
+    work = Path(tempfile.mkdtemp(prefix="berth-gpu-agent-", dir="/var/tmp"))
+    work.chmod(0o755)
+    client = work / "client.py"
+    client.write_text(CLIENT)
+    client.chmod(0o644)
+    sharing = ("mps",) if control else ()
+    agent = ScriptedAgent(work / "agent", gpu_sharing=sharing, mps_control=control)
+    report: dict[str, Any] = {}
+    try:
+        agent.prepare()
+        agent.register()
+        registered = [b for p, b in agent.sent if p == "register/"][-1]
+        report["registered"] = {k: registered.get(k) for k in ("devices", "gpu_sharing",
+                                                               "enforcement")}  # fmt: skip
+        argv = f"python3 {client} {limit // 2} {limit * 2} 0.5 {SPIN_ITERATIONS} {SPIN_BLOCKS}"
+        resources = {"cpu": 1000, "memory": 2 * 2**30}
+
+        def order(task: int, owner: str, devices: list[int], **extra: Any) -> dict[str, Any]:
+            return {"id": task, "attempt": 0, "job_id": task, "job_name": f"check-{task}",
+                    "group": "main", "index": 0, "command": argv, "owner": owner, "env": {},
+                    "devices": devices, "walltime": 600, "resources": resources,
+                    **extra}  # fmt: skip
+
+        orders = [order(1, "alice", [0]), order(2, "bob", [])]
+        if "mps" in (registered.get("gpu_sharing") or []):
+            orders.append(order(3, "bob", [0], shares=[0.25], gpu_memory=limit))
+        agent.answers = [{"start": orders}]
+        deadline = time.monotonic() + 120
+        ended: dict[int, dict[str, Any]] = {}
+        while len(ended) < len(orders) and time.monotonic() < deadline:
+            agent.step()
+            for path, body in agent.sent:
+                if path == "report/":
+                    ended.update({t["id"]: t for t in body["tasks"] if t["state"] != "Running"})
+            time.sleep(0.1)
+        agent.step()
+        for task in orders:
+            text = "".join(b["data"] for p, b in agent.sent if p == f"tasks/{task['id']}/log/")
+            lines = [line for line in text.splitlines() if line.startswith("{")]
+            try:
+                seen = json.loads(lines[-1]) if lines else {"output": text[-500:]}
+            except ValueError:
+                seen = {"output": text[-500:]}
+            end = ended.get(task["id"], {})
+            report[f"task{task['id']}"] = {
+                "owner": task["owner"], "devices": task["devices"],
+                "shares": task.get("shares", []), "state": end.get("state"),
+                "exit_code": end.get("exit_code"), "message": end.get("message"), **seen,
+            }  # fmt: skip
+    except Exception as exc:
+        report["error"] = f"{exc.__class__.__name__}: {exc}"
+    finally:
+        try:
+            agent._shut_down(None)  # (what its run loop does when it stops)
+        except Exception as exc:
+            report["shutdown"] = f"{exc.__class__.__name__}: {exc}"
+        shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
 def minors(nvml: Any, devices: list[dict[str, Any]]) -> dict[int, Any]:
     found: dict[int, Any] = {}
     for item in devices:
@@ -396,6 +486,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mps-control", default=None, help="nvidia-cuda-mps-control's path")
     parser.add_argument("--clients", default="50,25", help="thread percentages, one per client")
     parser.add_argument("--limit-mib", type=int, default=1024, help="each client's GPU memory")
+    parser.add_argument(
+        "--agent-tasks",
+        action="store_true",
+        help="also start tasks through a real agent (as root: task accounts)",
+    )
     args = parser.parse_args(argv)
     percentages = [max(1, min(100, int(p))) for p in args.clients.split(",") if p.strip()]
     report: dict[str, Any] = {"gpu": False}
@@ -430,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
         report["agent_fence"] = agent_fence_check(report["devices"], args.limit_mib * MIB)
     except Exception as exc:
         report["agent_fence"] = {"error": f"{exc.__class__.__name__}: {exc}"}
+    if args.agent_tasks:
+        report["agent_tasks"] = agent_tasks_check(find_control(args.mps_control),
+                                                  args.limit_mib * MIB)  # fmt: skip
     print(json.dumps(report, indent=2))
     return 0
 

@@ -245,6 +245,12 @@ class NodeSharing:
         if any(migs):
             return self._on_mig(env, devices, migs, gpu_nodes)
         if min(shares) >= 1:
+            # Whole GPUs, named by UUID: where the task's device cgroup hides the node's
+            # other GPUs, CUDA numbers those the task may open from 0, so the node's index of
+            # any GPU but the first would name none there (seen on an H100: a GPU it may not
+            # open is not counted; Slurm renumbers from 0 for the same reason). A UUID names
+            # the same GPU fenced or not. Fake GPUs keep their indices.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self._cuda_name(i) for i in devices)
             return TaskGpus(env)
         if len(devices) > 1:
             raise ValueError("a share of a GPU must be the task's only GPU")

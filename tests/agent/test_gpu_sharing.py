@@ -440,6 +440,18 @@ def test_the_docs_state_the_isolation_the_agent_holds():
         assert rows[mode] == [isolation["memory"], isolation["faults"], isolation["compute"]]
 
 
+def test_on_real_gpus_a_task_holding_whole_gpus_names_them_by_uuid(tmp_path, monkeypatch):
+    """Fenced, a task's CUDA counts only the GPUs it may open, from 0: the server's node
+    indices ("1") would name no GPU for a task holding GPU 1. UUIDs name the right ones."""
+    agent = mig_agent(tmp_path, monkeypatch)
+    registered(agent)
+    assert run_task(agent, {"devices": [1], "env": {"CUDA_VISIBLE_DEVICES": "1"}})["state"] == (
+        "Succeeded"
+    )
+    env = env_of(agent, 1)
+    assert (env["CUDA_VISIBLE_DEVICES"], env["BERTH_GPU_SHARE"]) == ("GPU-1", "1")
+
+
 def test_a_node_whose_mps_daemon_cannot_start_does_not_claim_mps(tmp_path):
     broken = tmp_path / "bin" / "nvidia-cuda-mps-control"
     broken.parent.mkdir()
