@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.exceptions import ChannelFull
+from channels.exceptions import ChannelFull, StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from scheduler import notify
@@ -31,6 +32,8 @@ from scheduler.api.authentication import MAX_KEY_LENGTH
 from scheduler.jobs import terminals
 from scheduler.ops.tokens import KeyRefused, user_for_key
 
+log = logging.getLogger("berth.dashboard")
+RELAY_FAILED = 1011  # an unexpected error on the server (the websocket code for it)
 OPEN_SECONDS = 10.0  # the client's `open` must come this soon after connecting
 READY_SECONDS = terminals.UNANSWERED_SECONDS + 5  # the agent must join this soon after
 MAX_PENDING_BYTES = 64 * 1024  # typed before the agent joined, held until it does
@@ -58,6 +61,33 @@ class ShellConsumer(AsyncWebsocketConsumer):
     ended = False
     timer: asyncio.Task[None] | None = None
     watch: asyncio.Task[None] | None = None
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Each frame, message and timer; an unexpected error (the database refusing a write
+        under load, say) ends the session saying so, and hangs up the node's end, instead of
+        ending this consumer alone."""
+        try:
+            await super().dispatch(message)
+        except StopConsumer:
+            raise
+        except Exception:
+            log.exception("terminal session %s: the user's end failed", self.key[:8] or "?")
+            await self._failed()
+            if message.get("type") == "websocket.disconnect":
+                raise StopConsumer() from None  # (what the disconnect would have raised)
+
+    async def _failed(self) -> None:
+        why = "the session failed on the server"
+        if not self.ended:
+            self.ended = True
+            try:
+                await self.send(text_data=json.dumps({"type": "error", "message": why}))
+                await self._to_agent({"type": "shell.hangup", "reason": "Failed"})
+                if self.key:
+                    await database_sync_to_async(terminals.close_session)(self.key, "Failed", why)
+            except Exception:  # noqa: BLE001 - logged; the agent's end closes it when it ends
+                log.exception("terminal session %s: could not end it", self.key[:8] or "?")
+        await self.close(code=RELAY_FAILED)
 
     async def connect(self) -> None:
         notify.remember_server_loop()
@@ -141,7 +171,12 @@ class ShellConsumer(AsyncWebsocketConsumer):
         user's terminal open on nothing."""
         while not self.ended:
             await asyncio.sleep(WATCH_SECONDS)
-            end = await database_sync_to_async(terminals.session_end)(self.key)
+            try:
+                end = await database_sync_to_async(terminals.session_end)(self.key)
+            except Exception:  # noqa: BLE001 - read again next time
+                log.warning("terminal session %s: could not read its row", self.key[:8],
+                            exc_info=True)  # fmt: skip
+                continue
             if end is None or self.ended:
                 continue
             await asyncio.sleep(1.0)  # the message itself, on its way, says it better

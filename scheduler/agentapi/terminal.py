@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.exceptions import ChannelFull
+from channels.exceptions import ChannelFull, StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from scheduler import notify
@@ -29,7 +30,9 @@ from scheduler.agent.wire import PROTOCOL, PROTOCOL_HEADER, TERMINAL_FRAME_BYTES
 from scheduler.agentapi.common import node_for_token
 from scheduler.jobs import terminals
 
+log = logging.getLogger("berth.agentapi")
 UNAUTHORIZED, NOT_FOUND, TOO_BIG = 4401, 4404, 4413
+RELAY_FAILED = 1011  # an unexpected error on the server (the websocket code for it)
 INPUT_MARK_SECONDS = 30.0  # the idle GPU session limits count in minutes
 
 
@@ -52,6 +55,32 @@ class AgentTerminalConsumer(AsyncWebsocketConsumer):
     closed = False  # the session's row is closed
     idle_task: asyncio.Task[None] | None = None
     input_marked = -math.inf  # when the row last got this session's input time
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Each frame, message and timer; an unexpected error (the database refusing a write
+        under load, say) ends the session for both ends, saying so, instead of ending this
+        consumer alone and leaving the user's terminal waiting for an end nobody sends."""
+        try:
+            await super().dispatch(message)
+        except StopConsumer:
+            raise
+        except Exception:
+            log.exception("terminal session %s: the relay failed", self.key[:8] or "?")
+            await self._relay_failed()
+            if message.get("type") == "websocket.disconnect":
+                raise StopConsumer() from None  # (what the disconnect would have raised)
+
+    async def _relay_failed(self) -> None:
+        if self.key and not self.closed:
+            self.closed = True
+            why = "the session's relay failed on the server"
+            try:
+                await self._to_user({"type": "shell.error", "message": why})
+                await database_sync_to_async(terminals.close_session)(self.key, "Failed", why)
+            except Exception:  # noqa: BLE001 - logged; the user's end reads the row, or its
+                # socket's own end closes the session
+                log.exception("terminal session %s: could not end it", self.key[:8])
+        await self.close(code=RELAY_FAILED)
 
     async def connect(self) -> None:
         notify.remember_server_loop()
@@ -153,7 +182,12 @@ class AgentTerminalConsumer(AsyncWebsocketConsumer):
         self.last_input = time.monotonic()
         if self.last_input - self.input_marked >= INPUT_MARK_SECONDS:
             self.input_marked = self.last_input
-            await database_sync_to_async(terminals.mark_input)(self.key)
+            try:
+                await database_sync_to_async(terminals.mark_input)(self.key)
+            except Exception:  # noqa: BLE001 - bookkeeping: the session goes on (next try in
+                # INPUT_MARK_SECONDS: a database in trouble is not asked at every keystroke)
+                log.warning("terminal session %s: could not mark its input time", self.key[:8],
+                            exc_info=True)  # fmt: skip
 
     async def shell_ack(self, event: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps({"type": "ack", "n": event.get("n", 1)}))

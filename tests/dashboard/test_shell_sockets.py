@@ -225,6 +225,66 @@ async def test_an_end_told_by_the_row_and_then_by_its_late_message_is_told_once(
     await _close(user, agent)
 
 
+async def test_a_failed_input_mark_does_not_end_the_relay(monkeypatch: pytest.MonkeyPatch):
+    """Marking the input time is bookkeeping: the database refusing it (under load) must not
+    end the agent's end of the relay, which would leave the exit that follows untold."""
+    from django.db import OperationalError
+
+    def refuse(key: str) -> None:
+        raise OperationalError("couldn't get a connection after 5.00 sec")
+
+    monkeypatch.setattr(terminals, "mark_input", refuse)
+    rows = await database_sync_to_async(_setup)()
+    user, agent = await _session_ready(rows)
+    await user.send_to(bytes_data=b"exit\r")
+    assert await agent.receive_from(timeout=5) == b"exit\r"
+    await agent.send_json_to({"type": "exit", "status": 0})
+    assert json.loads(await user.receive_from(timeout=5)) == {"type": "exit", "status": 0}
+    await _close(user, agent)
+
+
+async def test_an_unexpected_error_in_the_agents_end_ends_the_session_for_both(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from scheduler.agentapi.terminal import AgentTerminalConsumer
+
+    async def broken(self: Any, event: dict[str, Any]) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(AgentTerminalConsumer, "shell_resize", broken)
+    rows = await database_sync_to_async(_setup)()
+    user, agent = await _session_ready(rows)
+    await user.send_json_to({"type": "resize", "rows": 40, "cols": 120})
+    told = json.loads(await user.receive_from(timeout=5))
+    assert told == {"type": "error", "message": "the session's relay failed on the server"}
+    closed = await agent.receive_output(timeout=5)
+    assert (closed["type"], closed.get("code")) == ("websocket.close", 1011)
+    session = await _wait_session(rows["job"], "Closed")
+    assert session.reason == "Failed"
+    await _close(user, agent)
+
+
+async def test_an_unexpected_error_in_the_users_end_ends_the_session_for_both(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dashboard.shell import ShellConsumer
+
+    async def broken(self: Any, event: dict[str, Any]) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ShellConsumer, "shell_output", broken)
+    rows = await database_sync_to_async(_setup)()
+    user, agent = await _session_ready(rows)
+    await agent.send_to(bytes_data=b"output\r\n")
+    told = json.loads(await user.receive_from(timeout=5))
+    assert told == {"type": "error", "message": "the session failed on the server"}
+    assert (await user.receive_output(timeout=5)).get("code") == 1011
+    assert json.loads(await agent.receive_from(timeout=5))["type"] == "hangup"
+    session = await _wait_session(rows["job"], "Closed")
+    assert session.reason == "Failed"
+    await _close(user, agent)
+
+
 async def test_keystrokes_typed_fast_all_arrive_in_order():
     rows = await database_sync_to_async(_setup)()
     user, agent = await _session_ready(rows)
