@@ -220,8 +220,8 @@ class NodeSharing:
 
     def _cuda_name(self, index: int) -> str:
         """How CUDA_VISIBLE_DEVICES names a GPU: its UUID (unambiguous, also under MPS), or
-        its index for a fake GPU."""
-        return str(index) if self.fake else str(self.devices[index].get("uuid") or index)
+        its index for a fake GPU (or one this node did not register)."""
+        return str(index) if self.fake else str(self.devices.get(index, {}).get("uuid") or index)
 
     def check(self) -> list[int]:
         """Start again any MPS daemon that died (the indices restarted)."""
