@@ -297,20 +297,22 @@ def sampler_check(devices: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     sampler = GpuSampler([{"index": gpu["index"], "memory": gpu["memory"]}], fake=False)
     report: dict[str, Any] = {"before": sampler.sample([gpu["index"]])}
     proc = start_client({"CUDA_VISIBLE_DEVICES": gpu["uuid"]}, limit)
-    time.sleep(HOLD_SECONDS / 2 + 1.0)
-    report["while_held"] = sampler.sample([gpu["index"]])
     try:
-        nvml = sampler._nvml
-        handle = nvml.nvmlDeviceGetHandleByIndex(gpu["index"])
-        report["nvml_processes"] = [
-            {"pid": int(p.pid), "used": int(p.usedGpuMemory or 0)}
-            for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        ]
-    except Exception as exc:
-        report["nvml_processes"] = f"unavailable: {exc}"
-    report["client"] = finish(proc)
-    report["client_pid"] = proc.pid
-    sampler.close()
+        time.sleep(HOLD_SECONDS / 2 + 1.0)
+        report["while_held"] = sampler.sample([gpu["index"]])
+        try:
+            nvml = sampler._nvml
+            handle = nvml.nvmlDeviceGetHandleByIndex(gpu["index"])
+            report["nvml_processes"] = [
+                {"pid": int(p.pid), "used": int(p.usedGpuMemory or 0)}
+                for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            ]
+        except Exception as exc:
+            report["nvml_processes"] = f"unavailable: {exc}"
+    finally:  # (the client is waited for whatever the sampler did)
+        report["client"] = finish(proc)
+        report["client_pid"] = proc.pid
+        sampler.close()
     return report
 
 
@@ -350,7 +352,10 @@ def fence_check(devices: list[dict[str, Any]], limit: int) -> dict[str, Any]:
             except OSError as exc:
                 report[case] = {"rules": rules, "error": str(exc)}
             finally:
-                group.rmdir()
+                try:
+                    group.rmdir()
+                except OSError as exc:  # (a client still in it: the other cases still run)
+                    report[f"{case}_left"] = str(exc)
     except OSError as exc:
         report["error"] = str(exc)
     finally:

@@ -22,18 +22,25 @@ import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.exceptions import ChannelFull, StopConsumer
-from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.exceptions import ChannelFull
 
 from scheduler import notify
 from scheduler.agent.wire import TERMINAL_FRAME_BYTES, terminal_size
-from scheduler.agentapi.terminal import NOT_FOUND, TOO_BIG, UNAUTHORIZED, group_name, header
+from scheduler.agentapi.terminal import (
+    NOT_FOUND,
+    RELAY_FAILED,
+    TOO_BIG,
+    UNAUTHORIZED,
+    EndsTogether,
+    attempt,
+    group_name,
+    header,
+)
 from scheduler.api.authentication import MAX_KEY_LENGTH
 from scheduler.jobs import terminals
 from scheduler.ops.tokens import KeyRefused, user_for_key
 
 log = logging.getLogger("berth.dashboard")
-RELAY_FAILED = 1011  # an unexpected error on the server (the websocket code for it)
 OPEN_SECONDS = 10.0  # the client's `open` must come this soon after connecting
 READY_SECONDS = terminals.UNANSWERED_SECONDS + 5  # the agent must join this soon after
 MAX_PENDING_BYTES = 64 * 1024  # typed before the agent joined, held until it does
@@ -54,40 +61,38 @@ def token_user(scope: dict[str, Any]) -> Any:
     return found[0] if found else None
 
 
-class ShellConsumer(AsyncWebsocketConsumer):
+class ShellConsumer(EndsTogether):
     channel_layer_alias = "shell"  # a layer of its own: berth/settings.py says why
     key = ""
     peer = ""  # the agent's socket's channel, once it joined
+    accepted = False
     ended = False
     timer: asyncio.Task[None] | None = None
     watch: asyncio.Task[None] | None = None
 
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """Each frame, message and timer; an unexpected error (the database refusing a write
-        under load, say) ends the session saying so, and hangs up the node's end, instead of
-        ending this consumer alone."""
-        try:
-            await super().dispatch(message)
-        except StopConsumer:
-            raise
-        except Exception:
-            log.exception("terminal session %s: the user's end failed", self.key[:8] or "?")
-            await self._failed()
-            if message.get("type") == "websocket.disconnect":
-                raise StopConsumer() from None  # (what the disconnect would have raised)
-
-    async def _failed(self) -> None:
-        why = "the session failed on the server"
+    async def failed(self) -> None:
+        """The row first (the user's end is the one that failed: nobody else would close it),
+        then the agent's end, then the user, each tried whatever the one before did."""
         if not self.ended:
+            self._stop_timers()
             self.ended = True
-            try:
-                await self.send(text_data=json.dumps({"type": "error", "message": why}))
-                await self._to_agent({"type": "shell.hangup", "reason": "Failed"})
-                if self.key:
-                    await database_sync_to_async(terminals.close_session)(self.key, "Failed", why)
-            except Exception:  # noqa: BLE001 - logged; the agent's end closes it when it ends
-                log.exception("terminal session %s: could not end it", self.key[:8] or "?")
-        await self.close(code=RELAY_FAILED)
+            why = "the session failed on the server"
+            if self.key:
+                close = database_sync_to_async(terminals.close_session)
+                await attempt("close its row", self.key, close(self.key, "Failed", why))
+                hangup = {"type": "shell.hangup", "reason": "Failed"}
+                await attempt("hang up the agent's end", self.key, self._to_agent(hangup))
+            if self.accepted:
+                said = json.dumps({"type": "error", "message": why})
+                await attempt("tell the user", self.key, self.send(text_data=said))
+        await self.close_quietly(RELAY_FAILED)
+
+    def _stop_timers(self) -> None:
+        """The session ended: its open/ready deadline and its row watch have nothing left to
+        do (unless one of them is what ends it: it is past its last await on the timer)."""
+        for task in (self.timer, self.watch):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
 
     async def connect(self) -> None:
         notify.remember_server_loop()
@@ -105,6 +110,7 @@ class ShellConsumer(AsyncWebsocketConsumer):
         self.user = user
         self.pending: list[bytes] = []
         await self.accept()
+        self.accepted = True
         self.timer = asyncio.create_task(self._deadline(OPEN_SECONDS, "no open message"))
 
     async def _deadline(self, seconds: float, why: str) -> None:
@@ -112,6 +118,9 @@ class ShellConsumer(AsyncWebsocketConsumer):
         await self._fail(why)
 
     async def _fail(self, message: str, code: int = 1000) -> None:
+        if self.ended:  # (ended already: by the agent's end, the row, or a failure)
+            return
+        self._stop_timers()
         self.ended = True
         await self.send(text_data=json.dumps({"type": "error", "message": message}))
         if self.key:
@@ -173,9 +182,8 @@ class ShellConsumer(AsyncWebsocketConsumer):
             await asyncio.sleep(WATCH_SECONDS)
             try:
                 end = await database_sync_to_async(terminals.session_end)(self.key)
-            except Exception:  # noqa: BLE001 - read again next time
-                log.warning("terminal session %s: could not read its row", self.key[:8],
-                            exc_info=True)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - read again next time
+                log.warning("terminal session %s: could not read its row: %s", self.key[:8], exc)
                 continue
             if end is None or self.ended:
                 continue
@@ -183,10 +191,10 @@ class ShellConsumer(AsyncWebsocketConsumer):
             if self.ended:
                 return
             reason, status = end
-            if reason == "Exited":
-                await self.shell_exit({"status": status})
-            else:
-                await self.shell_error({"message": f"the session ended ({reason})"})
+            why = f"the session ended ({reason})"
+            told = (self.shell_exit({"status": status}) if reason == "Exited"
+                    else self.shell_error({"message": why}))  # fmt: skip
+            await attempt("end the user's socket", self.key, told)
 
     async def _input(self, data: bytes) -> None:
         if not self.peer:
@@ -219,6 +227,8 @@ class ShellConsumer(AsyncWebsocketConsumer):
             await self._to_agent({"type": "shell.input", "data": data})
 
     async def shell_output(self, event: dict[str, Any]) -> None:
+        if self.ended:  # (output still on its way after the end: the socket is closed)
+            return
         await self.send(bytes_data=event["data"])
         await self._to_agent({"type": "shell.ack", "n": 1})
 
@@ -230,6 +240,7 @@ class ShellConsumer(AsyncWebsocketConsumer):
     async def shell_exit(self, event: dict[str, Any]) -> None:
         if self.ended:  # (told already, by the session's row or an earlier message)
             return
+        self._stop_timers()
         self.ended = True
         await self.send(text_data=json.dumps({"type": "exit", "status": event.get("status")}))
         await self.close()
@@ -237,6 +248,7 @@ class ShellConsumer(AsyncWebsocketConsumer):
     async def shell_error(self, event: dict[str, Any]) -> None:
         if self.ended:
             return
+        self._stop_timers()
         self.ended = True
         await self.send(text_data=json.dumps({"type": "error", "message": event["message"]}))
         await self.close()

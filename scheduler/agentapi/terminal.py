@@ -48,39 +48,66 @@ def group_name(key: str) -> str:
     return f"shell-{key}"
 
 
-class AgentTerminalConsumer(AsyncWebsocketConsumer):
-    channel_layer_alias = "shell"  # a layer of its own: berth/settings.py says why
+class EndsTogether(AsyncWebsocketConsumer):
+    """One end of a terminal session (this module's, the agent's; dashboard/shell.py, the
+    user's). An unexpected error while handling a frame, a message or a timer (the database
+    refusing a write under load, a bug) ends the session for both ends through `failed()`,
+    saying so, instead of ending this consumer alone and leaving the other end, and the
+    user's terminal, waiting for an end nobody sends."""
+
     key = ""
-    peer = ""  # the user's socket's channel
-    closed = False  # the session's row is closed
-    idle_task: asyncio.Task[None] | None = None
-    input_marked = -math.inf  # when the row last got this session's input time
 
     async def dispatch(self, message: dict[str, Any]) -> None:
-        """Each frame, message and timer; an unexpected error (the database refusing a write
-        under load, say) ends the session for both ends, saying so, instead of ending this
-        consumer alone and leaving the user's terminal waiting for an end nobody sends."""
         try:
             await super().dispatch(message)
         except StopConsumer:
             raise
         except Exception:
-            log.exception("terminal session %s: the relay failed", self.key[:8] or "?")
-            await self._relay_failed()
+            log.exception("terminal session %s: %s failed", self.key[:8] or "?",
+                          type(self).__name__)  # fmt: skip
+            await self.failed()
             if message.get("type") == "websocket.disconnect":
                 raise StopConsumer() from None  # (what the disconnect would have raised)
 
-    async def _relay_failed(self) -> None:
-        if self.key and not self.closed:
+    async def failed(self) -> None:
+        raise NotImplementedError
+
+    async def close_quietly(self, code: int) -> None:
+        """Close the socket; one closed already (or whose client went) is left as it is."""
+        try:
+            await self.close(code=code)
+        except Exception:  # noqa: BLE001 - a server may refuse a second close
+            pass
+
+
+async def attempt(what: str, key: str, step: Any) -> None:
+    """One step of ending a session after a failure: awaited, and logged if it fails too, so
+    that the steps after it are still taken."""
+    try:
+        await step
+    except Exception:  # noqa: BLE001 - logged; the next step may still work
+        log.exception("terminal session %s: could not %s", key[:8] or "?", what)
+
+
+class AgentTerminalConsumer(EndsTogether):
+    channel_layer_alias = "shell"  # a layer of its own: berth/settings.py says why
+    key = ""
+    peer = ""  # the user's socket's channel (set once this node proved the session its own)
+    closed = False  # the session's row is closed
+    idle_task: asyncio.Task[None] | None = None
+    input_marked = -math.inf  # when the row last got this session's input time
+
+    async def failed(self) -> None:
+        """The row first (the user's end reads it), then the user; nothing for a socket that
+        never proved the session its own (its key is only what its URL said)."""
+        if self.peer and not self.closed:
             self.closed = True
             why = "the session's relay failed on the server"
-            try:
-                await self._to_user({"type": "shell.error", "message": why})
-                await database_sync_to_async(terminals.close_session)(self.key, "Failed", why)
-            except Exception:  # noqa: BLE001 - logged; the user's end reads the row, or its
-                # socket's own end closes the session
-                log.exception("terminal session %s: could not end it", self.key[:8])
-        await self.close(code=RELAY_FAILED)
+            close = database_sync_to_async(terminals.close_session)
+            await attempt("close its row", self.key, close(self.key, "Failed", why))
+            await attempt("tell the user", self.key,
+                          self._to_user({"type": "shell.error", "message": why}))  # fmt: skip
+        await self.close_quietly(RELAY_FAILED)
 
     async def connect(self) -> None:
         notify.remember_server_loop()
@@ -200,7 +227,7 @@ class AgentTerminalConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.idle_task is not None:
             self.idle_task.cancel()
-        if not self.key:
+        if not self.peer:  # never proved the session its node's: its key is only its URL's
             return
         await self.channel_layer.group_discard(group_name(self.key), self.channel_name)
         if not self.closed:

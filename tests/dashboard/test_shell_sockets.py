@@ -172,6 +172,25 @@ async def test_the_agents_end_is_refused_without_the_sessions_own_nodes_token():
     await _close(user, agent)
 
 
+@pytest.mark.parametrize("token", [None, "no-such-node-token", "token-of-node-b"])
+async def test_a_refused_agent_socket_leaves_the_session_as_it_was(token: str | None) -> None:
+    """A socket that never proved the session its node's (no token, another node's) knows
+    its key from its URL alone: its end, as the server tells it after refusing the
+    handshake, must not close the session."""
+    rows = await database_sync_to_async(_setup)()
+    user, _, _ = await _user(rows["job"], rows["keys"]["alice"])
+    key = await _open(user, rows["job"])
+    refused, ok, _ = await _agent(key, token)
+    assert not ok
+    await refused.disconnect()  # (the websocket.disconnect a server sends after a refusal)
+    await asyncio.sleep(0.2)
+    session = await _wait_session(rows["job"])
+    assert (session.state, session.reason) == ("Requested", "")
+    agent, ok, _ = await _agent(key, "token-of-node-a")
+    assert ok and json.loads(await user.receive_from(timeout=5))["type"] == "ready"
+    await _close(user, agent)
+
+
 async def test_an_oversized_frame_ends_the_session_and_nothing_else():
     rows = await database_sync_to_async(_setup)()
     user, agent = await _session_ready(rows)
@@ -279,6 +298,27 @@ async def test_an_unexpected_error_in_the_users_end_ends_the_session_for_both(
     told = json.loads(await user.receive_from(timeout=5))
     assert told == {"type": "error", "message": "the session failed on the server"}
     assert (await user.receive_output(timeout=5)).get("code") == 1011
+    assert json.loads(await agent.receive_from(timeout=5))["type"] == "hangup"
+    session = await _wait_session(rows["job"], "Closed")
+    assert session.reason == "Failed"
+    await _close(user, agent)
+
+
+async def test_a_users_end_that_fails_with_its_client_gone_still_ends_the_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As under uvicorn when the user's client went away: the error cannot be told to the
+    user, and the row and the agent's end are ended all the same (else the agent's terminal
+    would run on, and the row count against the job's sessions)."""
+    from dashboard.shell import ShellConsumer
+
+    async def gone(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise OSError("the client went away")
+
+    rows = await database_sync_to_async(_setup)()
+    user, agent = await _session_ready(rows)
+    monkeypatch.setattr(ShellConsumer, "send", gone)
+    await agent.send_to(bytes_data=b"output\r\n")
     assert json.loads(await agent.receive_from(timeout=5))["type"] == "hangup"
     session = await _wait_session(rows["job"], "Closed")
     assert session.reason == "Failed"
