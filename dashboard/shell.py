@@ -71,12 +71,15 @@ class ShellConsumer(EndsTogether):
     watch: asyncio.Task[None] | None = None
 
     async def failed(self) -> None:
-        """The row first (the user's end is the one that failed: nobody else would close it),
-        then the agent's end, then the user, each tried whatever the one before did."""
+        await self._end_session("the session failed on the server", RELAY_FAILED)
+
+    async def _end_session(self, why: str, code: int) -> None:
+        """End the session from this end, as `Failed`: the row first (nobody else would close
+        it), then the agent's end, then the user, each tried whatever the one before did (a
+        user whose client went away cannot be told, and the rest must still happen)."""
         if not self.ended:
             self._stop_timers()
             self.ended = True
-            why = "the session failed on the server"
             if self.key:
                 close = database_sync_to_async(terminals.close_session)
                 await attempt("close its row", self.key, close(self.key, "Failed", why))
@@ -85,7 +88,7 @@ class ShellConsumer(EndsTogether):
             if self.accepted:
                 said = json.dumps({"type": "error", "message": why})
                 await attempt("tell the user", self.key, self.send(text_data=said))
-        await self.close_quietly(RELAY_FAILED)
+        await self.close_quietly(code)
 
     def _stop_timers(self) -> None:
         """The session ended: its open/ready deadline and its row watch have nothing left to
@@ -118,15 +121,8 @@ class ShellConsumer(EndsTogether):
         await self._fail(why)
 
     async def _fail(self, message: str, code: int = 1000) -> None:
-        if self.ended:  # (ended already: by the agent's end, the row, or a failure)
-            return
-        self._stop_timers()
-        self.ended = True
-        await self.send(text_data=json.dumps({"type": "error", "message": message}))
-        if self.key:
-            await database_sync_to_async(terminals.close_session)(self.key, "Failed", message)
-            await self._to_agent({"type": "shell.hangup", "reason": "Failed"})
-        await self.close(code=code)
+        if not self.ended:  # (else ended already: by the agent's end, the row, or a failure)
+            await self._end_session(message, code)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.ended:

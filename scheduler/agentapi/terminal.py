@@ -92,7 +92,8 @@ async def attempt(what: str, key: str, step: Any) -> None:
 class AgentTerminalConsumer(EndsTogether):
     channel_layer_alias = "shell"  # a layer of its own: berth/settings.py says why
     key = ""
-    peer = ""  # the user's socket's channel (set once this node proved the session its own)
+    peer = ""  # the user's socket's channel
+    claimed = False  # this node proved the session its own (before: its key is only its URL's)
     closed = False  # the session's row is closed
     idle_task: asyncio.Task[None] | None = None
     input_marked = -math.inf  # when the row last got this session's input time
@@ -100,7 +101,7 @@ class AgentTerminalConsumer(EndsTogether):
     async def failed(self) -> None:
         """The row first (the user's end reads it), then the user; nothing for a socket that
         never proved the session its own (its key is only what its URL said)."""
-        if self.peer and not self.closed:
+        if self.claimed and not self.closed:
             self.closed = True
             why = "the session's relay failed on the server"
             close = database_sync_to_async(terminals.close_session)
@@ -125,7 +126,7 @@ class AgentTerminalConsumer(EndsTogether):
             self.key = ""
             await self.close(code=NOT_FOUND)
             return
-        self.peer = session.client_channel
+        self.claimed, self.peer = True, session.client_channel
         self.last_input = time.monotonic()
         idle = await database_sync_to_async(terminals.idle_minutes)(session)
         await self.channel_layer.group_add(group_name(self.key), self.channel_name)
@@ -227,7 +228,7 @@ class AgentTerminalConsumer(EndsTogether):
     async def disconnect(self, code: int) -> None:
         if self.idle_task is not None:
             self.idle_task.cancel()
-        if not self.peer:  # never proved the session its node's: its key is only its URL's
+        if not self.claimed:  # never proved the session its node's: its key is only its URL's
             return
         await self.channel_layer.group_discard(group_name(self.key), self.channel_name)
         if not self.closed:

@@ -304,8 +304,9 @@ async def test_an_unexpected_error_in_the_users_end_ends_the_session_for_both(
     await _close(user, agent)
 
 
+@pytest.mark.parametrize("trigger", ["output", "oversized"])
 async def test_a_users_end_that_fails_with_its_client_gone_still_ends_the_session(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, trigger: str
 ) -> None:
     """As under uvicorn when the user's client went away: the error cannot be told to the
     user, and the row and the agent's end are ended all the same (else the agent's terminal
@@ -318,7 +319,10 @@ async def test_a_users_end_that_fails_with_its_client_gone_still_ends_the_sessio
     rows = await database_sync_to_async(_setup)()
     user, agent = await _session_ready(rows)
     monkeypatch.setattr(ShellConsumer, "send", gone)
-    await agent.send_to(bytes_data=b"output\r\n")
+    if trigger == "output":  # a failure: telling the user of output
+        await agent.send_to(bytes_data=b"output\r\n")
+    else:  # a refusal: the user's end ends the session itself, and cannot say why
+        await user.send_to(bytes_data=b"x" * (64 * 1024))
     assert json.loads(await agent.receive_from(timeout=5))["type"] == "hangup"
     session = await _wait_session(rows["job"], "Closed")
     assert session.reason == "Failed"
